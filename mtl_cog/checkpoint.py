@@ -1,0 +1,39 @@
+"""Model checkpoints as safetensors: tensors only, so loading never runs code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from mtl_cog.errors import UserError
+from mtl_cog.io import atomic_write
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that is missing, not safetensors, or does not fit the model."""
+
+
+def save_model(path: str | Path, model: torch.nn.Module) -> None:
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    atomic_write(path, lambda tmp: save_file(state, str(tmp)))
+
+
+def load_model(path: str | Path, model: torch.nn.Module) -> None:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{path} is not a valid safetensors checkpoint ({err}). It was refused unread: "
+            "mtl_cog only loads safetensors, never pickles."
+        ) from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path} does not match the model: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}."
+        )

@@ -1,0 +1,84 @@
+"""Experiment tracking: W&B through Accelerate's tracker, plus local files that never depend on it.
+
+W&B keys are ``<task>/<split>/<metric>``: W&B makes one workspace section per key prefix, so every
+attribute gets its own section, and ``mean/<split>/<metric>`` holds the task average. Without
+credentials W&B runs offline (the run folder then holds a ``wandb/`` run to sync later); any W&B
+failure falls back to local files with a warning instead of stopping training.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from mtl_cog.io import append_jsonl
+
+
+def wandb_has_credentials() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def log_with(tracking: str) -> list[str] | None:
+    """The ``log_with`` argument for ``Accelerator``; sets W&B offline when it has no credentials."""
+    if tracking != "wandb":
+        return None
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        warnings.warn("tracking=wandb but wandb is not installed: logging to local files only.", stacklevel=2)
+        return None
+    if not wandb_has_credentials() and "WANDB_MODE" not in os.environ:
+        os.environ["WANDB_MODE"] = "offline"
+    return ["wandb"]
+
+
+def flatten_metrics(split: str, metrics: dict[str, dict]) -> dict[str, float]:
+    """{"tasks": {t: {m: v}}, "mean": {m: v}} -> {"t/split/m": v, "mean/split/m": v}."""
+    flat = {f"{task}/{split}/{m}": v for task, values in metrics["tasks"].items() for m, v in values.items()}
+    flat.update({f"mean/{split}/{m}": v for m, v in metrics["mean"].items()})
+    return flat
+
+
+class Tracker:
+    """Writes ``metrics.jsonl`` (one line per epoch) and forwards the same numbers to W&B."""
+
+    def __init__(self, accelerator: Accelerator, run_dir: Path, project: str, run_name: str,
+                 config: dict[str, Any]) -> None:
+        self.accelerator = accelerator
+        self.run_dir = run_dir
+        self.enabled = bool(accelerator.log_with)
+        if self.enabled:
+            try:
+                accelerator.init_trackers(
+                    project, config=config, init_kwargs={"wandb": {"name": run_name, "dir": str(run_dir)}}
+                )
+            except Exception as err:  # noqa: BLE001  (network, auth, service errors: never fatal)
+                warnings.warn(f"W&B could not start ({err}); logging to local files only.", stacklevel=2)
+                self.enabled = False
+
+    def log_epoch(self, epoch: int, record: dict[str, Any], flat_metrics: dict[str, float]) -> None:
+        if self.accelerator.is_main_process:
+            append_jsonl(self.run_dir / "metrics.jsonl", {"epoch": epoch, **record})
+        if self.enabled:
+            try:
+                self.accelerator.log(flat_metrics, step=epoch)
+            except Exception as err:  # noqa: BLE001
+                warnings.warn(f"W&B logging failed ({err}); continuing with local files only.", stacklevel=2)
+                self.enabled = False
+
+    def finish(self) -> None:
+        if self.enabled:
+            try:
+                self.accelerator.end_training()
+            except Exception as err:  # noqa: BLE001
+                warnings.warn(f"W&B did not finish cleanly ({err}).", stacklevel=2)

@@ -1,0 +1,6 @@
+"""Data sets: one module each, registered in ``mtl_cog.task_api.TASKS``.
+
+Importing this package registers every task. ``mtl_cog`` itself names no data set.
+"""
+
+from tasks import celeba, cifar, digits, svhn, synthetic  # noqa: F401  (registration side effects)

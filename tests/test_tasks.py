@@ -1,0 +1,262 @@
+"""Readers of the real data sets, on tiny fixtures written in the official formats."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import scipy.io
+import torch
+from PIL import Image
+
+import tasks  # noqa: F401  (registers every task)
+from mtl_cog.config import DataConfig
+from mtl_cog.task_api import TASKS, DataError
+from tasks.celeba import load_image
+from tasks.cifar import carve_validation
+from tests.fixtures import (
+    CELEBA_ATTRIBUTES,
+    write_celeba,
+    write_cifar10,
+    write_cifar100,
+    write_svhn,
+)
+
+
+def cfg(task: str, root, **kw) -> DataConfig:
+    return DataConfig(task=task, root=str(root), image_size=kw.pop("image_size", 32), **kw)
+
+
+def check_split(split, size: int, image_size: int = 32) -> None:
+    assert split.images.dtype == torch.uint8
+    assert tuple(split.images.shape) == (len(split), 3, image_size, image_size)
+    assert split.labels.dtype == torch.int64
+    assert len(split) == size
+
+
+def test_all_tasks_registered():
+    for name in ("celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic"):
+        assert name in TASKS
+
+
+# ---------------------------------------------------------------------------------------- CelebA
+
+
+def test_celeba_reads_fixture(tmp_path):
+    fx = write_celeba(tmp_path, n=60)
+    data = TASKS.get("celeba").load(cfg("celeba", tmp_path))
+    assert data.spec.task_names == tuple(CELEBA_ATTRIBUTES)
+    assert data.spec.num_classes == (2,) * 40
+    assert data.spec.hflip and data.spec.pad_crop == 0
+    order = {name: i for i, name in enumerate(fx.names)}
+    for split, size in (("train", 36), ("val", 12), ("test", 12)):
+        check_split(data.splits[split], size)
+        rows = [order[n] for n in fx.split_names[split]]
+        expected = (fx.values[rows] == 1).astype(np.int64)  # +1 -> 1, -1 -> 0
+        assert np.array_equal(data.splits[split].labels.numpy(), expected)
+    # the first test image, decoded by hand
+    first = load_image(fx.image_dir / fx.split_names["test"][0], 32)
+    assert np.array_equal(data.splits["test"].images[0].permute(1, 2, 0).numpy(), first)
+    assert set(TASKS.get("celeba").source_files(cfg("celeba", tmp_path))) >= {fx.attr_file, fx.partition_file}
+
+
+def test_celeba_resize_matches_torchvision(tmp_path):
+    from torchvision import transforms
+
+    fx = write_celeba(tmp_path, n=2)
+    path = fx.image_dir / fx.names[0]
+    for size in (32, 64, 100):
+        ref = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size)])(Image.open(path).convert("RGB"))
+        assert np.array_equal(load_image(path, size), np.asarray(ref))
+
+
+def test_celeba_max_samples_decodes_only_kept_images(tmp_path):
+    fx = write_celeba(tmp_path, n=60)
+    (fx.image_dir / fx.split_names["train"][-1]).unlink()  # beyond the cap: must not be read
+    data = TASKS.get("celeba").load(cfg("celeba", tmp_path, max_samples=5))
+    order = {name: i for i, name in enumerate(fx.names)}
+    for split in ("train", "val", "test"):
+        check_split(data.splits[split], 5)
+        rows = [order[n] for n in fx.split_names[split][:5]]
+        assert np.array_equal(data.splits[split].labels.numpy(), (fx.values[rows] == 1).astype(np.int64))
+
+
+def _rewrite_line(path, line_index: int, edit) -> None:
+    lines = path.read_text().splitlines()
+    lines[line_index] = edit(lines[line_index])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _load_error(task: str, root, **kw) -> str:
+    with pytest.raises(DataError) as info:
+        TASKS.get(task).load(cfg(task, root, **kw))
+    return str(info.value)
+
+
+def test_celeba_missing_root(tmp_path):
+    msg = _load_error("celeba", tmp_path)
+    assert str(tmp_path / "celeba") in msg and "torchvision.datasets.CelebA" in msg
+
+
+def test_celeba_missing_attr_file(tmp_path):
+    fx = write_celeba(tmp_path, n=5)
+    fx.attr_file.unlink()
+    assert str(fx.attr_file) in _load_error("celeba", tmp_path)
+
+
+def test_celeba_wrong_column_count(tmp_path):
+    fx = write_celeba(tmp_path, n=10)
+    _rewrite_line(fx.attr_file, 5, lambda s: s.rsplit(" ", 1)[0])  # file line 6 loses a value
+    msg = _load_error("celeba", tmp_path)
+    assert str(fx.attr_file) in msg and "line 6" in msg
+
+
+def test_celeba_value_not_pm1(tmp_path):
+    fx = write_celeba(tmp_path, n=10)
+    _rewrite_line(fx.attr_file, 3, lambda s: s[: -len(s.split()[-1])] + "2")  # last value -> 2
+    msg = _load_error("celeba", tmp_path)
+    assert str(fx.attr_file) in msg and "line 4" in msg and "'2'" in msg and "Young" in msg
+
+
+def test_celeba_header_count_mismatch(tmp_path):
+    fx = write_celeba(tmp_path, n=10)
+    _rewrite_line(fx.attr_file, 0, lambda s: "11")
+    msg = _load_error("celeba", tmp_path)
+    assert str(fx.attr_file) in msg and "11" in msg
+
+
+def test_celeba_partition_disagrees(tmp_path):
+    fx = write_celeba(tmp_path, n=10)
+    _rewrite_line(fx.partition_file, 2, lambda s: "999999.jpg 0")
+    msg = _load_error("celeba", tmp_path)
+    assert str(fx.partition_file) in msg and "999999.jpg" in msg
+
+
+def test_celeba_missing_image(tmp_path):
+    fx = write_celeba(tmp_path, n=10)
+    (fx.image_dir / fx.names[3]).unlink()
+    msg = _load_error("celeba", tmp_path)
+    assert str(fx.image_dir / fx.names[3]) in msg and "missing" in msg
+
+
+def test_celeba_truncated_jpeg(tmp_path):
+    fx = write_celeba(tmp_path, n=10)
+    path = fx.image_dir / fx.names[7]
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    msg = _load_error("celeba", tmp_path)
+    assert str(path) in msg and "truncated" in msg
+
+
+def test_celeba_download_failure_is_data_error(tmp_path, monkeypatch):
+    import torchvision
+
+    def offline(*args, **kwargs):
+        raise RuntimeError("no network")
+
+    monkeypatch.setattr(torchvision.datasets, "CelebA", offline)
+    msg = _load_error("celeba", tmp_path, download=True)
+    assert "no network" in msg and str(tmp_path / "celeba") in msg
+
+
+# ----------------------------------------------------------------------------------------- CIFAR
+
+
+def test_carve_validation_is_fixed_disjoint_and_complete():
+    train, val = carve_validation(100, 0.2)
+    assert len(val) == 20 and len(train) == 80
+    assert np.array_equal(np.sort(np.concatenate([train, val])), np.arange(100))
+    assert np.array_equal(val, carve_validation(100, 0.2)[1])
+
+
+def test_cifar10_reads_fixture(tmp_path):
+    folder = write_cifar10(tmp_path, n_train_per_batch=20, n_test=30)
+    data = TASKS.get("cifar10").load(cfg("cifar10", tmp_path))
+    assert data.spec.task_names == ("class",) and data.spec.num_classes == (10,)
+    assert data.spec.pad_crop == 4 and data.spec.hflip
+    for split, size in (("train", 80), ("val", 20), ("test", 30)):  # 20 % of 100 is validation
+        check_split(data.splits[split], size)
+        labels = data.splits[split].labels
+        assert labels.shape[1] == 1 and 0 <= labels.min() and labels.max() < 10
+    # channel-major rows: the test split is the official test batch, unchanged
+    with open(folder / "test_batch", "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    assert np.array_equal(data.splits["test"].images.numpy(), batch[b"data"].reshape(-1, 3, 32, 32))
+    assert data.splits["test"].labels[:, 0].tolist() == batch[b"labels"]
+
+
+def test_cifar100_reads_fixture_resized_and_capped(tmp_path):
+    write_cifar100(tmp_path, n_train=100, n_test=30)
+    data = TASKS.get("cifar100").load(cfg("cifar100", tmp_path))
+    assert data.spec.num_classes == (100,)
+    for split, size in (("train", 95), ("val", 5), ("test", 30)):  # 5 % of 100 is validation
+        check_split(data.splits[split], size)
+    small = TASKS.get("cifar100").load(cfg("cifar100", tmp_path, image_size=16, max_samples=7))
+    for split, size in (("train", 7), ("val", 5), ("test", 7)):
+        check_split(small.splits[split], size, image_size=16)
+        assert torch.equal(small.splits[split].labels, data.splits[split].labels[:size])
+
+
+def test_cifar_missing_root(tmp_path):
+    msg = _load_error("cifar10", tmp_path)
+    assert str(tmp_path / "cifar-10-batches-py") in msg and "torchvision.datasets.CIFAR10" in msg
+
+
+def test_cifar_batch_missing_labels(tmp_path):
+    folder = write_cifar10(tmp_path, n_train_per_batch=4, n_test=4)
+    path = folder / "data_batch_3"
+    with open(path, "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    del batch[b"labels"]
+    with open(path, "wb") as f:
+        pickle.dump(batch, f)
+    msg = _load_error("cifar10", tmp_path)
+    assert str(path) in msg and "b'labels'" in msg
+
+
+# ------------------------------------------------------------------------------------------ SVHN
+
+
+@pytest.mark.parametrize("subfolder", [True, False])
+def test_svhn_reads_fixture(tmp_path, subfolder):
+    paths = write_svhn(tmp_path, n_train=50, n_test=20, subfolder=subfolder)
+    data = TASKS.get("svhn").load(cfg("svhn", tmp_path))
+    assert data.spec.task_names == ("digit",) and not data.spec.hflip
+    for split, size in (("train", 40), ("val", 10), ("test", 20)):
+        check_split(data.splits[split], size)
+        labels = data.splits[split].labels
+        assert 0 <= labels.min() and labels.max() <= 9
+    mat = scipy.io.loadmat(str(paths["test"]))
+    expected = mat["y"][:, 0].astype(np.int64) % 10  # 10 -> 0, 1..9 unchanged
+    assert (mat["y"] == 10).any() and np.array_equal(data.splits["test"].labels[:, 0].numpy(), expected)
+    assert np.array_equal(data.splits["test"].images[3].numpy(), mat["X"][..., 3].transpose(2, 0, 1))
+    capped = TASKS.get("svhn").load(cfg("svhn", tmp_path, max_samples=3))
+    assert [len(s) for s in capped.splits.values()] == [3, 3, 3]
+
+
+def test_svhn_missing_files_names_both_places(tmp_path):
+    msg = _load_error("svhn", tmp_path)
+    assert str(tmp_path / "svhn" / "train_32x32.mat") in msg and str(tmp_path / "train_32x32.mat") in msg
+
+
+def test_svhn_mat_missing_y(tmp_path):
+    paths = write_svhn(tmp_path, n_train=10, n_test=5)
+    scipy.io.savemat(str(paths["test"]), {"X": np.zeros((32, 32, 3, 5), np.uint8)})
+    msg = _load_error("svhn", tmp_path)
+    assert str(paths["test"]) in msg and "'y'" in msg
+
+
+# ---------------------------------------------------------------------------------------- digits
+
+
+def test_digits_loads():
+    data = TASKS.get("digits").load(DataConfig(task="digits", image_size=32))
+    assert data.spec.pad_crop == 4 and not data.spec.hflip
+    for split, size in (("train", 1078), ("val", 359), ("test", 360)):
+        check_split(data.splits[split], size)
+        assert 0 <= data.splits[split].labels.min() and data.splits[split].labels.max() <= 9
+    images = data.splits["train"].images
+    assert torch.equal(images[:, 0], images[:, 1]) and images.max() > 200
+    capped = TASKS.get("digits").load(DataConfig(task="digits", image_size=16, max_samples=10))
+    check_split(capped.splits["val"], 10, image_size=16)
+    assert capped.spec.mean == pytest.approx(TASKS.get("digits").load(DataConfig(task="digits", image_size=16)).spec.mean)
