@@ -34,10 +34,10 @@ class SyntheticConfig:
 
     num_attributes: int = 40
     num_latents: int = 8
-    train_size: int = 2000
+    train_size: int = 1000
     val_size: int = 1000
     test_size: int = 2000
-    label_sharpness: float = 2.5  # scales the latent->logit map: higher = less label noise
+    label_sharpness: float = 1.5  # scales the latent->logit map: higher = less label noise
     seed: int = 1234  # the data set's own seed, independent of the training seed
 
     def validate(self) -> None:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from mtl_cog.errors import UserError
 from mtl_cog.data import BatchTransform, eval_batch_indices, train_batch_indices
+from mtl_cog.errors import UserError
 from mtl_cog.task_api import SplitData
 
 
@@ -40,7 +41,7 @@ def train_one_epoch(
     batches = list(train_batch_indices(len(split), batch_size, rank, world, seed, epoch))
     total, count = torch.zeros((), device=accelerator.device), 0
     for step, idx in enumerate(tqdm(batches, desc=f"epoch {epoch}", leave=False,
-                                    disable=not accelerator.is_local_main_process)):
+                                    disable=not (accelerator.is_local_main_process and sys.stderr.isatty()))):
         images = transform(split.images[idx].to(accelerator.device, non_blocking=True), generator)
         labels = split.labels[idx].to(accelerator.device, non_blocking=True)
         loss = objective(network(images), labels).mean()  # equal task weights

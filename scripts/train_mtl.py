@@ -17,7 +17,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a clone without installing
 
-from accelerate import Accelerator  # noqa: E402
 from accelerate.utils import broadcast_object_list, set_seed  # noqa: E402
 
 import tasks  # noqa: E402,F401  (registers the data sets)
@@ -29,6 +28,7 @@ from mtl_cog.engine import is_better, train_one_epoch  # noqa: E402
 from mtl_cog.errors import run_cli  # noqa: E402
 from mtl_cog.evaluation import predict_split, score  # noqa: E402
 from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text  # noqa: E402
+from mtl_cog.launch import create_accelerator  # noqa: E402
 from mtl_cog.metrics import format_table, metrics_frame  # noqa: E402
 from mtl_cog.models import build_network, parameter_counts  # noqa: E402
 from mtl_cog.objectives import build_objective  # noqa: E402
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    accelerator = Accelerator(log_with=log_with(cfg.tracking))
+    accelerator = create_accelerator(log_with(cfg.tracking))
     set_seed(cfg.seed)
 
     # One run name for all processes (timestamps differ between them).
@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> Path:
     counts = parameter_counts(network)
     leader = "+".join(cfg.method.leader) or "none (standard training)"
     accelerator.print(f"method {cfg.method.name}: leader = {leader}; parameters {counts}")
-    accelerator.print(f"data {spec.dataset}: {spec.num_tasks} task(s), train/val/test = {len(train)}/{len(val)}/{len(test)}")
+    accelerator.print(
+        f"data {spec.dataset}: {spec.num_tasks} task(s), train/val/test = {len(train)}/{len(val)}/{len(test)}"
+    )
     if accelerator.is_main_process:
         atomic_write_json(run_dir / rundir.PARAMS, {"counts": counts, "leader": cfg.method.leader})
     objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
@@ -84,8 +86,9 @@ def main(argv: list[str] | None = None) -> Path:
     best, best_epoch = None, 0
     for epoch in range(1, cfg.train.epochs + 1):
         lrs = learning_rates(optimizer)
-        stats = train_one_epoch(accelerator, network, objective, optimizer, train, train_transform,
-                                cfg.train.batch_size, cfg.seed, epoch)
+        stats = train_one_epoch(
+            accelerator, network, objective, optimizer, train, train_transform, cfg.train.batch_size, cfg.seed, epoch
+        )
         val_metrics = score(predict_split(accelerator, network, spec, val, cfg.train.eval_batch_size), cfg.eval.bins)
         selected = val_metrics["mean"][cfg.eval.selection_metric]
         if is_better(cfg.eval.selection_metric, selected, best):
@@ -93,13 +96,18 @@ def main(argv: list[str] | None = None) -> Path:
             if accelerator.is_main_process:
                 save_model(run_dir / rundir.BEST_MODEL, accelerator.unwrap_model(network))
         record = {"train_loss": stats["loss"], "lr": lrs, "val": val_metrics["mean"], "best_epoch": best_epoch}
-        flat = {"train/loss": stats["loss"], **{f"lr/{k}": v for k, v in lrs.items()},
-                **flatten_metrics("val", val_metrics)}
+        flat = {
+            "train/loss": stats["loss"],
+            **{f"lr/{k}": v for k, v in lrs.items()},
+            **flatten_metrics("val", val_metrics),
+        }
         tracker.log_epoch(epoch, {**record, "val_tasks": val_metrics["tasks"]}, flat)
         mean = val_metrics["mean"]
-        accelerator.print(f"epoch {epoch:3d}/{cfg.train.epochs}  loss {stats['loss']:.4f}  val acc {mean['accuracy']:.4f}"
-                          f"  nll {mean['nll']:.4f}  brier {mean['brier']:.4f}  ece@15 {mean['ece@15']:.4f}"
-                          f"{'  *' if best_epoch == epoch else ''}")
+        accelerator.print(
+            f"epoch {epoch:3d}/{cfg.train.epochs}  loss {stats['loss']:.4f}  val acc {mean['accuracy']:.4f}"
+            f"  nll {mean['nll']:.4f}  brier {mean['brier']:.4f}  ece@15 {mean['ece@15']:.4f}"
+            f"{'  *' if best_epoch == epoch else ''}"
+        )
         scheduler.step()
 
     # Final evaluation with the best checkpoint (validation Brier by default), on every process.
@@ -112,15 +120,19 @@ def main(argv: list[str] | None = None) -> Path:
         results[split_name] = score(predictions, cfg.eval.bins)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
-    tracker.log_epoch(cfg.train.epochs + 1, {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"]},
-                      flatten_metrics("test", results["test"]))
+    tracker.log_epoch(
+        cfg.train.epochs + 1,
+        {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"]},
+        flatten_metrics("test", results["test"]),
+    )
     if accelerator.is_main_process:
         frame = metrics_frame(results["test"])
         atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
     tracker.finish()
-    accelerator.print(f"\ntest metrics of the best checkpoint (epoch {best_epoch}, by validation "
-                      f"{cfg.eval.selection_metric}):")
+    accelerator.print(
+        f"\ntest metrics of the best checkpoint (epoch {best_epoch}, by validation {cfg.eval.selection_metric}):"
+    )
     accelerator.print(format_table(results["test"]))
     accelerator.print(f"run folder: {run_dir}")
     accelerator.print(str(run_dir))

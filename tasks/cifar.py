@@ -154,7 +154,8 @@ class CifarTask:
             )
         if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
             raise self._error(
-                f"{path}: {self.v.label_key!r} must hold {len(data)} integers, got {labels.dtype} {tuple(labels.shape)}."
+                f"{path}: {self.v.label_key!r} must hold {len(data)} integers, "
+                f"got {labels.dtype} {tuple(labels.shape)}."
             )
         if len(labels) and (labels.min() < 0 or labels.max() >= self.v.num_classes):
             raise self._error(

@@ -15,13 +15,46 @@ import scipy.io
 from PIL import Image
 
 CELEBA_ATTRIBUTES = (  # the 40 names of line 2 of list_attr_celeba.txt, in order
-    "5_o_Clock_Shadow", "Arched_Eyebrows", "Attractive", "Bags_Under_Eyes", "Bald", "Bangs",
-    "Big_Lips", "Big_Nose", "Black_Hair", "Blond_Hair", "Blurry", "Brown_Hair", "Bushy_Eyebrows",
-    "Chubby", "Double_Chin", "Eyeglasses", "Goatee", "Gray_Hair", "Heavy_Makeup", "High_Cheekbones",
-    "Male", "Mouth_Slightly_Open", "Mustache", "Narrow_Eyes", "No_Beard", "Oval_Face", "Pale_Skin",
-    "Pointy_Nose", "Receding_Hairline", "Rosy_Cheeks", "Sideburns", "Smiling", "Straight_Hair",
-    "Wavy_Hair", "Wearing_Earrings", "Wearing_Hat", "Wearing_Lipstick", "Wearing_Necklace",
-    "Wearing_Necktie", "Young",
+    "5_o_Clock_Shadow",
+    "Arched_Eyebrows",
+    "Attractive",
+    "Bags_Under_Eyes",
+    "Bald",
+    "Bangs",
+    "Big_Lips",
+    "Big_Nose",
+    "Black_Hair",
+    "Blond_Hair",
+    "Blurry",
+    "Brown_Hair",
+    "Bushy_Eyebrows",
+    "Chubby",
+    "Double_Chin",
+    "Eyeglasses",
+    "Goatee",
+    "Gray_Hair",
+    "Heavy_Makeup",
+    "High_Cheekbones",
+    "Male",
+    "Mouth_Slightly_Open",
+    "Mustache",
+    "Narrow_Eyes",
+    "No_Beard",
+    "Oval_Face",
+    "Pale_Skin",
+    "Pointy_Nose",
+    "Receding_Hairline",
+    "Rosy_Cheeks",
+    "Sideburns",
+    "Smiling",
+    "Straight_Hair",
+    "Wavy_Hair",
+    "Wearing_Earrings",
+    "Wearing_Hat",
+    "Wearing_Lipstick",
+    "Wearing_Necklace",
+    "Wearing_Necktie",
+    "Young",
 )
 
 
@@ -37,9 +70,7 @@ class CelebAFixture:
     split_names: dict[str, list[str]] = field(default_factory=dict)  # split -> image names in order
 
 
-def write_celeba(
-    root: Path, n: int = 60, image_size: tuple[int, int] = (178, 218), seed: int = 0
-) -> CelebAFixture:
+def write_celeba(root: Path, n: int = 60, image_size: tuple[int, int] = (178, 218), seed: int = 0) -> CelebAFixture:
     """``<root>/celeba/``: ``n`` random JPEGs (width x height = image_size) and the two text files.
 
     The partition interleaves the splits (0,0,0,1,2, ...): every split is non-empty and, unlike
@@ -115,7 +146,9 @@ def write_cifar100(root: Path, n_train: int = 100, n_test: int = 30, seed: int =
     return folder
 
 
-def write_svhn(root: Path, n_train: int = 50, n_test: int = 20, subfolder: bool = True, seed: int = 0) -> dict[str, Path]:
+def write_svhn(
+    root: Path, n_train: int = 50, n_test: int = 20, subfolder: bool = True, seed: int = 0
+) -> dict[str, Path]:
     """``train_32x32.mat`` / ``test_32x32.mat`` in ``<root>/svhn/`` (or ``<root>/`` if not subfolder).
 
     Labels cycle through 1..10 so label 10 (digit 0) is always present. Returns split -> path.

@@ -67,7 +67,9 @@ def test_celeba_resize_matches_torchvision(tmp_path):
     fx = write_celeba(tmp_path, n=2)
     path = fx.image_dir / fx.names[0]
     for size in (32, 64, 100):
-        ref = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size)])(Image.open(path).convert("RGB"))
+        ref = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size)])(
+            Image.open(path).convert("RGB")
+        )
         assert np.array_equal(load_image(path, size), np.asarray(ref))
 
 
@@ -259,4 +261,6 @@ def test_digits_loads():
     assert torch.equal(images[:, 0], images[:, 1]) and images.max() > 200
     capped = TASKS.get("digits").load(DataConfig(task="digits", image_size=16, max_samples=10))
     check_split(capped.splits["val"], 10, image_size=16)
-    assert capped.spec.mean == pytest.approx(TASKS.get("digits").load(DataConfig(task="digits", image_size=16)).spec.mean)
+    assert capped.spec.mean == pytest.approx(
+        TASKS.get("digits").load(DataConfig(task="digits", image_size=16)).spec.mean
+    )

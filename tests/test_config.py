@@ -1,0 +1,55 @@
+import pytest
+
+from mtl_cog.config import ConfigError, load_config
+
+CONFIGS = "configs"
+
+
+def test_defaults_validate():
+    cfg = load_config(None, [])
+    assert cfg.method.name == "cog_fc" and cfg.method.leader == ["heads"]
+
+
+def test_yaml_bases_and_overrides(tmp_path):
+    cfg = load_config(f"{CONFIGS}/synthetic/cog_ts.yaml", ["train.epochs=3", "optim.leader_lr=1e-5", "seed=7"])
+    assert cfg.method.calibrator == "temperature"
+    assert cfg.train.epochs == 3 and cfg.seed == 7
+    assert cfg.optim.leader_lr == pytest.approx(1e-5)  # YAML reads "1e-5" as a string: accepted as a number
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("train.epoch=3", "train.epochs"),  # unknown key, with a suggestion
+        ("nonsense=1", "unknown config key 'nonsense'"),
+        ("train.epochs=three", "train.epochs must be an integer"),
+        ("train.epochs=0", "train.epochs must be > 0"),
+        ("optim.follower_lr=-1", "optim.follower_lr must be > 0"),
+        ("optim.leader_lr=1e-2", "must be smaller than optim.follower_lr"),
+        ("data.max_samples=-5", "data.max_samples"),
+        ("tracking=tensorboard", "tracking must be"),
+        ("method.leader=[backbone]", "method.leader"),
+        ("eval.bins=[]", "eval.bins"),
+        ("train", "key=value"),
+        ("train.epochs.x=1", "'epochs' is a value"),
+    ],
+)
+def test_bad_values_are_refused_with_the_key(override, fragment):
+    with pytest.raises(ConfigError, match=None) as err:
+        load_config(f"{CONFIGS}/synthetic/cog_fc.yaml", [override])
+    assert fragment in str(err.value)
+
+
+def test_leader_lr_geq_follower_allowed_explicitly():
+    cfg = load_config(None, ["optim.leader_lr=1e-2", "optim.allow_leader_lr_geq_follower=true"])
+    assert cfg.optim.leader_lr == 1e-2
+
+
+def test_baseline_ignores_leader_lr():
+    cfg = load_config(f"{CONFIGS}/synthetic/baseline.yaml", ["optim.leader_lr=1.0"])
+    assert cfg.method.leader == []
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("configs/nope.yaml")
