@@ -53,3 +53,15 @@ def test_baseline_ignores_leader_lr():
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="not found"):
         load_config("configs/nope.yaml")
+
+
+def _experiment_configs():
+    from pathlib import Path
+
+    return sorted(p for p in Path(CONFIGS).glob("*/*.yaml") if p.parent.name not in ("datasets", "methods"))
+
+
+@pytest.mark.parametrize("path", _experiment_configs(), ids=str)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.data.task == path.parent.name and cfg.method.name == path.stem
