@@ -60,3 +60,37 @@ class VectorCalibrator(nn.Module):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits * self.scale + self.bias
+
+
+@CALIBRATORS.register("matrix")
+class MatrixCalibrator(nn.Module):
+    """Matrix scaling (Guo et al., 2017): a K x K matrix and a K-bias per task, W z + b.
+
+    A binary task (one logit) gets a 1 x 1 matrix, i.e. Platt's affine map. All tasks run as one
+    matmul with a block-diagonal (L, L) matrix, assembled from only the sum of K_t^2 stored
+    values, so the parameter count is exactly that of one matrix per task (no masked zeros).
+    Unregularised, it overfits with many classes (the COG paper sees this on CIFAR-100).
+    """
+
+    def __init__(self, layout: LogitLayout) -> None:
+        super().__init__()
+        rows, cols, identity = [], [], []
+        for t, width in enumerate(layout.widths):
+            start = layout.offsets[t]
+            for i in range(width):
+                for j in range(width):
+                    rows.append(start + i)
+                    cols.append(start + j)
+                    identity.append(1.0 if i == j else 0.0)
+        self.total = layout.total
+        self.weight = nn.Parameter(torch.tensor(identity))  # identity at initialisation
+        self.bias = nn.Parameter(torch.zeros(layout.total))
+        self.register_buffer("flat_index", torch.tensor(rows) * layout.total + torch.tensor(cols), persistent=False)
+
+    def matrix(self) -> torch.Tensor:
+        """The block-diagonal (L, L) matrix: row = output logit, column = input logit."""
+        full = self.weight.new_zeros(self.total * self.total).index_put((self.flat_index,), self.weight)
+        return full.view(self.total, self.total)
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(logits, self.matrix(), self.bias)

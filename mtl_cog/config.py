@@ -169,6 +169,36 @@ class EvalConfig:
 
 
 @dataclass
+class TwoStageConfig:
+    """TST / V-TST (Jordahn & Olmos, 2024): after stage one, freeze the backbone (in eval mode),
+    put a new head on it and train only that head, early-stopped on validation NLL.
+
+    Off by default; ``configs/methods/tst.yaml`` and ``vtst.yaml`` switch it on.
+    """
+
+    enabled: bool = False
+    head: str = "mlp"  # registry in mtl_cog/heads.py: mlp (TST) or variational (V-TST)
+    latent_dim: int = 64  # Z of Linear(D,3Z) -> ReLU -> Linear(3Z,Z) -> Linear(Z,K); 0 = backbone width
+    epochs: int = 30
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    patience: int = 5  # stop after this many epochs without a better validation NLL
+    kl_weight: float = 1e-3  # weight of the variational head's KL term (per sample, mean over tasks)
+    mc_samples: int = 10  # evaluation averages the probabilities of this many samples (stochastic heads)
+
+    def validate(self) -> None:
+        _positive(self, "epochs", "patience", "mc_samples", prefix="two_stage")
+        if self.lr <= 0:
+            raise ConfigError(f"two_stage.lr must be > 0. Got {self.lr}.")
+        if self.latent_dim < 0:
+            raise ConfigError(f"two_stage.latent_dim must be >= 0. Got {self.latent_dim}.")
+        if self.weight_decay < 0 or self.kl_weight < 0:
+            raise ConfigError(
+                f"two_stage.weight_decay and two_stage.kl_weight must be >= 0. Got {self.weight_decay}, {self.kl_weight}."
+            )
+
+
+@dataclass
 class Config:
     seed: int = 0
     output_dir: str = "runs"
@@ -181,6 +211,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    two_stage: TwoStageConfig = field(default_factory=TwoStageConfig)
 
     def validate(self) -> None:
         if self.tracking not in ("wandb", "none"):
@@ -193,6 +224,7 @@ class Config:
         self.optim.validate(has_leader=bool(self.method.leader))
         self.train.validate()
         self.eval.validate()
+        self.two_stage.validate()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -41,12 +41,16 @@ def predict_split(accelerator: Accelerator, network: torch.nn.Module, spec: Task
     return to_predictions(spec, predict(accelerator, network, split, transform, batch_size), split)
 
 
-def load_trained_run(accelerator: Accelerator, run_dir: str | Path) -> tuple[Config, TaskData, Network]:
+def load_trained_run(accelerator: Accelerator, run_dir: str | Path) -> tuple[Config, TaskData, torch.nn.Module]:
     """Config, data and the best checkpoint of a finished run, ready for prediction."""
     run_dir = Path(run_dir)
     cfg = rundir.load_run_config(run_dir)
     with accelerator.main_process_first():
         task_data = load_task(cfg.data)
     network = build_network(cfg.model, cfg.method, task_data.spec.layout)
+    if cfg.two_stage.enabled:  # TST / V-TST: the checkpoint holds the second-stage head
+        from mtl_cog.two_stage import attach_second_stage_head
+
+        network = attach_second_stage_head(network, cfg.two_stage, task_data.spec.layout)
     load_model(run_dir / rundir.BEST_MODEL, network)
     return cfg, task_data, network.to(accelerator.device)

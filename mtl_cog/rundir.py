@@ -35,3 +35,15 @@ def load_run_config(run_dir: str | Path) -> Config:
     if not path.is_file():
         raise RunFolderError(f"{run_dir} is not a run folder: {CONFIG} is missing.")
     return config_from_dict(yaml.safe_load(path.read_text()))
+
+
+# Files added by the two-stage methods and the post-hoc calibrators (issue 3).
+STAGE_ONE_MODEL = "stage_one_model.safetensors"  # TST / V-TST: the first-stage network, kept
+STAGE_TWO_METRICS = "two_stage_metrics.jsonl"  # one line per second-stage epoch
+STAGE_TWO_PARAMS = "parameters_stage_two.json"
+POSTHOC_METRICS = "posthoc_metrics.csv"  # test metrics of each post-hoc calibrator, rows beside "none"
+
+
+def posthoc_predictions_file(split: str, method: str) -> str:
+    """Predictions of ``split`` after the post-hoc calibrator ``method``, e.g. predictions_test_ts.npz."""
+    return f"predictions_{split}_{method}.npz"

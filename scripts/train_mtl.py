@@ -36,6 +36,7 @@ from mtl_cog.optim import build_optimizer, build_scheduler, learning_rates  # no
 from mtl_cog.predictions import save_predictions  # noqa: E402
 from mtl_cog.task_api import load_task  # noqa: E402
 from mtl_cog.tracking import Tracker, flatten_metrics, log_with  # noqa: E402
+from mtl_cog.two_stage import run_second_stage  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "synthetic" / "cog_fc.yaml"
 
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> Path:
     accelerator.wait_for_everyone()
     model = accelerator.unwrap_model(network)
     load_model(run_dir / rundir.BEST_MODEL, model)
+    if cfg.two_stage.enabled:  # TST / V-TST: train a new head on the frozen backbone (mtl_cog/two_stage.py)
+        network = run_second_stage(accelerator, model, objective, spec, train, val, cfg.two_stage, cfg.train,
+                                   cfg.seed, run_dir)
     results = {}
     for split_name, split in (("val", val), ("test", test)):
         predictions = predict_split(accelerator, network, spec, split, cfg.train.eval_batch_size)
