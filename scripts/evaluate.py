@@ -3,6 +3,12 @@
 
     python scripts/evaluate.py --predictions FILE.npz [--bins 5 10 15 20 50] --out metrics.json
     accelerate launch scripts/evaluate.py --run RUN_DIR [--split test] --out metrics.json
+    python scripts/evaluate.py --run RUN_DIR --posthoc ts vs ms svs sms isotonic histogram
+
+With ``--posthoc``, each named calibrator is fitted (one per task) on the run's
+predictions_val.npz and applied to its predictions_test.npz, without re-running the network;
+RUN_DIR/posthoc_metrics.csv gets one row per (method, task) with method "none" for the
+uncalibrated predictions, and RUN_DIR/predictions_test_<method>.npz the calibrated predictions.
 
 The JSON is {"tasks": {task: {metric: value}}, "mean": {metric: value}}; the metric names are
 accuracy, nll, brier, ece@B, rmsce@B, mce@B (see mtl_cog/metrics.py for the conventions).
@@ -22,6 +28,7 @@ from mtl_cog.errors import UserError, run_cli  # noqa: E402
 from mtl_cog.evaluation import load_trained_run, predict_split, score  # noqa: E402
 from mtl_cog.io import atomic_write_json  # noqa: E402
 from mtl_cog.metrics import format_table  # noqa: E402
+from mtl_cog.posthoc import POSTHOC_METHODS  # noqa: E402
 from mtl_cog.predictions import load_predictions  # noqa: E402
 
 DEFAULT_BINS = [5, 10, 15, 20, 50]
@@ -34,7 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--run", type=Path, help="a run folder: re-evaluate its best checkpoint")
     parser.add_argument("--split", choices=["train", "val", "test"], default="test", help="with --run")
     parser.add_argument("--bins", type=int, nargs="+", default=None, help=f"bin counts (default {DEFAULT_BINS})")
-    parser.add_argument("--out", type=Path, required=True, help="where to write the metrics JSON")
+    parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
+    parser.add_argument("--posthoc", nargs="+", choices=POSTHOC_METHODS, metavar="METHOD",
+                        help=f"with --run: fit post-hoc calibrators on validation predictions ({', '.join(POSTHOC_METHODS)})")
     return parser.parse_args(argv)
 
 
@@ -42,6 +51,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.bins is not None and any(b <= 0 for b in args.bins):
         raise UserError(f"--bins must be positive integers. Got {args.bins}.")
+    if args.posthoc:
+        if args.run is None:
+            raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
+        return run_posthoc(args.run, args.posthoc, args.bins, args.out)
+    if args.out is None:
+        raise UserError("--out is required (where to write the metrics JSON).")
     if args.predictions is not None:
         metrics = score(load_predictions(args.predictions), args.bins or DEFAULT_BINS)
         print(format_table(metrics))
@@ -61,6 +76,37 @@ def main(argv: list[str] | None = None) -> dict:
     accelerator.print(format_table(metrics))
     accelerator.print(str(args.out))
     return metrics
+
+
+def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: Path | None) -> dict:
+    """Fit each post-hoc method on the run's validation predictions; score it on its test predictions."""
+    import pandas as pd
+
+    from mtl_cog import rundir
+    from mtl_cog.io import atomic_write
+    from mtl_cog.metrics import metrics_frame
+    from mtl_cog.posthoc import calibrate
+    from mtl_cog.predictions import save_predictions
+
+    bins = bins or rundir.load_run_config(run_dir).eval.bins
+    val = load_predictions(run_dir / rundir.predictions_file("val"))
+    test = load_predictions(run_dir / rundir.predictions_file("test"))
+    results = {"none": score(test, bins)}
+    for method in methods:
+        calibrated = calibrate(method, val, test)
+        save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
+        results[method] = score(calibrated, bins)
+    frame = pd.concat([metrics_frame(m).assign(method=name) for name, m in results.items()], ignore_index=True)
+    frame = frame[["method", *[c for c in frame.columns if c != "method"]]]
+    atomic_write(run_dir / rundir.POSTHOC_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
+    summary = pd.DataFrame([{"method": name, **m["mean"]} for name, m in results.items()])
+    columns = ["method", "accuracy", "nll", "brier", *[c for c in summary.columns if c.startswith("ece@")]]
+    print("test metrics (mean over tasks), post-hoc calibrators fitted on validation predictions:")
+    print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if out is not None:
+        atomic_write_json(out, results)
+    print(run_dir / rundir.POSTHOC_METRICS)
+    return results
 
 
 if __name__ == "__main__":

@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""Run every combination of a grid of overrides, pick the lowest validation NLL, write a table.
+
+    python scripts/sweep.py --config configs/digits/cog_ts.yaml train.epochs=5 \
+        --grid optim.leader_lr=1e-5,3e-5,1e-4 optim.follower_lr=1e-3,3e-4 [--parallel 2]
+
+Each combination is one run of scripts/train_mtl.py (a subprocess) in <sweep dir>/run_NN; the
+criterion is the validation NLL (mean over tasks) of the run's best checkpoint, the tuning
+criterion of the COG paper (App. B). Written to the sweep folder: sweep.csv and sweep.md (every
+run: its values, validation accuracy / NLL / Brier / ECE@15, status) and best_config.yaml (the
+chosen run's resolved config, usable as --config). Positional overrides apply to every run; a
+--grid item with one value is a fixed override too. With --parallel N, N runs at a time (on a
+machine with GPUs, run i gets GPU i mod #GPUs). The last line printed is best_config.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from mtl_cog import rundir  # noqa: E402
+from mtl_cog.config import ConfigError, load_config  # noqa: E402
+from mtl_cog.errors import UserError, run_cli  # noqa: E402
+from mtl_cog.io import atomic_write, atomic_write_text  # noqa: E402
+from mtl_cog.sweep import best_index, combinations, parse_grid, validation_scores  # noqa: E402
+
+TRAIN = REPO / "scripts" / "train_mtl.py"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, required=True, help="YAML experiment config")
+    parser.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="values to sweep")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--out", type=Path, default=None, help="sweep folder (default runs/sweep-<config>-<time>)")
+    parser.add_argument("overrides", nargs="*", help="fixed overrides for every run, e.g. train.epochs=5")
+    return parser.parse_args(argv)
+
+
+def launch(command: list[str], log: Path, gpu: int | None) -> subprocess.Popen:
+    env = dict(os.environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    handle = open(log, "w")  # noqa: SIM115  (closed when the process is collected)
+    process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    process.log_handle = handle  # type: ignore[attr-defined]
+    return process
+
+
+def run_all(commands: list[list[str]], logs: list[Path], parallel: int) -> list[int]:
+    """Run the commands, at most ``parallel`` at a time; return their exit codes in order."""
+    gpus = torch.cuda.device_count()
+    codes: list[int | None] = [None] * len(commands)
+    running: dict[int, subprocess.Popen] = {}
+    pending = list(range(len(commands)))
+    while pending or running:
+        while pending and len(running) < parallel:
+            i = pending.pop(0)
+            print(f"[{i + 1}/{len(commands)}] {' '.join(commands[i][2:])}", flush=True)
+            running[i] = launch(commands[i], logs[i], i % gpus if gpus else None)
+        for i, process in list(running.items()):
+            if process.poll() is not None:
+                process.log_handle.close()  # type: ignore[attr-defined]
+                codes[i] = process.returncode
+                status = "done" if process.returncode == 0 else f"FAILED (exit {process.returncode}, see {logs[i]})"
+                print(f"[{i + 1}/{len(commands)}] {status}", flush=True)
+                del running[i]
+        time.sleep(0.2)
+    return [int(c) for c in codes]
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """A Markdown table (pandas' to_markdown needs the tabulate package, which we do not require)."""
+    def cell(value: object) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    if args.parallel < 1:
+        raise UserError(f"--parallel must be >= 1. Got {args.parallel}.")
+    combos = combinations(parse_grid(args.grid))
+    base = load_config(args.config, args.overrides)  # fail fast on a bad config or fixed override
+    out = args.out or Path(base.output_dir) / f"sweep-{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    commands, logs = [], []
+    for i, combo in enumerate(combos):
+        overrides = [*args.overrides, *(f"{k}={v}" for k, v in combo.items()), f"output_dir={out}",
+                     f"run_name=run_{i:02d}"]
+        try:
+            load_config(args.config, overrides)  # every combination is valid before anything runs
+        except ConfigError as err:
+            raise ConfigError(f"grid combination {combo}: {err}") from None
+        commands.append([sys.executable, str(TRAIN), "--config", str(args.config), *overrides])
+        logs.append(out / f"run_{i:02d}.log")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"sweep of {len(combos)} runs in {out}", flush=True)
+    codes = run_all(commands, logs, args.parallel)
+
+    rows = []
+    for i, (combo, code) in enumerate(zip(combos, codes)):
+        scores = validation_scores(out / f"run_{i:02d}", base.eval.bins) if code == 0 else {"nll": float("nan")}
+        rows.append({"run": f"run_{i:02d}", **combo, "val_accuracy": scores.get("accuracy"), "val_nll": scores["nll"],
+                     "val_brier": scores.get("brier"), "val_ece@15": scores.get("ece@15"),
+                     "status": "ok" if code == 0 else f"failed (exit {code})"})
+    chosen = best_index([r["val_nll"] for r in rows])
+    for i, row in enumerate(rows):
+        row["chosen"] = "*" if i == chosen else ""
+    table = pd.DataFrame(rows)
+    atomic_write(out / "sweep.csv", lambda tmp: table.to_csv(tmp, index=False))
+    atomic_write_text(out / "sweep.md", markdown_table(table))
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if chosen is None:
+        raise UserError(f"no run of the sweep finished; see the logs in {out}.")
+    config = yaml.safe_load((out / rows[chosen]["run"] / rundir.CONFIG).read_text())
+    config["run_name"] = None
+    config["output_dir"] = base.output_dir
+    atomic_write_text(out / "best_config.yaml",
+                      f"# chosen by scripts/sweep.py: {rows[chosen]['run']}, lowest validation NLL "
+                      f"{rows[chosen]['val_nll']:.4f}\n" + yaml.safe_dump(config, sort_keys=False))
+    print(f"chosen: {rows[chosen]['run']} {combos[chosen]} (validation NLL {rows[chosen]['val_nll']:.4f})")
+    print(out / "best_config.yaml")
+    return out / "best_config.yaml"
+
+
+if __name__ == "__main__":
+    run_cli(main)
