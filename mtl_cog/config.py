@@ -194,7 +194,8 @@ class TwoStageConfig:
             raise ConfigError(f"two_stage.latent_dim must be >= 0. Got {self.latent_dim}.")
         if self.weight_decay < 0 or self.kl_weight < 0:
             raise ConfigError(
-                f"two_stage.weight_decay and two_stage.kl_weight must be >= 0. Got {self.weight_decay}, {self.kl_weight}."
+                f"two_stage.weight_decay and two_stage.kl_weight must be >= 0. "
+                f"Got {self.weight_decay}, {self.kl_weight}."
             )
 
 

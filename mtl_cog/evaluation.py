@@ -14,7 +14,7 @@ from mtl_cog.config import Config
 from mtl_cog.data import BatchTransform
 from mtl_cog.engine import predict
 from mtl_cog.metrics import compute_metrics
-from mtl_cog.models import Network, build_network
+from mtl_cog.models import build_network
 from mtl_cog.predictions import Predictions
 from mtl_cog.task_api import SplitData, TaskData, TaskSpec, load_task
 

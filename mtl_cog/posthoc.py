@@ -109,7 +109,9 @@ def calibrate(method: str, val: Predictions, test: Predictions) -> Predictions:
     if method not in POSTHOC_METHODS:
         raise PosthocError(f"unknown post-hoc method {method!r}. Available: {', '.join(POSTHOC_METHODS)}.")
     if val.task_names != test.task_names:
-        raise PosthocError(f"validation and test predictions name different tasks: {val.task_names} vs {test.task_names}.")
+        raise PosthocError(
+            f"validation and test predictions name different tasks: {val.task_names} vs {test.task_names}."
+        )
     layout = layout_of(val)
     if layout_of(test).num_classes != layout.num_classes:
         raise PosthocError("validation and test predictions have different numbers of classes per task.")

@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bins", type=int, nargs="+", default=None, help=f"bin counts (default {DEFAULT_BINS})")
     parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
     parser.add_argument("--posthoc", nargs="+", choices=POSTHOC_METHODS, metavar="METHOD",
-                        help=f"with --run: fit post-hoc calibrators on validation predictions ({', '.join(POSTHOC_METHODS)})")
+                        help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
+                        f"test predictions ({', '.join(POSTHOC_METHODS)})")
     return parser.parse_args(argv)
 
 
