@@ -1,0 +1,167 @@
+"""Every registered method (configs/methods/*.yaml) trains, its parameters are counted and owned
+as documented, and COG-TS with a frozen leader is exactly the baseline."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtl_cog.calibrators import CALIBRATORS
+from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, load_config
+from mtl_cog.heads import HEADS
+from mtl_cog.models import build_network, parameter_counts
+from mtl_cog.objectives import build_objective
+from mtl_cog.optim import build_optimizer, split_parameters
+from mtl_cog.task_api import LogitLayout
+from mtl_cog.two_stage import WithAuxiliaryLoss, attach_second_stage_head
+
+REPO = Path(__file__).resolve().parents[1]
+METHOD_FILES = sorted((REPO / "configs" / "methods").glob("*.yaml"))
+LAYOUT = LogitLayout((2, 2, 2, 10))  # three binary attributes and one 10-class task
+TINY = ["model.backbone=cog_cnn_tiny", "model.head_latent_dim=8", "two_stage.latent_dim=8", "two_stage.lr=1e-2",
+        "tracking=none"]
+
+
+def test_every_documented_method_has_a_config():
+    names = {p.stem for p in METHOD_FILES}
+    assert names == {"baseline", "ls", "focal", "cog_fc", "cog_ts", "cog_vs", "cog_ms", "cog_tst", "cog_ls",
+                     "tst", "vtst"}
+    for dataset in ("celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic"):
+        for name in names:
+            cfg = load_config(REPO / "configs" / dataset / f"{name}.yaml")
+            assert cfg.method.name == name and cfg.data.task == dataset
+
+
+def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(16, 3, 16, 16, generator=g)
+    labels = torch.cat([torch.randint(0, 2, (16, 3), generator=g), torch.randint(0, 10, (16, 1), generator=g)], 1)
+    return images, labels
+
+
+def _steps(network, loss_fn, optimizer, steps: int) -> list[float]:
+    images, labels = _batch()
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn(network(images), labels).mean()
+        assert torch.isfinite(loss), losses
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("path", METHOD_FILES, ids=lambda p: p.stem)
+def test_method_trains_without_nan_and_its_loss_falls(path):
+    cfg = load_config(path, TINY)
+    torch.manual_seed(0)
+    network = build_network(cfg.model, cfg.method, LAYOUT)
+    objective = build_objective(LAYOUT, cfg.method)
+    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
+    losses = _steps(network, objective, optimizer, 12)
+    assert losses[-1] < 0.97 * losses[0], losses
+    if cfg.two_stage.enabled:  # stage two: a new head on the frozen backbone, its own loss term
+        second = attach_second_stage_head(network, cfg.two_stage, LAYOUT)
+        second.train()
+        loss_fn = WithAuxiliaryLoss(objective, second.heads, cfg.two_stage.kl_weight)
+        head_optimizer = torch.optim.Adam(second.heads.parameters(), lr=cfg.two_stage.lr)
+        losses = _steps(second, loss_fn, head_optimizer, 12)
+        assert losses[-1] < 0.97 * losses[0], losses
+
+
+@pytest.mark.parametrize("path", METHOD_FILES, ids=lambda p: p.stem)
+def test_leader_group_is_exactly_the_named_modules(path):
+    cfg = load_config(path, TINY)
+    network = build_network(cfg.model, cfg.method, LAYOUT)
+    groups = split_parameters(network, cfg.method.leader)
+    leader_ids = {id(p) for name in cfg.method.leader for p in getattr(network, name).parameters()}
+    assert {id(p) for p in groups["leader"]} == leader_ids
+    assert len(groups["leader"]) + len(groups["follower"]) == len(list(network.parameters()))
+
+
+def test_calibrator_parameter_counts_match_their_definitions():
+    """Temperature: 1 per task; vector: scale + bias per logit; matrix: K_t^2 + K_t per task (1+1 binary)."""
+    expected = {"identity": 0, "temperature": 4, "vector": 2 * 13, "matrix": 3 * 2 + 100 + 10}
+    assert set(expected) == set(CALIBRATORS.names())
+    for name, count in expected.items():
+        assert sum(p.numel() for p in CALIBRATORS.get(name)(LAYOUT).parameters()) == count, name
+
+
+def test_matrix_calibrator_is_affine_per_binary_task_and_block_diagonal():
+    cal = CALIBRATORS.get("matrix")(LAYOUT)
+    with torch.no_grad():
+        cal.weight.copy_(torch.randn_like(cal.weight))
+        cal.bias.copy_(torch.randn_like(cal.bias))
+    z = torch.randn(5, LAYOUT.total)
+    out = cal(z)
+    matrix = cal.matrix()
+    for t in range(3):  # a binary task only sees its own logit
+        assert torch.allclose(out[:, t], matrix[t, t] * z[:, t] + cal.bias[t])
+    block = LAYOUT.task_slice(3)
+    assert torch.allclose(out[:, block], z[:, block] @ matrix[block, block].T + cal.bias[block], atol=1e-6)
+    assert matrix[:3, 3:].abs().sum() == 0 and matrix[3:, :3].abs().sum() == 0
+
+
+@pytest.mark.parametrize("head", HEADS.names())
+def test_heads_are_batched_per_task(head):
+    """Each task's logits depend only on that task's weights: changing task 0's weights leaves the others."""
+    torch.manual_seed(0)
+    heads = HEADS.get(head)(6, LAYOUT, latent_dim=4)
+    x = torch.randn(5, 6)
+    torch.manual_seed(1)
+    before = heads(x)
+    with torch.no_grad():
+        for name, p in heads.named_parameters():
+            if p.shape[0] == LAYOUT.num_tasks:  # stacked per task
+                p[0].add_(1.0)
+            elif p.shape[0] == LAYOUT.total:  # one row per logit column
+                p[0].add_(1.0)
+    torch.manual_seed(1)
+    after = heads(x)
+    assert not torch.allclose(before[:, 0], after[:, 0])
+    assert torch.allclose(before[:, 1:], after[:, 1:])
+
+
+def test_mlp_head_parameter_count_is_the_tst_stack_per_task():
+    d, z = 6, 4
+    heads = HEADS.get("mlp")(d, LAYOUT, latent_dim=z)
+    per_task = (d * 3 * z + 3 * z) + (3 * z * z + z)
+    assert sum(p.numel() for p in heads.parameters()) == 4 * per_task + LAYOUT.total * (z + 1)
+
+
+def test_cog_ts_with_leader_lr_zero_matches_the_baseline_step_for_step():
+    torch.manual_seed(3)
+    baseline = build_network(ModelConfig(backbone="cog_cnn_tiny"), MethodConfig(calibrator="identity", leader=[]),
+                             LAYOUT)
+    torch.manual_seed(3)
+    cog_ts = build_network(ModelConfig(backbone="cog_cnn_tiny"),
+                           MethodConfig(calibrator="temperature", leader=["calibrator"]), LAYOUT)
+    objective = build_objective(LAYOUT, MethodConfig(loss="ce"))
+    opt_base = build_optimizer(baseline, [], OptimConfig(follower_lr=1e-3))
+    opt_ts = build_optimizer(cog_ts, ["calibrator"], OptimConfig(follower_lr=1e-3, leader_lr=0.0))
+    for step in range(5):
+        images, labels = _batch(seed=step)
+        losses = []
+        for net, opt in ((baseline, opt_base), (cog_ts, opt_ts)):
+            loss = objective(net(images), labels).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], abs=1e-6), step
+    for (name, a), b in zip(baseline.named_parameters(), [p for n, p in cog_ts.named_parameters()
+                                                          if not n.startswith("calibrator")]):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert torch.equal(cog_ts.calibrator.temperature, torch.ones(LAYOUT.num_tasks))
+
+
+def test_resnet101_celeba_parameter_counts():
+    """The paper's CelebA setup: COG-FC adds 0 parameters, COG-TS 40, COG-VS/MS 80 (affine per attribute)."""
+    layout = LogitLayout((2,) * 40)
+    model = ModelConfig(backbone="resnet101", cifar_stem=True)
+    counts = {name: parameter_counts(build_network(model, MethodConfig(calibrator=cal, leader=[]), layout))
+              for name, cal in (("baseline", "identity"), ("ts", "temperature"), ("vs", "vector"), ("ms", "matrix"))}
+    base = counts["baseline"]["total"]
+    assert counts["baseline"]["heads"] == 40 * (2048 + 1)
+    assert [counts[m]["total"] - base for m in ("ts", "vs", "ms")] == [40, 80, 80]
