@@ -112,10 +112,8 @@ def test_heads_are_batched_per_task(head):
     torch.manual_seed(1)
     before = heads(x)
     with torch.no_grad():
-        for name, p in heads.named_parameters():
-            if p.shape[0] == LAYOUT.num_tasks:  # stacked per task
-                p[0].add_(1.0)
-            elif p.shape[0] == LAYOUT.total:  # one row per logit column
+        for p in heads.parameters():
+            if p.shape[0] in (LAYOUT.num_tasks, LAYOUT.total):  # stacked per task / one row per logit column
                 p[0].add_(1.0)
     torch.manual_seed(1)
     after = heads(x)
