@@ -188,6 +188,10 @@ class TwoStageConfig:
 
     def validate(self) -> None:
         _positive(self, "epochs", "patience", "mc_samples", prefix="two_stage")
+        from mtl_cog.heads import HEADS  # here, not at the top: heads.py must not depend on config.py
+
+        if self.head not in HEADS:  # checked now, not after stage one has trained for hours
+            raise ConfigError(f"two_stage.head must be one of {', '.join(HEADS.names())}. Got {self.head!r}.")
         if self.lr <= 0:
             raise ConfigError(f"two_stage.lr must be > 0. Got {self.lr}.")
         if self.latent_dim < 0:

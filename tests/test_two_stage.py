@@ -124,3 +124,10 @@ def test_tst_run_end_to_end_and_reevaluation(tiny_overrides, tmp_path):
     metrics = _script("evaluate").main(["--run", str(run), "--split", "test", "--out", str(out)])
     frame = pd.read_csv(run / rundir.TEST_METRICS).set_index("task")
     assert frame.loc["mean", "nll"] == pytest.approx(metrics["mean"]["nll"], abs=1e-5)  # the two-stage head reloads
+
+
+def test_unknown_second_stage_head_is_refused_before_training():
+    from mtl_cog.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="two_stage.head"):
+        load_config(REPO / "configs" / "digits" / "tst.yaml", ["two_stage.head=mlpp"])
