@@ -480,7 +480,7 @@ def measure_cache_memory(args: argparse.Namespace, work: Path) -> dict:
         if done.returncode:
             raise RuntimeError(f"memory probe {kind} failed:\n{done.stderr[-3000:]}")
         results[kind] = json.loads(done.stdout.strip().splitlines()[-1])
-    size = sum(f.stat().st_size for f in folder.glob("*.images.npy"))
+    size = sum(np.load(f, mmap_mode="r").nbytes for f in folder.glob("*.images.npy"))  # without .npy headers
     extra = results["cache"]["peak_rss_bytes"] - results["model"]["peak_rss_bytes"]
     return {
         "images": sum(args.cache_sizes.values()),
