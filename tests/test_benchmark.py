@@ -13,6 +13,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Accelerate keeps one process-wide state whose mixed precision cannot change once set: start
+    and leave each test without one, so tests creating bf16 and fp32 accelerators can share a process."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def _benchmark_module():
     spec = importlib.util.spec_from_file_location("benchmark_script", REPO / "scripts" / "benchmark.py")
     module = importlib.util.module_from_spec(spec)
