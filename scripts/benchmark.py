@@ -475,6 +475,13 @@ def memory_probe(kind: str, folder: Path, args: argparse.Namespace) -> dict:
         touched += len(idx)
         if step < 3:  # a few real steps so that the model's own peak (activations, Adam state) is in
             trainee.step(images, labels)
+    if kind == "cache":  # an epoch also evaluates validation and test: every page of the cache is read
+        evaluation = BatchTransform(spec, train=False)
+        for name in ("val", "test"):
+            other = cached.splits[name]
+            for start in range(0, len(other), 4 * args.batch_size):
+                evaluation(other.images[start : start + 4 * args.batch_size])
+                touched += len(other.images[start : start + 4 * args.batch_size])
     return {"peak_rss_bytes": peak_rss_bytes(), "images_read": touched}
 
 

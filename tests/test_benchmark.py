@@ -55,7 +55,7 @@ def test_quick_benchmark_cache_memory_probe(tmp_path):
     _benchmark_module().main(["--quick", "--skip", "steps,loader,calibrated,eval", "--out", str(out)])
     result = json.loads(out.read_text())
     memory = result["cache_memory"]
-    assert memory["images"] == 300 and memory["images_read"] >= 238  # the whole train split was gathered
+    assert memory["images"] == 300 and memory["images_read"] >= 300  # every image of the cache was read
     assert memory["image_bytes"] == 300 * 3 * 32 * 32
     assert _positive(memory["model_only_peak_rss_bytes"]) and memory["within_1GiB"]
     assert result["throughput"][0]["backbone"] == "cog_cnn_tiny"
