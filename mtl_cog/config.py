@@ -54,6 +54,8 @@ class DataConfig:
     image_size: int = 32
     download: bool = False
     cache_dir: str | None = None  # where decoded uint8 caches live; default <root>/.mtl_cog_cache
+    # decode once into a memory-mapped uint8 cache (mtl_cog/cache.py); false = decode on every run
+    use_cache: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def validate(self) -> None:
@@ -143,15 +145,25 @@ class OptimConfig:
             raise ConfigError(f"optim.lr_gamma must be in (0, 1]. Got {self.lr_gamma}.")
 
 
+PRECISIONS = ("no", "bf16", "fp16")
+
+
 @dataclass
 class TrainConfig:
     epochs: int = 30
     batch_size: int = 128  # global batch: split evenly across processes
     eval_batch_size: int = 512
     log_every_steps: int = 50
+    # Speed options (mtl_cog/performance.py); all off by default so CPU runs behave as before.
+    precision: str = "no"  # no | bf16 | fp16: Accelerate's mixed precision (fp16 needs a GPU)
+    channels_last: bool = False  # NHWC memory format for conv nets (faster tensor cores on GPUs)
+    compile: bool = False  # torch.compile the network in place (nn.Module.compile)
+    images_on_device: bool = False  # keep the training split's uint8 images on the GPU when they fit
 
     def validate(self) -> None:
         _positive(self, "epochs", "batch_size", "eval_batch_size", "log_every_steps", prefix="train")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision must be one of {', '.join(PRECISIONS)}. Got {self.precision!r}.")
 
 
 @dataclass

@@ -137,7 +137,10 @@ TASKS: Registry[Task] = Registry("task")
 
 
 def load_task(data_cfg) -> TaskData:
-    """The registered task named by ``data.task``, loaded with its splits (train/val/test)."""
+    """The registered task named by ``data.task``, loaded with its splits (train/val/test).
+
+    Goes through the uint8 cache (``mtl_cog/cache.py``) unless ``data.use_cache`` is false.
+    """
     from mtl_cog.config import ConfigError
     from mtl_cog.registry import UnknownNameError
 
@@ -145,7 +148,12 @@ def load_task(data_cfg) -> TaskData:
         task = TASKS.get(data_cfg.task)
     except UnknownNameError as err:
         raise ConfigError(f"data.task: {err}") from None
-    task_data = task.load(data_cfg)
+    if getattr(data_cfg, "use_cache", True):
+        from mtl_cog.cache import load_cached  # imported here: cache.py builds on this module
+
+        task_data = load_cached(task, data_cfg)  # decode once, memory-map afterwards
+    else:
+        task_data = task.load(data_cfg)
     for split in ("train", "val", "test"):
         if split not in task_data.splits or len(task_data.splits[split]) == 0:
             raise DataError(f"task {data_cfg.task!r} produced no {split!r} samples.")

@@ -23,7 +23,7 @@ import tasks  # noqa: E402,F401  (registers the data sets)
 from mtl_cog import rundir  # noqa: E402
 from mtl_cog.checkpoint import load_model, save_model  # noqa: E402
 from mtl_cog.config import load_config, save_config  # noqa: E402
-from mtl_cog.data import BatchTransform  # noqa: E402
+from mtl_cog.data import BatchTransform, place_split  # noqa: E402
 from mtl_cog.engine import is_better, train_one_epoch  # noqa: E402
 from mtl_cog.errors import run_cli  # noqa: E402
 from mtl_cog.evaluation import predict_split, score  # noqa: E402
@@ -33,6 +33,7 @@ from mtl_cog.metrics import format_table, metrics_frame  # noqa: E402
 from mtl_cog.models import build_network, parameter_counts  # noqa: E402
 from mtl_cog.objectives import build_objective  # noqa: E402
 from mtl_cog.optim import build_optimizer, build_scheduler, learning_rates  # noqa: E402
+from mtl_cog.performance import apply_speed_options  # noqa: E402
 from mtl_cog.predictions import save_predictions  # noqa: E402
 from mtl_cog.task_api import load_task  # noqa: E402
 from mtl_cog.tracking import Tracker, flatten_metrics, log_with  # noqa: E402
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    accelerator = create_accelerator(log_with(cfg.tracking))
+    accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision)
     set_seed(cfg.seed)
 
     # One run name for all processes (timestamps differ between them).
@@ -67,8 +68,9 @@ def main(argv: list[str] | None = None) -> Path:
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
     spec, train, val, test = task_data.spec, *(task_data.splits[s] for s in ("train", "val", "test"))
+    train = place_split(train, accelerator.device) if cfg.train.images_on_device else train
 
-    network = build_network(cfg.model, cfg.method, spec.layout)
+    network = apply_speed_options(build_network(cfg.model, cfg.method, spec.layout), cfg.train)
     counts = parameter_counts(network)
     leader = "+".join(cfg.method.leader) or "none (standard training)"
     accelerator.print(f"method {cfg.method.name}: leader = {leader}; parameters {counts}")
