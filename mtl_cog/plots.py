@@ -42,9 +42,10 @@ def save_figure(figure: Figure, path: str | Path) -> Path:
 
 
 def method_colors(methods: list[str]) -> dict[str, tuple]:
-    """The same colour for a method in every figure of a data set."""
-    cmap = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
-    return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+    """The same colour for a method in every figure of a data set (assigned in sorted order)."""
+    ordered = sorted(set(methods))
+    cmap = plt.get_cmap("tab10" if len(ordered) <= 10 else "tab20")
+    return {m: cmap(i % cmap.N) for i, m in enumerate(ordered)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def _pool(predictions: list[Predictions], task: int | None) -> tuple[np.ndarray,
 
 
 def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, truth: np.ndarray | None = None,
-                      title: str = "", small: bool = False) -> float:
+                      title: str = "", small: bool = False, ece_label: str = "ECE") -> float:
     """Bars: observed frequency per bin; red: the gap to the bin's mean probability; dots: mean p*. -> ECE."""
     conf = np.clip(prob, CLAMP, 1 - CLAMP)
     index = np.minimum((conf * n_bins).astype(int), n_bins - 1)
@@ -101,7 +102,7 @@ def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, tr
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
-    ax.set_title(f"{title}\nECE@{n_bins} {ece:.3f}" if title else f"ECE@{n_bins} {ece:.3f}",
+    ax.set_title(f"{title}\n{ece_label}@{n_bins} {ece:.3f}" if title else f"{ece_label}@{n_bins} {ece:.3f}",
                  fontsize=8 if small else 10)
     ax.tick_params(labelsize=7 if small else 9)
     return ece
@@ -111,6 +112,13 @@ def _axis_labels(binary: bool) -> tuple[str, str]:
     if binary:
         return "predicted P(y=1)", "fraction positive"
     return "confidence (top label)", "accuracy"
+
+
+def _grid_columns(panels: int) -> int:
+    """Columns (4 to 8) that leave the fewest empty slots in the last row; wider on ties."""
+    if panels <= 4:
+        return panels
+    return min(range(4, 9), key=lambda c: (-(-panels // c) * c - panels, -c))
 
 
 def reliability_figure(predictions: list[Predictions], title: str, n_bins: int = 15) -> Figure:
@@ -130,20 +138,20 @@ def reliability_figure(predictions: list[Predictions], title: str, n_bins: int =
         ax.legend(loc="upper left", fontsize=7, framealpha=0.9)
         return figure
     panels = len(names) + 1
-    cols = min(8, int(np.ceil(np.sqrt(panels * 1.3))))
+    cols = _grid_columns(panels)
     rows = int(np.ceil(panels / cols))
     figure, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.1 * rows + 0.9), squeeze=False)
     flat = axes.reshape(-1)
     prob, outcome, truth, binary = _pool(predictions, None)
-    reliability_panel(flat[0], prob, outcome, n_bins, truth, "all tasks pooled", small=True)
-    flat[0].set_facecolor("#f2f2f2")
+    reliability_panel(flat[0], prob, outcome, n_bins, truth, "ALL TASKS POOLED", small=True, ece_label="pooled ECE")
+    flat[0].title.set_fontweight("bold")
     for t, name in enumerate(names):
         prob, outcome, truth, _ = _pool(predictions, t)
         reliability_panel(flat[t + 1], prob, outcome, n_bins, truth, name, small=True)
     for ax in flat[panels:]:
         ax.axis("off")
-    for ax in flat[:panels]:
-        ax.label_outer()  # tick labels only on the outer panels
+    for i, ax in enumerate(flat[:panels]):  # tick labels only on the left column and the lowest panels
+        ax.tick_params(labelbottom=i + cols >= panels, labelleft=i % cols == 0)
     xlabel, ylabel = _axis_labels(binary)
     figure.supxlabel(xlabel)
     figure.supylabel(ylabel)
@@ -165,7 +173,8 @@ def reliability_comparison_figure(pooled: dict[str, list[Predictions]], dataset:
     binary = True
     for ax, method in zip(flat, methods):
         prob, outcome, truth, binary = _pool(pooled[method], None)
-        reliability_panel(ax, prob, outcome, n_bins, truth, method)
+        reliability_panel(ax, prob, outcome, n_bins, truth, method,
+                          ece_label="pooled ECE" if len(pooled[method][0].task_names) > 1 else "ECE")
     for ax in flat[len(methods):]:
         ax.axis("off")
     xlabel, ylabel = _axis_labels(binary)
@@ -205,7 +214,9 @@ def pareto_figure(summary: pd.DataFrame, dataset: str) -> Figure:
             ax.errorbar(row["accuracy"], row[metric], xerr=row.get("accuracy_std", 0), yerr=row.get(f"{metric}_std", 0),
                         fmt="o", ms=9 if front[i] else 6, color=colors[row["method"]], ecolor="0.6", elinewidth=1,
                         capsize=2, mec="black" if front[i] else colors[row["method"]], mew=1.5 if front[i] else 0.5,
-                        zorder=3, label=row["method"] + (" (front)" if front[i] else ""))
+                        zorder=3, label=row["method"])
+            ax.annotate(row["method"], (row["accuracy"], row[metric]), xytext=(6, 5), textcoords="offset points",
+                        fontsize=8, fontweight="bold" if front[i] else "normal", zorder=4)
         ax.set_xlabel("accuracy ↑")
         ax.set_ylabel(label)
         ax.set_title(f"{dataset}: accuracy vs {metric.upper() if metric == 'nll' else 'Brier'}")
@@ -213,7 +224,7 @@ def pareto_figure(summary: pd.DataFrame, dataset: str) -> Figure:
         ax.margins(0.12)
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
-                  title="method (black ring: on the front)", title_fontsize=9)
+                  title="method\n(black ring, bold name:\non that panel's front)", title_fontsize=9)
     figure.tight_layout()
     return figure
 

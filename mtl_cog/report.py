@@ -372,7 +372,7 @@ def summary_markdown(summary: pd.DataFrame, bins: int, truth_bins: int | None = 
 def truth_markdown(group: pd.DataFrame, bins: int) -> list[str]:
     """Against the true probabilities: label-based ECE next to its noise-free counterpart and |p̂ − p*|."""
     lines = ["Against the true probabilities p* (mtl_cog/truth.py): label-based ECE, the noise-free "
-             f"calibration error (same bins, mean p* instead of labels), mean |p̂ − p*|, KL(p*‖p̂).", "",
+             "calibration error (same bins, mean p* instead of labels), mean |p̂ − p*|, KL(p*‖p̂).", "",
              f"| method | ECE@{bins} (labels) | noise-free CE@{bins} | mean abs(p̂ − p*) | KL(p*‖p̂) |",
              "|---|---|---|---|---|"]
     for _, row in group.iterrows():

@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders, or folders that hold run folders")
     parser.add_argument("--out", type=Path, required=True, help="report folder (created)")
-    parser.add_argument("--bins", type=int, nargs="+", default=DEFAULT_BINS, help="bin counts of the calibration errors")
+    parser.add_argument("--bins", type=int, nargs="+", default=DEFAULT_BINS, help="bin counts of calibration errors")
     parser.add_argument("--summary-bins", type=int, default=15, help="bin count shown in summary.md and the figures")
     return parser.parse_args(argv)
 
