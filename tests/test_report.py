@@ -154,3 +154,18 @@ def test_compare_without_runs_fails_cleanly(tmp_path):
     result = subprocess.run([sys.executable, "scripts/compare.py", str(tmp_path), "--out", str(tmp_path / "r")],
                             cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 2 and "no run folders" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_reproduce_plans_every_method_config_and_seed(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce
+
+    jobs = reproduce.plan(["digits", "synthetic"], None, [0, 1, 2], tmp_path)
+    for dataset in ("digits", "synthetic"):
+        methods = {p.stem for p in (REPO / "configs" / dataset).glob("*.yaml")}
+        assert {(j.method, j.seed) for j in jobs if j.dataset == dataset} == {(m, s) for m in methods for s in (0, 1, 2)}
+    command = reproduce.train_command(jobs[0], None)
+    assert "tracking=none" in command and "model.backbone=cog_cnn_tiny" in command
+    assert reproduce.train_command(jobs[0], 3)[-1] == "train.epochs=3"  # the last override wins
+    with pytest.raises(Exception, match="no config configs/digits/<method>.yaml for --methods nope"):
+        reproduce.plan(["digits"], ["nope"], [0], tmp_path)
