@@ -182,19 +182,27 @@ def label_datasets(records: list[RunRecord]) -> None:
     """Tell apart runs of one task on different data (e.g. another ``data.max_samples``).
 
     Runs of the same ``data.task`` whose data settings differ are different test sets and must
-    not be averaged together: each distinct setting gets ``<task>[<hash>]`` as its data-set label.
+    not be averaged together: each distinct setting is labelled ``<task>[key=value,...]`` with the
+    data keys that differ (at most three, else a short hash of the setting).
     """
-    def data_key(record: RunRecord) -> str:
+    def data_settings(record: RunRecord) -> dict[str, str]:
         flat = _flatten(record.config.get("data", {}), "data.")
-        return json.dumps({k: v for k, v in flat.items() if k not in _IRRELEVANT_KEYS}, sort_keys=True)
+        return {k: v for k, v in flat.items() if k not in _IRRELEVANT_KEYS}
 
-    by_task: dict[str, set[str]] = {}
+    by_task: dict[str, list[dict[str, str]]] = {}
     for record in records:
-        by_task.setdefault(record.dataset, set()).add(data_key(record))
+        by_task.setdefault(record.dataset, []).append(data_settings(record))
     for record in records:
-        if len(by_task[record.dataset]) > 1:
-            digest = hashlib.sha1(data_key(record).encode()).hexdigest()[:6]
-            record.dataset = f"{record.dataset}[{digest}]"
+        settings = by_task[record.dataset]
+        differing = sorted({k for s in settings for k in s if len({t.get(k) for t in settings}) > 1})
+        if not differing:
+            continue
+        mine = data_settings(record)
+        if len(differing) <= 3:
+            tag = ",".join(f"{k.rsplit('.', 1)[-1]}={json.loads(mine.get(k, 'null'))}" for k in differing)
+        else:
+            tag = hashlib.sha1(json.dumps(mine, sort_keys=True).encode()).hexdigest()[:6]
+        record.dataset = f"{record.dataset}[{tag}]"
 
 
 def warn_on_mixed_groups(records: list[RunRecord]) -> None:
