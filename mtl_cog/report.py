@@ -236,7 +236,9 @@ def load_runs(paths: list[str | Path]) -> list[RunRecord]:
 def score_variant(variant: Variant, bins: list[int]) -> pd.DataFrame:
     """Rows per task + "mean": every metric at ``bins``, and truth metrics where p* is known."""
     if variant.predictions is None:
-        frame = variant.metrics.copy()
+        # keep the task and the numeric metric columns (a CSV may carry labels such as a split name)
+        numeric = variant.metrics.drop(columns=["task"]).select_dtypes("number").columns
+        frame = variant.metrics[["task", *numeric]].copy()
         if "mean" not in set(frame["task"]):
             numeric = frame.drop(columns=["task"]).mean(numeric_only=True)
             frame = pd.concat([frame, pd.DataFrame([{"task": "mean", **numeric}])], ignore_index=True)
