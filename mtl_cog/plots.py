@@ -91,8 +91,11 @@ def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, tr
     width = 1 / n_bins
     ax.bar(left[filled], freq[filled], width=width, align="edge", color="#4c72b0", edgecolor="white", lw=0.5,
            label="observed frequency")
+    # hatched, nearly transparent gap: where the model is underconfident (frequency above the mean
+    # prediction) the blue bar stays visible under it
     ax.bar(left[filled], (mean_p - freq)[filled], bottom=freq[filled], width=width, align="edge",
-           color="#dd8452", alpha=0.45, edgecolor="#c44e52", lw=0.5, label="gap to mean prediction")
+           facecolor=(0.87, 0.33, 0.32, 0.18), edgecolor="#c44e52", hatch="////", lw=0.6,
+           label="gap to mean prediction")
     ax.plot([0, 1], [0, 1], ls="--", color="0.3", lw=1, label="perfect calibration")
     if truth is not None:
         mean_truth = np.bincount(index, truth, n_bins) / safe

@@ -327,6 +327,8 @@ def calibration_error_table(scores: pd.DataFrame) -> pd.DataFrame:
             continue
         for (dataset, method), group in task_mean.groupby(["dataset", "method"], sort=False):
             values = group[column].dropna()
+            if values.empty:  # e.g. noise-free errors of a data set without true probabilities
+                continue
             rows.append({"dataset": dataset, "method": method, "norm": norm, "bins": int(bins),
                          "mean": values.mean(), "std": values.std(ddof=1) if len(values) > 1 else 0.0,
                          "n_seeds": len(values)})
