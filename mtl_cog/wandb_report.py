@@ -57,7 +57,11 @@ def publish_final_report(accelerator: Accelerator, run_dir: str | Path, tracking
     """Call once after ``test_metrics.csv`` and the prediction files are written, before ``end_training``."""
     if not accelerator.is_main_process:
         return
-    table, png = write_run_report(Path(run_dir), n_bins)
+    try:
+        table, png = write_run_report(Path(run_dir), n_bins)
+    except Exception as err:  # noqa: BLE001  (the run is finished and saved; a figure must not fail it)
+        warnings.warn(f"could not write the end-of-training report into {run_dir}: {err!r}", stacklevel=2)
+        return
     if not tracking_enabled or "wandb" not in {t.name for t in accelerator.trackers}:
         return
     try:
