@@ -6,9 +6,10 @@ the method (``method.name``) and the seed, and score every *variant* of the run 
 
 - the run itself (method ``<method>``): ``predictions_test.npz``, else ``test_metrics.csv``;
 - post-hoc calibrators fitted on the run (method ``<method>+<posthoc>``): a prediction file
-  ``predictions_test_<posthoc>.npz``, else the rows of ``posthoc_metrics.csv`` (long format: a
-  column ``posthoc`` (or ``calibrator``) naming the calibrator, a column ``task``, then metric
-  columns named as in test_metrics.csv).
+  ``predictions_test_<posthoc>.npz``, else the rows of ``posthoc_metrics.csv`` (long format, as
+  ``scripts/evaluate.py --posthoc`` writes it: a column ``method`` (or ``posthoc``) naming the
+  calibrator, ``none`` for the uncalibrated rows, a column ``task``, then metric columns named as
+  in test_metrics.csv).
 
 Prediction files are preferred because they are re-scored at the bin counts the report asks for
 and, when they hold ``true_probs/<t>``, also against the truth (mtl_cog/truth.py); metric CSVs
@@ -145,11 +146,12 @@ def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
     csv = run_dir / POSTHOC_METRICS
     if csv.is_file():
         frame = _read_metrics_csv(csv)
-        column = next((c for c in ("posthoc", "calibrator") if c in frame.columns), None)
+        column = next((c for c in ("posthoc", "calibrator", "method") if c in frame.columns), None)
         if column is None:
-            raise ReportError(f"{csv}: needs a column 'posthoc' naming the calibrator of each row.")
+            raise ReportError(f"{csv}: needs a column 'method' (or 'posthoc') naming the calibrator of each row.")
         for name, rows in frame.groupby(column, sort=True):
-            if str(name) not in variants:  # a prediction file of the same calibrator wins
+            # "none" repeats the uncalibrated run; a prediction file of the same calibrator wins
+            if str(name) not in variants and str(name) != "none":
                 variants[str(name)] = Variant(f"{method}+{name}", metrics=rows.drop(columns=[column]))
     return list(variants.values())
 

@@ -9,8 +9,8 @@ changing this script). Each run is ``scripts/train_mtl.py`` in a subprocess with
 sizes below (small CNN, 16×16 images, fewer epochs) so the whole grid fits in about 30 minutes
 on 2 CPU cores; ``--jobs`` runs that many at once, each with one torch thread. A finished run
 folder (its ``DONE`` file) is reused, so an interrupted reproduction resumes where it stopped.
-When ``scripts/evaluate.py`` offers ``--posthoc``, the post-hoc calibrators are fitted on every
-run and appear in the report as ``<method>+<calibrator>``. The report is
+When ``scripts/evaluate.py`` offers ``--posthoc``, the post-hoc calibrators are fitted on the
+baseline runs (``--posthoc-on``) and appear in the report as ``baseline+<calibrator>``. The report is
 ``scripts/compare.py <out>/runs --out <out>/report`` (see that script for what it writes).
 """
 
@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=None, help="override the per-data-set epochs of CPU_SCALE")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (each with one torch thread)")
+    parser.add_argument("--posthoc-on", nargs="+", default=["baseline"], metavar="METHOD",
+                        help="methods whose runs get the post-hoc calibrators (default: baseline, as the paper)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     return parser.parse_args(argv)
 
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> Path:
         return report_dir
     failures = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool, tqdm(total=len(jobs), unit="run") as bar:
-        futures = [pool.submit(run_job, job, args.epochs, with_posthoc) for job in jobs]
+        futures = [pool.submit(run_job, job, args.epochs, with_posthoc and job.method in args.posthoc_on)
+                   for job in jobs]
         for future in as_completed(futures):
             job, seconds, error = future.result()
             bar.set_postfix_str(f"{job.dataset}/{job.method}/seed{job.seed} {seconds:.0f}s")

@@ -67,8 +67,9 @@ def write_run(root: Path, name: str, method: str, seed: int, *, tasks: int = 3, 
     if posthoc:
         save_predictions(run / "predictions_test_ts.npz",
                          Predictions(predictions.task_names, [z * temperature for z in logits], labels, p_true))
-        rows = frame.assign(posthoc="hist", split="test")
-        rows.to_csv(run / "posthoc_metrics.csv", index=False)
+        # the layout of `scripts/evaluate.py --posthoc`: a "method" column, "none" = uncalibrated
+        rows = pd.concat([frame.assign(method="none"), frame.assign(method="hist")], ignore_index=True)
+        rows[["method", *frame.columns]].to_csv(run / "posthoc_metrics.csv", index=False)
     return run
 
 
