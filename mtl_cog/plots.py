@@ -203,6 +203,31 @@ def pareto_front(accuracy: np.ndarray, loss: np.ndarray) -> np.ndarray:
     return ~dominated.any(axis=1)
 
 
+def _label_points(ax, x: np.ndarray, y: np.ndarray, names: list[str], front: np.ndarray) -> None:
+    """Name every point; points whose labels would collide share one stacked label.
+
+    Points closer than ~12% of the x range and ~5% of the y range are grouped (names are wide,
+    and calibrators such as vector and matrix scaling coincide exactly on binary tasks).
+    """
+    span_x = max(np.ptp(x), 1e-12)
+    span_y = max(np.ptp(y), 1e-12)
+    groups: list[list[int]] = []
+    for i in np.argsort(-y):  # top to bottom
+        for group in groups:
+            j = group[0]
+            if abs(x[i] - x[j]) / span_x < 0.12 and abs(y[i] - y[j]) / span_y < 0.05:
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    for group in groups:
+        anchor = group[0]
+        text = "\n".join(f"{names[i]}{' ◆' if front[i] else ''}" for i in group)
+        ax.annotate(text, (x[anchor], y[anchor]), xytext=(6, 4), textcoords="offset points", fontsize=8,
+                    va="bottom", zorder=4, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                                 "alpha": 0.7})
+
+
 def pareto_figure(summary: pd.DataFrame, dataset: str) -> Figure:
     """Accuracy (x, higher is better) against NLL and Brier (y, lower is better), mean ± std over seeds."""
     rows = summary[summary["dataset"] == dataset].reset_index(drop=True)
@@ -218,8 +243,7 @@ def pareto_figure(summary: pd.DataFrame, dataset: str) -> Figure:
                         fmt="o", ms=9 if front[i] else 6, color=colors[row["method"]], ecolor="0.6", elinewidth=1,
                         capsize=2, mec="black" if front[i] else colors[row["method"]], mew=1.5 if front[i] else 0.5,
                         zorder=3, label=row["method"])
-            ax.annotate(row["method"], (row["accuracy"], row[metric]), xytext=(6, 5), textcoords="offset points",
-                        fontsize=8, fontweight="bold" if front[i] else "normal", zorder=4)
+        _label_points(ax, rows["accuracy"].to_numpy(), rows[metric].to_numpy(), list(rows["method"]), front)
         ax.set_xlabel("accuracy ↑")
         ax.set_ylabel(label)
         ax.set_title(f"{dataset}: accuracy vs {metric.upper() if metric == 'nll' else 'Brier'}")
@@ -227,7 +251,7 @@ def pareto_figure(summary: pd.DataFrame, dataset: str) -> Figure:
         ax.margins(0.12)
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
-                  title="method\n(black ring, bold name:\non that panel's front)", title_fontsize=9)
+                  title="method\n(black ring and ◆:\non that panel's front)", title_fontsize=9)
     figure.tight_layout()
     return figure
 
