@@ -299,7 +299,8 @@ def average_ranks(means: pd.DataFrame, metrics: tuple[str, ...] = RANK_METRICS) 
 def _mean_std(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
     grouped = frame.groupby(keys, sort=False)
     means = grouped[columns].mean()
-    stds = grouped[columns].std(ddof=1).fillna(0.0)  # one seed: std 0 rather than NaN
+    stds = grouped[columns].std(ddof=1).fillna(0.0)  # one seed: std 0 rather than NaN ...
+    stds = stds.where(means.notna())  # ... but no std where there is no value at all
     stds.columns = [f"{c}_std" for c in columns]
     counts = grouped["seed"].agg(n_seeds="count", seeds=lambda s: " ".join(str(v) for v in sorted(s)))
     return pd.concat([counts, means, stds], axis=1)

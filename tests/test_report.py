@@ -140,6 +140,8 @@ def test_compare_writes_every_file(tmp_path):
     errors = pd.read_csv(out / "calibration_errors.csv")
     assert {5, 10, 15, 20, 50} <= set(errors["bins"]) and {"ece", "rmsce", "mce", "nf_ece"} <= set(errors["norm"])
     assert errors["mean"].notna().all() and "nf_ece" not in set(errors[errors["dataset"] == "digits"]["norm"])
+    truth = pd.read_csv(out / "truth.csv")
+    assert set(truth["dataset"]) == {"synthetic"} and truth["nf_ece@15"].notna().all()
     per_task = pd.read_csv(out / "per_task.csv")
     assert set(per_task["dataset"]) == {"synthetic"} and set(per_task["task"]) == {"attr00", "attr01", "attr02"}
     pngs = sorted(out.glob("*.png"))
