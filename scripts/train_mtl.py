@@ -38,6 +38,7 @@ from mtl_cog.predictions import save_predictions  # noqa: E402
 from mtl_cog.task_api import load_task  # noqa: E402
 from mtl_cog.tracking import Tracker, flatten_metrics, log_with  # noqa: E402
 from mtl_cog.two_stage import run_second_stage  # noqa: E402
+from mtl_cog.wandb_report import publish_final_report  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "synthetic" / "cog_fc.yaml"
 
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> Path:
         frame = metrics_frame(results["test"])
         atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
+    publish_final_report(accelerator, run_dir, tracker.enabled)  # reliability PNG + per-task table (W&B and run folder)
     tracker.finish()
     accelerator.print(
         f"\ntest metrics of the best checkpoint (epoch {best_epoch}, by validation {cfg.eval.selection_metric}):"
