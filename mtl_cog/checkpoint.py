@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from mtl_cog.errors import UserError
@@ -16,9 +16,22 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, not safetensors, or does not fit the model."""
 
 
-def save_model(path: str | Path, model: torch.nn.Module) -> None:
+def save_model(path: str | Path, model: torch.nn.Module, metadata: dict[str, str] | None = None) -> None:
+    """Weights and buffers as safetensors (atomic); ``metadata`` is stored in the file's header."""
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(state, str(tmp)))
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a safetensors file (header only; never unpickles anything)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{path} is not a valid safetensors checkpoint ({err}). It was refused unread: "
+            "mtl_cog only loads safetensors, never pickles."
+        ) from None
 
 
 def load_model(path: str | Path, model: torch.nn.Module) -> None:

@@ -148,10 +148,21 @@ class TrainConfig:
     epochs: int = 30
     batch_size: int = 128  # global batch: split evenly across processes
     eval_batch_size: int = 512
-    log_every_steps: int = 50
+    log_every_steps: int = 50  # also how often a non-finite loss is looked for (one host sync)
+    # Besides every epoch end, save the resumable training state every N optimiser steps; 0 = off.
+    save_every_steps: int = 0
+    # A NaN/inf training loss: "stop" (error naming epoch and step; the last saved state is kept)
+    # or "skip" (drop that batch, no update, counted as nonfinite_skipped in metrics.jsonl).
+    nonfinite: str = "stop"
 
     def validate(self) -> None:
         _positive(self, "epochs", "batch_size", "eval_batch_size", "log_every_steps", prefix="train")
+        if self.save_every_steps < 0:
+            raise ConfigError(
+                f"train.save_every_steps must be >= 0 (0 = only at epoch ends). Got {self.save_every_steps}."
+            )
+        if self.nonfinite not in ("stop", "skip"):
+            raise ConfigError(f"train.nonfinite must be 'stop' or 'skip'. Got {self.nonfinite!r}.")
 
 
 @dataclass

@@ -14,6 +14,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 TEST_METRICS = "test_metrics.csv"
 BEST_MODEL = "best_model.safetensors"
+STATE = "training_state.safetensors"  # everything needed to resume (mtl_cog/resume.py)
 PARAMS = "parameters.json"
 DONE = "DONE"  # written last: its presence marks a finished run
 
@@ -35,3 +36,42 @@ def load_run_config(run_dir: str | Path) -> Config:
     if not path.is_file():
         raise RunFolderError(f"{run_dir} is not a run folder: {CONFIG} is missing.")
     return config_from_dict(yaml.safe_load(path.read_text()))
+
+
+def check_new_run(run_dir: Path, overwrite: bool) -> None:
+    """Refuse to start a run in a folder holding another run (finished or not), unless ``overwrite``.
+
+    Read-only, so every process can call it and all stop together.
+    """
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return
+    if not (run_dir / CONFIG).is_file():
+        raise RunFolderError(
+            f"{run_dir} exists, is not empty and is not a run folder; choose another run_name or output_dir."
+        )
+    if overwrite:
+        return
+    if (run_dir / DONE).exists():
+        raise RunFolderError(
+            f"{run_dir} already holds a finished run. Choose another run_name, or pass --overwrite to replace it."
+        )
+    raise RunFolderError(
+        f"{run_dir} holds an unfinished run. Continue it with --resume {run_dir}, or pass --overwrite to start over."
+    )
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete a run folder (only one that ``check_new_run`` recognised as a run) before overwriting it."""
+    import shutil
+
+    if (run_dir / CONFIG).is_file():
+        shutil.rmtree(run_dir)
+
+
+def check_resumable(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        raise RunFolderError(f"--resume {run_dir}: no such folder.")
+    if not (run_dir / CONFIG).is_file():
+        raise RunFolderError(f"--resume {run_dir}: not a run folder ({CONFIG} is missing).")
+    if (run_dir / DONE).exists():
+        raise RunFolderError(f"--resume {run_dir}: this run already finished ({DONE} exists); nothing to resume.")
