@@ -45,8 +45,19 @@ def load_model(path: str | Path, model: torch.nn.Module) -> None:
             f"{path} is not a valid safetensors checkpoint ({err}). It was refused unread: "
             "mtl_cog only loads safetensors, never pickles."
         ) from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
+    load_weights(path, model, state)
+
+
+def load_weights(path: str | Path, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """``model.load_state_dict(state)``, with a mismatch (names or shapes) reported as a ``CheckpointError``."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    reshaped = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+                if k in state and state[k].shape != v.shape]
+    if missing or unexpected or reshaped:
         raise CheckpointError(
-            f"{path} does not match the model: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}."
+            f"{path} does not match the model of this config: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"other shape (saved vs model) {reshaped[:5]}. Was the config (backbone, head, tasks) changed?"
         )
+    model.load_state_dict(state)

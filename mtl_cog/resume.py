@@ -32,7 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mtl_cog import rundir
-from mtl_cog.checkpoint import CheckpointError, read_metadata, save_model
+from mtl_cog.checkpoint import CheckpointError, load_weights, read_metadata, save_model
 from mtl_cog.engine import EpochProgress
 from mtl_cog.io import atomic_write, atomic_write_text
 
@@ -113,12 +113,7 @@ def load_training_state(
         if metadata.get("format") != FORMAT:
             raise KeyError(f"format {metadata.get('format')!r}, expected {FORMAT!r}")
         model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
-        missing, unexpected = model.load_state_dict(model_state, strict=False)
-        if missing or unexpected:
-            raise CheckpointError(
-                f"{path} does not match the model of this run's config: missing {sorted(missing)[:5]}, "
-                f"unexpected {sorted(unexpected)[:5]}."
-            )
+        load_weights(path, model, model_state)
         state: dict[int, dict[str, Any]] = {}
         for name, value in tensors.items():
             if name.startswith("optimizer/"):
