@@ -27,7 +27,7 @@ def read_metadata(path: str | Path) -> dict[str, str]:
     try:
         with safe_open(str(path), framework="pt") as handle:
             return handle.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as err:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: cut short
         raise CheckpointError(
             f"{path} is not a valid safetensors checkpoint ({err}). It was refused unread: "
             "mtl_cog only loads safetensors, never pickles."
@@ -40,7 +40,7 @@ def load_model(path: str | Path, model: torch.nn.Module) -> None:
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
         state = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: cut short
         raise CheckpointError(
             f"{path} is not a valid safetensors checkpoint ({err}). It was refused unread: "
             "mtl_cog only loads safetensors, never pickles."

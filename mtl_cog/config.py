@@ -310,7 +310,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=3)
             hint = f" Did you mean {', '.join(prefix + c for c in close)}?" if close else ""
-            raise ConfigError(f"unknown config key {prefix}{key!r}.{hint} Known keys here: {', '.join(names)}.")
+            raise ConfigError(f"unknown config key {prefix + str(key)!r}.{hint} Known keys here: {', '.join(names)}.")
         kwargs[key] = _coerce(hints[key], value, prefix + key)
     return cls(**kwargs)
 

@@ -142,7 +142,7 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             tensors = {k: handle.get_tensor(k) for k in handle.keys()}
-    except (SafetensorError, OSError, ValueError) as err:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: cut short
         raise CheckpointError(
             f"{path} is not a valid safetensors file ({err}). It was refused unread: mtl_cog only loads "
             "safetensors, never pickles. Delete it to restart this run from its last intact state."

@@ -101,7 +101,7 @@ def read_attributes(path: Path) -> tuple[list[str], list[str], np.ndarray]:
     if bad.any():
         r, c = (int(i) for i in np.argwhere(bad)[0])
         raise _error(
-            f"{path}, line {line_numbers[r]}: attribute {attr_names[c]!r} has value {values[r, c]!r}; "
+            f"{path}, line {line_numbers[r]}: attribute {attr_names[c]!r} has value {str(values[r, c])!r}; "
             "CelebA attributes must be 1 or -1."
         )
     return names, attr_names, (values == "1").astype(np.int64)

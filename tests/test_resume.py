@@ -56,7 +56,10 @@ def _saved_progress(run: Path) -> resume.Progress | None:
     path = run / rundir.STATE
     if not path.exists():
         return None
-    return resume.Progress.from_dict(json.loads(read_metadata(path)["progress"]))
+    try:
+        return resume.Progress.from_dict(json.loads(read_metadata(path)["progress"]))
+    except CheckpointError:  # safetensors opens the file twice: the writer's rename can fall in between
+        return None
 
 
 def _start_and_kill(run: Path, when) -> resume.Progress:
