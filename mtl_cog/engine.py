@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ class EpochProgress:
     """How far the current epoch got: enough to continue it after a crash (see ``mtl_cog/resume.py``)."""
 
     step: int = 0  # batches done (trained or skipped)
-    loss_sum: float = 0.0  # sum over trained steps of the loss averaged over processes
+    loss_sums: list[float] = field(default_factory=list)  # per process: sum of its losses so far
     trained: int = 0  # steps with an optimiser update
     skipped: int = 0  # batches dropped because their loss was not finite (train.nonfinite=skip)
 
@@ -72,8 +72,11 @@ def train_one_epoch(
     done = start or EpochProgress()
     generator = torch.Generator()
     batches = list(train_batch_indices(len(split), batch_size, rank, world, seed, epoch))
-    # The sum starts from the processes' common partial sum: mean(c + x_r) = c + mean(x_r).
-    total = torch.tensor(done.loss_sum, device=device)
+    # Each process continues its own partial sum (the same float32 additions as without a break);
+    # resumed with another process count, each starts from the mean: mean(c + x_r) = c + mean(x_r).
+    sums = done.loss_sums
+    start_sum = sums[rank] if len(sums) == world else sum(sums) / max(len(sums), 1)
+    total = torch.tensor(start_sum, device=device)
     trained, skipped = done.trained, done.skipped
     bad_step = torch.tensor(NO_BAD_STEP, device=device)
 
@@ -111,7 +114,7 @@ def train_one_epoch(
         if on_save is not None and save_every and (step + 1) % save_every == 0 and step + 1 < len(batches):
             if nonfinite == "stop":
                 check_finite()
-            on_save(EpochProgress(step + 1, accelerator.reduce(total, reduction="mean").item(), trained, skipped))
+            on_save(EpochProgress(step + 1, accelerator.gather(total.view(1)).tolist(), trained, skipped))
     if nonfinite == "stop":
         check_finite()
     mean_loss = accelerator.reduce(total, reduction="mean").item() / max(trained, 1)

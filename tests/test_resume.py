@@ -62,16 +62,19 @@ def _saved_progress(run: Path) -> resume.Progress | None:
         return None
 
 
-def _start_and_kill(run: Path, when) -> resume.Progress:
-    """Start a run, SIGKILL it as soon as its saved state satisfies ``when``; return that state."""
-    proc = subprocess.Popen([*TRAIN, *RUN, f"output_dir={run.parent}", f"run_name={run.name}"], cwd=REPO,
+def _start_and_kill(run: Path, when, launcher: list[str] = TRAIN) -> resume.Progress:
+    """Start a run, SIGKILL it (and every process it started) as soon as its saved state satisfies ``when``."""
+    psutil = pytest.importorskip("psutil")  # installed with wandb
+    proc = subprocess.Popen([*launcher, *RUN, f"output_dir={run.parent}", f"run_name={run.name}"], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
             progress = _saved_progress(run)
             if progress is not None and when(progress):
-                proc.send_signal(signal.SIGKILL)
+                # a pre-empted machine: the launcher and all its workers die at once
+                for victim in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+                    victim.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.002)
     finally:
@@ -115,6 +118,21 @@ def test_kill_mid_epoch_then_resume_finishes_with_the_same_results(reference, tm
     result = _train("--resume", str(run))
     assert f"resumed at epoch {saved.epoch}, step {saved.within.step}" in result.stdout
     _assert_same_results(run, reference)  # per-step augmentation seeds + saved RNG: exact on the CPU
+
+
+@pytest.mark.slow
+def test_two_processes_killed_mid_epoch_then_resumed_equal_uninterrupted_run(tmp_path):
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+              "--dynamo_backend", "no", "--multi_gpu", "--num_processes", "2", str(REPO / "scripts" / "train_mtl.py")]
+    reference = tmp_path / "ref"
+    subprocess.run([*launch, *RUN, f"output_dir={tmp_path}", "run_name=ref"], cwd=REPO, env=ENV, check=True,
+                   capture_output=True)
+    run = tmp_path / "killed"
+    saved = _start_and_kill(run, lambda p: p.epoch >= 2 and p.within.step > 0, launcher=launch)
+    result = subprocess.run([*launch, "--resume", str(run)], cwd=REPO, env=ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed at epoch {saved.epoch}, step {saved.within.step}" in result.stdout
+    _assert_same_results(run, reference)  # each process continues its own loss sum and augmentation seeds
 
 
 @pytest.mark.slow
@@ -179,7 +197,7 @@ def test_state_roundtrip_restores_everything(tmp_path):
     model, optimizer, scheduler = _parts()
     _train_steps(model, optimizer, 3)
     scheduler.step()
-    progress = resume.Progress(4, EpochProgress(7, 1.25, 6, 1), best=0.31, best_epoch=2, metrics_lines=3)
+    progress = resume.Progress(4, EpochProgress(7, [1.25], 6, 1), best=0.31, best_epoch=2, metrics_lines=3)
     resume.save_training_state(tmp_path / "s.safetensors", model, optimizer, scheduler, progress)
     expected_next = (torch.rand(3).tolist(), np.random.rand(), random.random())
 
