@@ -89,6 +89,22 @@ def cifar_without_labels(tmp: Path) -> list[str]:
     return tiny(tmp, "data.task=cifar10", f"data.root={tmp / 'data'}")
 
 
+def cifar_with_code(tmp: Path) -> list[str]:
+    """A CIFAR batch replaced by a pickle that would create ``tmp/pwned`` if it were unpickled."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(tmp / "pwned"), "w"))
+
+    folder = write_cifar10(tmp / "data", n_train_per_batch=4, n_test=4)
+    evil = pickle.dumps({b"data": Payload(), b"labels": [0]}, protocol=2)
+    pickle.loads(evil)  # the payload is live ...
+    (tmp / "pwned").unlink()  # ... (the test then checks that the reader never runs it)
+    (folder / "data_batch_1").write_bytes(evil)
+    return tiny(tmp, "data.task=cifar10", f"data.root={tmp / 'data'}")
+
+
 def svhn_without_x(tmp: Path) -> list[str]:
     paths = write_svhn(tmp / "data", n_train=10, n_test=5)
     scipy.io.savemat(str(paths["train"]), {"y": np.ones((10, 1), np.uint8)})
@@ -142,6 +158,7 @@ TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
         lambda t: celeba(t, lambda fx: _edit_line(fx.partition_file, 2, lambda s: "999999.jpg 0")),
         ["list_eval_partition.txt lists '999999.jpg'", "disagree"]),
     "CIFAR batch missing key": (cifar_without_labels, ["data_batch_2: missing key b'labels'"]),
+    "CIFAR batch holding code": (cifar_with_code, ["data_batch_1 as a CIFAR pickle", "refused to load io.open"]),
     "SVHN .mat missing key": (svhn_without_x, ["train_32x32.mat: missing variable 'X'"]),
     "--resume: not a run": (lambda t: ["--resume", str(t)], ["not a run folder (config.yaml is missing)"]),
     "--resume: no such folder": (lambda t: ["--resume", str(t / "gone")], ["no such folder"]),
@@ -196,6 +213,7 @@ def test_train_bad_input(case, tmp_path, capsys):
         assert fragment in err, err
     if "run" not in case and "resume" not in case:  # refused before anything was written: no half-made run folder
         assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "pwned").exists()  # nothing in a data file was executed
 
 
 @pytest.mark.parametrize("case", list(EVALUATE_CASES))
