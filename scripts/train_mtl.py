@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> Path:
             raise UserError("--resume continues a run with its saved config: no --config or --overwrite with it.")
         rundir.check_resumable(args.resume)
         cfg = load_config(args.resume / rundir.CONFIG, args.overrides)
+        if args.overrides:
+            print(f"resuming with changed settings: {' '.join(args.overrides)}")
     else:
         cfg = load_config(args.config or DEFAULT_CONFIG, args.overrides)
     accelerator = create_accelerator(log_with(cfg.tracking))
