@@ -86,8 +86,8 @@ def read_attributes(path: Path) -> tuple[list[str], list[str], np.ndarray]:
             continue  # tolerate blank lines (e.g. a trailing newline)
         if len(parts) != len(attr_names) + 1:
             raise _error(
-                f"{path}, line {number}: expected an image name and {len(attr_names)} values, "
-                f"got {len(parts)} columns."
+                f"{path}, line {number}: expected an image name and {len(attr_names)} values "
+                f"({len(attr_names) + 1} columns), got {len(parts)} columns."
             )
         names.append(parts[0])
         rows.append(parts[1:])

@@ -189,7 +189,13 @@ EVALUATE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
                                  ["prediction file not found"]),
     "prediction file: not npz": (lambda t: (t / "x.npz").write_text("hello") and
                                  ["--predictions", str(t / "x.npz"), "--out", str(t / "m.json")],
-                                 ["is not a readable .npz file"]),
+                                 ["x.npz is not a readable .npz file (not a zip archive)"]),
+    "prediction file: pickled object array": (
+        lambda t: prediction_file(t, np.array([0.5, None], dtype=object), np.zeros(2, np.int64)),
+        ["key 'logits/a'", "Pickled objects are refused unread"]),
+    "prediction file: string labels": (
+        lambda t: prediction_file(t, np.zeros(2, np.float32), np.array(["cat", "dog"])),
+        ["labels must be integers, got dtype <U3"]),
     "--run: not a run": (lambda t: ["--run", str(t), "--out", str(t / "m.json")], ["is not a run folder"]),
 }
 
