@@ -150,7 +150,7 @@ TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
                                ["cannot decode image", "000007.jpg", "truncated"]),
     "attribute file: wrong columns": (
         lambda t: celeba(t, lambda fx: _edit_line(fx.attr_file, 5, lambda s: s.rsplit(" ", 1)[0])),
-        ["list_attr_celeba.txt, line 6: expected an image name and 40 values, got 40 columns"]),
+        ["list_attr_celeba.txt, line 6: expected an image name and 40 values (41 columns), got 40 columns"]),
     "attribute file: value not +-1": (
         lambda t: celeba(t, lambda fx: _edit_line(fx.attr_file, 3, lambda s: s[:-2] + " 0")),
         ["list_attr_celeba.txt, line 4: attribute 'Young' has value '0'", "must be 1 or -1"]),
