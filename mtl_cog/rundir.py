@@ -5,9 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
-
-from mtl_cog.config import Config, config_from_dict
+from mtl_cog.config import Config, load_config
 from mtl_cog.errors import UserError
 
 CONFIG = "config.yaml"
@@ -35,7 +33,7 @@ def load_run_config(run_dir: str | Path) -> Config:
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise RunFolderError(f"{run_dir} is not a run folder: {CONFIG} is missing.")
-    return config_from_dict(yaml.safe_load(path.read_text()))
+    return load_config(path)  # YAML and validation errors name the file and key
 
 
 def check_new_run(run_dir: Path, overwrite: bool) -> None:

@@ -196,6 +196,9 @@ EVALUATE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "prediction file: string labels": (
         lambda t: prediction_file(t, np.zeros(2, np.float32), np.array(["cat", "dog"])),
         ["labels must be integers, got dtype <U3"]),
+    "--run: config.yaml not YAML": (lambda t: run_dir_with(t).joinpath(rundir.CONFIG).write_text("seed: [1,") and
+                                    ["--run", str(t / "runs" / "r"), "--out", str(t / "m.json")],
+                                    ["config.yaml is not valid YAML"]),
     "--run: not a run": (lambda t: ["--run", str(t), "--out", str(t / "m.json")], ["is not a run folder"]),
 }
 
