@@ -57,6 +57,16 @@ def run_dir_with(tmp: Path, *files: str) -> Path:
     return run
 
 
+def over(tmp: Path, *files: str, config: bool = True) -> list[str]:
+    """Arguments of a new run named ``r`` whose folder already exists (a run folder, or any folder)."""
+    if config:
+        run_dir_with(tmp, *files)
+    else:
+        (tmp / "runs" / "r").mkdir(parents=True)
+        (tmp / "runs" / "r" / "notes.txt").write_text("not a run")
+    return tiny(tmp, "run_name=r")
+
+
 # ------------------------------------------------------------------------------ data fixtures
 
 
@@ -165,17 +175,10 @@ TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "--resume: finished run": (lambda t: ["--resume", str(run_dir_with(t, rundir.DONE))], ["already finished"]),
     "--resume with --config": (lambda t: ["--resume", str(run_dir_with(t)), "--config", "x.yaml"],
                                ["no --config or --overwrite with it"]),
-    "--resume: state for another model": (
-        lambda t: ["--resume", str(run_dir_with(t)), "model.backbone=cog_cnn_small"], None),  # filled below
-    "new run over a finished run": (lambda t: [*tiny(t, "run_name=r"), *[]] if run_dir_with(t, rundir.DONE) else [],
-                                    ["already holds a finished run", "--overwrite"]),
-    "new run over an unfinished run": (lambda t: tiny(t, "run_name=r") if run_dir_with(t) else [],
-                                       ["holds an unfinished run", "--resume"]),
-    "new run over a folder that is not a run": (
-        lambda t: tiny(t, "run_name=r") if (t / "runs" / "r").mkdir(parents=True) or
-        (t / "runs" / "r" / "notes.txt").write_text("x") else [], ["is not a run folder"]),
+    "new run over a finished run": (lambda t: over(t, rundir.DONE), ["already holds a finished run", "--overwrite"]),
+    "new run over an unfinished run": (lambda t: over(t), ["holds an unfinished run", "--resume"]),
+    "new run over a folder that is not a run": (lambda t: over(t, config=False), ["is not a run folder"]),
 }
-del TRAIN_CASES["--resume: state for another model"]  # covered by test_resume_with_a_changed_model
 
 EVALUATE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "prediction file: mismatched lengths": (
