@@ -307,6 +307,18 @@ def test_nonfinite_loss_skip_counts_and_does_not_update():
     assert all(torch.isfinite(p).all() for p in network.parameters())
 
 
+@pytest.mark.slow
+def test_nonfinite_skip_agrees_across_processes():
+    """NaN on one of two processes: both skip that batch, no hang, weights stay finite and identical."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+              "--dynamo_backend", "no", "--multi_gpu", "--num_processes", "2"]
+    result = subprocess.run([*launch, str(REPO / "tests" / "launch_nonfinite_skip.py")], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = sorted(line for line in result.stdout.splitlines() if line[:2] in ("0 ", "1 "))
+    assert lines == ["0 6 2 True True", "1 6 2 True True"]  # 8 batches: 6 trained, 2 skipped on both
+
+
 def test_nonfinite_loss_stops_the_script(tmp_path, capsys):
     err = user_error("train_mtl", tiny(tmp_path, "optim.follower_lr=1e30", "optim.leader_lr=1e29",
                                        "train.log_every_steps=1"), capsys)
