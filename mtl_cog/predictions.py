@@ -84,7 +84,7 @@ def _array(path: Path, data: np.lib.npyio.NpzFile, key: str) -> np.ndarray:
     try:
         return data[key]
     except ValueError as err:  # an object array: numpy refuses to unpickle it without allow_pickle
-        raise PredictionFileError(f"{path}: key {key!r}: {err} Pickled objects are refused unread.") from None
+        raise PredictionFileError(f"{path}: key {key!r}: {err}. Pickled objects are refused unread.") from None
 
 
 def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
