@@ -153,7 +153,12 @@ class TrainConfig:
     epochs: int = 30
     batch_size: int = 128  # global batch: split evenly across processes
     eval_batch_size: int = 512
-    log_every_steps: int = 50
+    log_every_steps: int = 50  # also how often a non-finite loss is looked for (one host sync)
+    # Besides every epoch end, save the resumable training state every N optimiser steps; 0 = off.
+    save_every_steps: int = 0
+    # A NaN/inf training loss: "stop" (error naming epoch and step; the last saved state is kept)
+    # or "skip" (drop that batch, no update, counted as nonfinite_skipped in metrics.jsonl).
+    nonfinite: str = "stop"
     # Speed options (mtl_cog/performance.py); all off by default so CPU runs behave as before.
     precision: str = "no"  # no | bf16 | fp16: Accelerate's mixed precision (fp16 needs a GPU)
     channels_last: bool = False  # NHWC memory format for conv nets (faster tensor cores on GPUs)
@@ -162,6 +167,12 @@ class TrainConfig:
 
     def validate(self) -> None:
         _positive(self, "epochs", "batch_size", "eval_batch_size", "log_every_steps", prefix="train")
+        if self.save_every_steps < 0:
+            raise ConfigError(
+                f"train.save_every_steps must be >= 0 (0 = only at epoch ends). Got {self.save_every_steps}."
+            )
+        if self.nonfinite not in ("stop", "skip"):
+            raise ConfigError(f"train.nonfinite must be 'stop' or 'skip'. Got {self.nonfinite!r}.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision must be one of {', '.join(PRECISIONS)}. Got {self.precision!r}.")
 
@@ -348,7 +359,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=3)
             hint = f" Did you mean {', '.join(prefix + c for c in close)}?" if close else ""
-            raise ConfigError(f"unknown config key {prefix}{key!r}.{hint} Known keys here: {', '.join(names)}.")
+            raise ConfigError(f"unknown config key {prefix + str(key)!r}.{hint} Known keys here: {', '.join(names)}.")
         kwargs[key] = _coerce(hints[key], value, prefix + key)
     return cls(**kwargs)
 

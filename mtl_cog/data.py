@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
+from mtl_cog.config import ConfigError
 from mtl_cog.task_api import SplitData, TaskSpec
 
 
@@ -109,7 +110,7 @@ def train_batch_indices(
     processes take the same number of equal-sized steps.
     """
     if global_batch % world:
-        raise ValueError(f"train.batch_size ({global_batch}) must be divisible by the number of processes ({world}).")
+        raise ConfigError(f"train.batch_size ({global_batch}) must be divisible by the number of processes ({world}).")
     generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
     perm = torch.randperm(num_samples, generator=generator)
     batch = min(global_batch, (num_samples // world) * world) or world

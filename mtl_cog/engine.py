@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,6 +21,19 @@ class NonFiniteLossError(UserError, RuntimeError):
     """The loss became NaN or infinite; the message names epoch and step."""
 
 
+@dataclass
+class EpochProgress:
+    """How far the current epoch got: enough to continue it after a crash (see ``mtl_cog/resume.py``)."""
+
+    step: int = 0  # batches done (trained or skipped)
+    loss_sums: list[float] = field(default_factory=list)  # per process: sum of its losses so far
+    trained: int = 0  # steps with an optimiser update
+    skipped: int = 0  # batches dropped because their loss was not finite (train.nonfinite=skip)
+
+
+NO_BAD_STEP = 2**62  # "no non-finite loss seen yet" (a step index no epoch reaches)
+
+
 def train_one_epoch(
     accelerator: Accelerator,
     network: torch.nn.Module,
@@ -29,31 +44,81 @@ def train_one_epoch(
     batch_size: int,
     seed: int,
     epoch: int,
+    *,
+    start: EpochProgress | None = None,
+    nonfinite: str = "stop",
+    check_every: int = 50,
+    save_every: int = 0,
+    on_save: Callable[[EpochProgress], None] | None = None,
 ) -> dict[str, float]:
     """One pass over ``split``: one forward and one backward per step, one optimiser step.
 
     Leader and follower are two parameter groups of the same optimiser, so COG costs exactly
     what standard training costs (paper Sec. 3).
+
+    Resumable: ``start`` continues an epoch after its first ``start.step`` batches, and every
+    ``save_every`` steps ``on_save(progress)`` is called (on every process) to save the state.
+    The augmentation generator is re-seeded from (seed, epoch, step, rank) at every step, so a
+    continued epoch draws exactly the crops and flips the uninterrupted one would.
+
+    Non-finite loss: with ``nonfinite="skip"`` such a batch gets no update (all processes agree,
+    one host sync per step). With ``"stop"`` the first bad step is recorded on the device and
+    looked at every ``check_every`` steps, before any save and at the end, so no host sync is
+    added per step and nothing trained on NaN is ever saved.
     """
     network.train()
     rank, world = accelerator.process_index, accelerator.num_processes
-    generator = torch.Generator().manual_seed(seed * 7919 + epoch * 104_729 + rank)
+    device = accelerator.device
+    done = start or EpochProgress()
+    generator = torch.Generator()
     batches = list(train_batch_indices(len(split), batch_size, rank, world, seed, epoch))
-    total, count = torch.zeros((), device=accelerator.device), 0
-    for step, idx in enumerate(tqdm(batches, desc=f"epoch {epoch}", leave=False,
-                                    disable=not (accelerator.is_local_main_process and sys.stderr.isatty()))):
-        images = transform(split.images[idx].to(accelerator.device, non_blocking=True), generator)
-        labels = split.labels[idx].to(accelerator.device, non_blocking=True)
+    # Each process continues its own partial sum (the same float32 additions as without a break);
+    # resumed with another process count, each starts from the mean: mean(c + x_r) = c + mean(x_r).
+    sums = done.loss_sums
+    start_sum = sums[rank] if len(sums) == world else sum(sums) / max(len(sums), 1)
+    total = torch.tensor(start_sum, device=device)
+    trained, skipped = done.trained, done.skipped
+    bad_step = torch.tensor(NO_BAD_STEP, device=device)
+
+    def check_finite() -> None:
+        first_bad = -int(accelerator.reduce(-bad_step, reduction="max").item())  # min over processes
+        if first_bad != NO_BAD_STEP:
+            raise NonFiniteLossError(
+                f"non-finite training loss at epoch {epoch}, step {first_bad + 1} of {len(batches)}. Training "
+                "stopped; the last saved state is kept (continue with --resume RUN_DIR, e.g. with a smaller "
+                "optim.follower_lr, or set train.nonfinite=skip to skip such batches)."
+            )
+
+    progress_bar = tqdm(range(done.step, len(batches)), desc=f"epoch {epoch}", leave=False,
+                        disable=not (accelerator.is_local_main_process and sys.stderr.isatty()))
+    for step in progress_bar:
+        idx = batches[step]
+        generator.manual_seed(seed * 7919 + epoch * 104_729 + step * 1_000_003 + rank)
+        images = transform(split.images[idx].to(device, non_blocking=True), generator)
+        labels = split.labels[idx].to(device, non_blocking=True)
         loss = objective(network(images), labels).mean()  # equal task weights
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at epoch {epoch}, step {step}.")
+        finite = torch.isfinite(loss)
+        if nonfinite == "skip":
+            if accelerator.reduce(finite.float(), reduction="sum").item() < world:  # any process bad: all skip
+                skipped += 1
+                continue
+        else:
+            bad_step = torch.where(finite | (bad_step != NO_BAD_STEP), bad_step, step)
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
         optimizer.step()
         total += loss.detach()
-        count += 1
-    mean_loss = accelerator.reduce(total, reduction="mean").item() / max(count, 1)
-    return {"loss": mean_loss, "steps": count}
+        trained += 1
+        if nonfinite == "stop" and (step + 1) % check_every == 0:
+            check_finite()
+        if on_save is not None and save_every and (step + 1) % save_every == 0 and step + 1 < len(batches):
+            if nonfinite == "stop":
+                check_finite()
+            on_save(EpochProgress(step + 1, accelerator.gather(total.view(1)).tolist(), trained, skipped))
+    if nonfinite == "stop":
+        check_finite()
+    mean_loss = accelerator.reduce(total, reduction="mean").item() / max(trained, 1)
+    return {"loss": mean_loss, "steps": trained, "skipped": skipped}
 
 
 @torch.no_grad()

@@ -21,3 +21,7 @@ def run_cli(main: Callable[[], object]) -> None:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C is a choice, not a crash: no traceback
+        print("interrupted (a training run continues from its last saved state with --resume RUN_DIR)",
+              file=sys.stderr)
+        sys.exit(130)

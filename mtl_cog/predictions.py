@@ -7,6 +7,7 @@ P(y=1|x) where the data set knows it, e.g. ``synthetic``).
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,8 @@ def load_predictions(path: str | Path) -> Predictions:
     path = Path(path)
     if not path.is_file():
         raise PredictionFileError(f"prediction file not found: {path}")
+    if not zipfile.is_zipfile(path):  # else numpy would take it for a pickle and suggest unpickling it
+        raise PredictionFileError(f"{path} is not a readable .npz file (not a zip archive).")
     try:
         data = np.load(path, allow_pickle=False)
     except Exception as err:  # noqa: BLE001  (zip/format errors come in many types)
@@ -58,23 +61,30 @@ def load_predictions(path: str | Path) -> Predictions:
     with data:
         if "task_names" not in data.files:
             raise PredictionFileError(f"{path}: missing key 'task_names'.")
-        names = [str(n) for n in data["task_names"].reshape(-1)]
+        names = [str(n) for n in _array(path, data, "task_names").reshape(-1)]
         logits, labels, probs = [], [], []
         has_probs = all(f"true_probs/{n}" in data.files for n in names) and bool(names)
         for name in names:
             for prefix in ("logits", "labels"):
                 if f"{prefix}/{name}" not in data.files:
                     raise PredictionFileError(f"{path}: missing key '{prefix}/{name}'.")
-            z, y = data[f"logits/{name}"], data[f"labels/{name}"]
+            z, y = _array(path, data, f"logits/{name}"), _array(path, data, f"labels/{name}")
             _check_task(path, name, z, y)
             logits.append(z.astype(np.float32))
             labels.append(y.astype(np.int64))
             if has_probs:
-                probs.append(data[f"true_probs/{name}"].astype(np.float32))
+                probs.append(_array(path, data, f"true_probs/{name}").astype(np.float32))
     lengths = {len(y) for y in labels}
     if len(lengths) > 1:
         raise PredictionFileError(f"{path}: tasks have different numbers of samples: {sorted(lengths)}.")
     return Predictions(names, logits, labels, probs if has_probs else None)
+
+
+def _array(path: Path, data: np.lib.npyio.NpzFile, key: str) -> np.ndarray:
+    try:
+        return data[key]
+    except ValueError as err:  # an object array: numpy refuses to unpickle it without allow_pickle
+        raise PredictionFileError(f"{path}: key {key!r}: {err}. Pickled objects are refused unread.") from None
 
 
 def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
@@ -82,6 +92,10 @@ def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
         raise PredictionFileError(
             f"{path}: task {name!r}: logits must be (N,) or (N, K) and labels (N,); got {z.shape} and {y.shape}."
         )
+    if not (np.issubdtype(z.dtype, np.floating) or np.issubdtype(z.dtype, np.integer)):
+        raise PredictionFileError(f"{path}: task {name!r}: logits must be numbers, got dtype {z.dtype}.")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise PredictionFileError(f"{path}: task {name!r}: labels must be integers, got dtype {y.dtype}.")
     if len(z) != len(y):
         raise PredictionFileError(f"{path}: task {name!r}: {len(z)} logits but {len(y)} labels.")
     if not np.all(np.isfinite(z)):

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import netrc
 import os
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
-from mtl_cog.io import append_jsonl
+from mtl_cog.io import append_jsonl, atomic_write_text
+
+WANDB_ID = "wandb_run_id"  # file in the run folder: the W&B run id, reused on --resume
 
 
 def wandb_has_credentials() -> bool:
@@ -50,7 +53,12 @@ def flatten_metrics(split: str, metrics: dict[str, dict]) -> dict[str, float]:
 
 
 class Tracker:
-    """Writes ``metrics.jsonl`` (one line per epoch) and forwards the same numbers to W&B."""
+    """Writes ``metrics.jsonl`` (one line per epoch) and forwards the same numbers to W&B.
+
+    The W&B run id is kept in the run folder, so a resumed run continues the same W&B run.
+    If W&B cannot start (no network, a bad key, a service error) it is retried offline, and if
+    that fails too, only the local files are written: tracking trouble never stops training.
+    """
 
     def __init__(self, accelerator: Accelerator, run_dir: Path, project: str, run_name: str,
                  config: dict[str, Any]) -> None:
@@ -58,13 +66,31 @@ class Tracker:
         self.run_dir = run_dir
         self.enabled = bool(accelerator.log_with)
         if self.enabled:
+            init = {"name": run_name, "dir": str(run_dir), "id": self._run_id(), "resume": "allow"}
             try:
-                accelerator.init_trackers(
-                    project, config=config, init_kwargs={"wandb": {"name": run_name, "dir": str(run_dir)}}
-                )
+                accelerator.init_trackers(project, config=config, init_kwargs={"wandb": init})
             except Exception as err:  # noqa: BLE001  (network, auth, service errors: never fatal)
-                warnings.warn(f"W&B could not start ({err}); logging to local files only.", stacklevel=2)
-                self.enabled = False
+                self.enabled = self._start_offline(project, config, init, err)
+
+    def _run_id(self) -> str:
+        path = self.run_dir / WANDB_ID
+        if self.accelerator.is_main_process and not path.exists():
+            atomic_write_text(path, uuid.uuid4().hex[:16] + "\n")
+        self.accelerator.wait_for_everyone()
+        return path.read_text().strip()
+
+    def _start_offline(self, project: str, config: dict[str, Any], init: dict[str, Any], err: Exception) -> bool:
+        warnings.warn(f"W&B could not start ({err}); retrying offline (sync later with `wandb sync`).",
+                      stacklevel=3)
+        self.accelerator.trackers = []
+        os.environ["WANDB_MODE"] = "offline"
+        try:
+            self.accelerator.init_trackers(project, config=config, init_kwargs={"wandb": {**init, "mode": "offline"}})
+            return True
+        except Exception as offline_err:  # noqa: BLE001
+            warnings.warn(f"W&B offline failed too ({offline_err}); logging to local files only.", stacklevel=3)
+            self.accelerator.trackers = []
+            return False
 
     def log_epoch(self, epoch: int, record: dict[str, Any], flat_metrics: dict[str, float]) -> None:
         if self.accelerator.is_main_process:

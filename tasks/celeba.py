@@ -86,8 +86,8 @@ def read_attributes(path: Path) -> tuple[list[str], list[str], np.ndarray]:
             continue  # tolerate blank lines (e.g. a trailing newline)
         if len(parts) != len(attr_names) + 1:
             raise _error(
-                f"{path}, line {number}: expected an image name and {len(attr_names)} values, "
-                f"got {len(parts)} columns."
+                f"{path}, line {number}: expected an image name and {len(attr_names)} values "
+                f"({len(attr_names) + 1} columns), got {len(parts)} columns."
             )
         names.append(parts[0])
         rows.append(parts[1:])
@@ -101,7 +101,7 @@ def read_attributes(path: Path) -> tuple[list[str], list[str], np.ndarray]:
     if bad.any():
         r, c = (int(i) for i in np.argwhere(bad)[0])
         raise _error(
-            f"{path}, line {line_numbers[r]}: attribute {attr_names[c]!r} has value {values[r, c]!r}; "
+            f"{path}, line {line_numbers[r]}: attribute {attr_names[c]!r} has value {str(values[r, c])!r}; "
             "CelebA attributes must be 1 or -1."
         )
     return names, attr_names, (values == "1").astype(np.int64)

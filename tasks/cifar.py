@@ -56,6 +56,25 @@ def resize_square(images: torch.Tensor, size: int, chunk: int = 1024) -> torch.T
     return out
 
 
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """Unpickles what the CIFAR files hold (dicts, lists, bytes, numpy arrays) and nothing else.
+
+    A plain ``pickle.load`` runs whatever code a tampered file names; this refuses every global
+    outside numpy's array reconstruction, so a bad file is an error, never executed code.
+    """
+
+    ALLOWED = {
+        ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refused to load {module}.{name}: not part of a CIFAR batch")
+        return super().find_class(module, name)
+
+
 @dataclass(frozen=True)
 class _Variant:
     name: str
@@ -131,7 +150,7 @@ class CifarTask:
     def _unpickle(self, path: Path, keys: tuple[bytes, ...]) -> dict:
         try:
             with open(path, "rb") as f:
-                obj = pickle.load(f, encoding="bytes")
+                obj = _ArraysOnlyUnpickler(f, encoding="bytes").load()
         except FileNotFoundError:
             raise self._error(f"{self.v.name} file not found: {path}.") from None
         except Exception as err:  # truncated or not a pickle at all

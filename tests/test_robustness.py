@@ -1,0 +1,367 @@
+"""Every bad input gets a clear message, exit code 2 and no traceback, through the real entry points.
+
+Each case runs ``scripts/train_mtl.py`` or ``scripts/evaluate.py`` in process through ``run_cli``
+(as ``python scripts/...`` does) on fixtures written in the official file formats, and checks the
+message names what is wrong. ``test_launch.py`` checks the same path in a real subprocess.
+Also here: non-finite losses, and W&B trouble that must not stop training.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import torch
+
+from mtl_cog import rundir
+from mtl_cog.config import load_config, save_config
+from mtl_cog.engine import EpochProgress, NonFiniteLossError, train_one_epoch
+from mtl_cog.errors import run_cli
+from mtl_cog.predictions import Predictions, save_predictions
+from mtl_cog.task_api import SplitData, TaskSpec
+from tests.fixtures import write_celeba, write_cifar10, write_svhn
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@cache
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny(tmp: Path, *extra: str) -> list[str]:
+    return [f"output_dir={tmp / 'runs'}", "tracking=none", "train.epochs=1", "train.batch_size=32",
+            "model.backbone=cog_cnn_tiny", "data.synthetic.num_attributes=3", "data.synthetic.train_size=64",
+            "data.synthetic.val_size=32", "data.synthetic.test_size=32", *extra]
+
+
+def run_dir_with(tmp: Path, *files: str) -> Path:
+    """A run folder holding a valid config.yaml and the given (empty) files."""
+    run = tmp / "runs" / "r"
+    run.mkdir(parents=True)
+    save_config(load_config(None, tiny(tmp)), run / rundir.CONFIG)
+    for name in files:
+        (run / name).write_text("")
+    return run
+
+
+def over(tmp: Path, *files: str, config: bool = True) -> list[str]:
+    """Arguments of a new run named ``r`` whose folder already exists (a run folder, or any folder)."""
+    if config:
+        run_dir_with(tmp, *files)
+    else:
+        (tmp / "runs" / "r").mkdir(parents=True)
+        (tmp / "runs" / "r" / "notes.txt").write_text("not a run")
+    return tiny(tmp, "run_name=r")
+
+
+# ------------------------------------------------------------------------------ data fixtures
+
+
+def celeba(tmp: Path, edit: Callable | None = None) -> list[str]:
+    fx = write_celeba(tmp / "data", n=10, image_size=(40, 48))
+    if edit is not None:
+        edit(fx)
+    return tiny(tmp, "data.task=celeba", f"data.root={tmp / 'data'}")
+
+
+def _edit_line(path: Path, index: int, edit: Callable[[str], str]) -> None:
+    lines = path.read_text().splitlines()
+    lines[index] = edit(lines[index])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def cifar_without_labels(tmp: Path) -> list[str]:
+    import pickle
+
+    folder = write_cifar10(tmp / "data", n_train_per_batch=4, n_test=4)
+    with open(folder / "data_batch_2", "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    del batch[b"labels"]
+    with open(folder / "data_batch_2", "wb") as f:
+        pickle.dump(batch, f)
+    return tiny(tmp, "data.task=cifar10", f"data.root={tmp / 'data'}")
+
+
+def cifar_with_code(tmp: Path) -> list[str]:
+    """A CIFAR batch replaced by a pickle that would create ``tmp/pwned`` if it were unpickled."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(tmp / "pwned"), "w"))
+
+    folder = write_cifar10(tmp / "data", n_train_per_batch=4, n_test=4)
+    evil = pickle.dumps({b"data": Payload(), b"labels": [0]}, protocol=2)
+    pickle.loads(evil)  # the payload is live ...
+    (tmp / "pwned").unlink()  # ... (the test then checks that the reader never runs it)
+    (folder / "data_batch_1").write_bytes(evil)
+    return tiny(tmp, "data.task=cifar10", f"data.root={tmp / 'data'}")
+
+
+def svhn_without_x(tmp: Path) -> list[str]:
+    paths = write_svhn(tmp / "data", n_train=10, n_test=5)
+    scipy.io.savemat(str(paths["train"]), {"y": np.ones((10, 1), np.uint8)})
+    return tiny(tmp, "data.task=svhn", f"data.root={tmp / 'data'}")
+
+
+def prediction_file(tmp: Path, logits: np.ndarray, labels: np.ndarray) -> list[str]:
+    path = tmp / "p.npz"
+    np.savez(path, task_names=np.array(["a"]), **{"logits/a": logits, "labels/a": labels})
+    return ["--predictions", str(path), "--out", str(tmp / "m.json")]
+
+
+# ------------------------------------------------------------------------------ the cases
+
+TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
+    "unknown key": (lambda t: tiny(t, "trian.epochs=3"), ["unknown config key 'trian'", "Did you mean train"]),
+    "unknown nested key": (lambda t: tiny(t, "optim.leader_learning_rate=1e-5"),
+                           ["unknown config key 'optim.leader_learning_rate'", "optim.leader_lr"]),
+    "wrong type (int)": (lambda t: tiny(t, "train.epochs=zero"), ["train.epochs must be an integer. Got 'zero'"]),
+    "wrong type (number)": (lambda t: tiny(t, "optim.follower_lr=fast"), ["optim.follower_lr must be a number"]),
+    "wrong type (bool)": (lambda t: tiny(t, "model.pretrained=maybe"), ["model.pretrained must be true or false"]),
+    "override without =": (lambda t: tiny(t, "train.epochs"), ["'train.epochs' must look like key=value"]),
+    "leader_lr >= follower_lr": (lambda t: tiny(t, "optim.leader_lr=0.01", "optim.follower_lr=0.001"),
+                                 ["optim.leader_lr (0.01) must be smaller than optim.follower_lr (0.001)"]),
+    "empty list": (lambda t: tiny(t, "eval.bins=[]"), ["eval.bins must be a non-empty list"]),
+    "empty string": (lambda t: tiny(t, "output_dir="), ["output_dir must not be empty"]),
+    "negative batch size": (lambda t: tiny(t, "train.batch_size=-4"), ["train.batch_size must be > 0. Got -4"]),
+    "negative learning rate": (lambda t: tiny(t, "optim.follower_lr=-0.1"), ["optim.follower_lr must be > 0"]),
+    "zero epochs": (lambda t: tiny(t, "train.epochs=0"), ["train.epochs must be > 0. Got 0"]),
+    "negative save_every_steps": (lambda t: tiny(t, "train.save_every_steps=-1"),
+                                  ["train.save_every_steps must be >= 0"]),
+    "bad nonfinite policy": (lambda t: tiny(t, "train.nonfinite=ignore"),
+                             ["train.nonfinite must be 'stop' or 'skip'. Got 'ignore'"]),
+    "unknown task": (lambda t: tiny(t, "data.task=celba"), ["unknown task 'celba'", "Did you mean celeba?"]),
+    "unknown backbone": (lambda t: tiny(t, "model.backbone=resnet19"),
+                         ["unknown timm model 'resnet19'", "Close matches: resnet18"]),
+    "missing config file": (lambda t: ["--config", str(t / "nope.yaml")], ["config file not found", "nope.yaml"]),
+    "missing data root": (lambda t: tiny(t, "data.task=celeba", f"data.root={t / 'nowhere'}"),
+                          ["CelebA not found", "nowhere/celeba does not exist", "torchvision.datasets.CelebA"]),
+    "missing CelebA image": (lambda t: celeba(t, lambda fx: (fx.image_dir / "000004.jpg").unlink()),
+                             ["missing image", "000004.jpg"]),
+    "truncated CelebA image": (lambda t: celeba(t, lambda fx: truncate(fx.image_dir / "000007.jpg")),
+                               ["cannot decode image", "000007.jpg", "truncated"]),
+    "attribute file: wrong columns": (
+        lambda t: celeba(t, lambda fx: _edit_line(fx.attr_file, 5, lambda s: s.rsplit(" ", 1)[0])),
+        ["list_attr_celeba.txt, line 6: expected an image name and 40 values (41 columns), got 40 columns"]),
+    "attribute file: value not +-1": (
+        lambda t: celeba(t, lambda fx: _edit_line(fx.attr_file, 3, lambda s: s[:-2] + " 0")),
+        ["list_attr_celeba.txt, line 4: attribute 'Young' has value '0'", "must be 1 or -1"]),
+    "partition file disagrees": (
+        lambda t: celeba(t, lambda fx: _edit_line(fx.partition_file, 2, lambda s: "999999.jpg 0")),
+        ["list_eval_partition.txt lists '999999.jpg'", "disagree"]),
+    "CIFAR batch missing key": (cifar_without_labels, ["data_batch_2: missing key b'labels'"]),
+    "CIFAR batch holding code": (cifar_with_code, ["data_batch_1 as a CIFAR pickle", "refused to load io.open"]),
+    "SVHN .mat missing key": (svhn_without_x, ["train_32x32.mat: missing variable 'X'"]),
+    "--resume: not a run": (lambda t: ["--resume", str(t)], ["not a run folder (config.yaml is missing)"]),
+    "--resume: no such folder": (lambda t: ["--resume", str(t / "gone")], ["no such folder"]),
+    "--resume: finished run": (lambda t: ["--resume", str(run_dir_with(t, rundir.DONE))], ["already finished"]),
+    "--resume with --config": (lambda t: ["--resume", str(run_dir_with(t)), "--config", "x.yaml"],
+                               ["no --config or --overwrite with it"]),
+    "new run over a finished run": (lambda t: over(t, rundir.DONE), ["already holds a finished run", "--overwrite"]),
+    "new run over an unfinished run": (lambda t: over(t), ["holds an unfinished run", "--resume"]),
+    "new run over a folder that is not a run": (lambda t: over(t, config=False), ["is not a run folder"]),
+}
+
+EVALUATE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
+    "prediction file: mismatched lengths": (
+        lambda t: prediction_file(t, np.zeros(5, np.float32), np.zeros(4, np.int64)), ["5 logits but 4 labels"]),
+    "prediction file: NaN logits": (
+        lambda t: prediction_file(t, np.array([0.1, np.nan], np.float32), np.zeros(2, np.int64)),
+        ["logits contain NaN or infinite values"]),
+    "prediction file: labels out of range": (
+        lambda t: prediction_file(t, np.zeros((3, 4), np.float32), np.array([0, 4, 1])), ["labels must be in [0, 3]"]),
+    "prediction file: missing": (lambda t: ["--predictions", str(t / "no.npz"), "--out", str(t / "m.json")],
+                                 ["prediction file not found"]),
+    "prediction file: not npz": (lambda t: (t / "x.npz").write_text("hello") and
+                                 ["--predictions", str(t / "x.npz"), "--out", str(t / "m.json")],
+                                 ["x.npz is not a readable .npz file (not a zip archive)"]),
+    "prediction file: pickled object array": (
+        lambda t: prediction_file(t, np.array([0.5, None], dtype=object), np.zeros(2, np.int64)),
+        ["key 'logits/a'", "Pickled objects are refused unread"]),
+    "prediction file: string labels": (
+        lambda t: prediction_file(t, np.zeros(2, np.float32), np.array(["cat", "dog"])),
+        ["labels must be integers, got dtype <U3"]),
+    "--run: config.yaml not YAML": (lambda t: run_dir_with(t).joinpath(rundir.CONFIG).write_text("seed: [1,") and
+                                    ["--run", str(t / "runs" / "r"), "--out", str(t / "m.json")],
+                                    ["config.yaml is not valid YAML"]),
+    "--run: not a run": (lambda t: ["--run", str(t), "--out", str(t / "m.json")], ["is not a run folder"]),
+}
+
+
+def user_error(script_name: str, argv: list[str], capsys) -> str:
+    """Run the entry point as the command line would; return its stderr after checking exit 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        run_cli(lambda: script(script_name).main(argv))
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert err.startswith("error: ") and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("case", list(TRAIN_CASES))
+def test_train_bad_input(case, tmp_path, capsys):
+    make_argv, expected = TRAIN_CASES[case]
+    err = user_error("train_mtl", make_argv(tmp_path), capsys)
+    for fragment in expected:
+        assert fragment in err, err
+    if "run" not in case and "resume" not in case:  # refused before anything was written: no half-made run folder
+        assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "pwned").exists()  # nothing in a data file was executed
+
+
+@pytest.mark.parametrize("case", list(EVALUATE_CASES))
+def test_evaluate_bad_input(case, tmp_path, capsys):
+    make_argv, expected = EVALUATE_CASES[case]
+    err = user_error("evaluate", make_argv(tmp_path), capsys)
+    for fragment in expected:
+        assert fragment in err, err
+
+
+def test_good_prediction_file_passes(tmp_path, capsys):
+    """The evaluate cases above fail for their fault, not for the file layout."""
+    save_predictions(tmp_path / "p.npz", Predictions(["a"], [np.zeros(3, np.float32)], [np.array([0, 1, 1])]))
+    metrics = script("evaluate").main(["--predictions", str(tmp_path / "p.npz"), "--out", str(tmp_path / "m.json")])
+    assert metrics["mean"]["accuracy"] == pytest.approx(1 / 3)
+
+
+def test_resume_with_a_changed_model_and_overwrite(tmp_path, capsys):
+    train = script("train_mtl")
+    run = train.main(tiny(tmp_path, "run_name=r"))
+    (run / rundir.DONE).unlink()  # pretend it was killed after its last epoch
+    err = user_error("train_mtl", ["--resume", str(run), "model.backbone=cog_cnn_small"], capsys)
+    assert "training_state.safetensors does not match the model" in err and "shape" in err
+    (run / rundir.DONE).write_text("")
+    again = train.main([*tiny(tmp_path, "run_name=r"), "--overwrite"])  # asked for: replaced
+    assert again == run and (run / rundir.DONE).read_text().startswith("best_epoch=")
+
+
+def test_subprocess_user_error_has_no_traceback(tmp_path):
+    """The in-process cases above go through run_cli exactly as ``python scripts/train_mtl.py`` does."""
+    result = subprocess.run([sys.executable, "scripts/train_mtl.py", "--resume", str(tmp_path)], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: --resume {tmp_path}: not a run folder (config.yaml is missing)."
+
+
+# ------------------------------------------------------------------------------ non-finite loss
+
+
+class NaNAt:
+    """A loss that is NaN for the given batches (counted over calls), mean squared logits otherwise."""
+
+    def __init__(self, bad_calls: set[int]) -> None:
+        self.bad_calls, self.calls = bad_calls, 0
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = logits.pow(2).mean(dim=0)
+        self.calls += 1
+        return loss * float("nan") if self.calls - 1 in self.bad_calls else loss
+
+
+def _engine_parts():
+    from accelerate import Accelerator
+
+    from mtl_cog.data import BatchTransform
+
+    torch.manual_seed(0)
+    spec = TaskSpec("t", ("a",), (2,), (0.5,) * 3, (0.2,) * 3)
+    split = SplitData(torch.randint(0, 255, (40, 3, 8, 8), dtype=torch.uint8), torch.zeros(40, 1, dtype=torch.long))
+    network = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 1))
+    optimizer = torch.optim.SGD(network.parameters(), lr=0.1)
+    return Accelerator(cpu=True), network, optimizer, split, BatchTransform(spec, train=True)
+
+
+def test_nonfinite_loss_stops_naming_epoch_and_step():
+    accelerator, network, optimizer, split, transform = _engine_parts()
+    saves: list[EpochProgress] = []
+    with pytest.raises(NonFiniteLossError, match=r"epoch 3, step 4 of 5\. Training stopped"):
+        train_one_epoch(accelerator, network, NaNAt({3}), optimizer, split, transform, 8, 0, 3,
+                        check_every=50, save_every=2, on_save=saves.append)
+    assert [s.step for s in saves] == [2]  # the save after the bad step 4 never happened
+
+
+def test_nonfinite_loss_skip_counts_and_does_not_update():
+    accelerator, network, optimizer, split, transform = _engine_parts()
+    objective = NaNAt({1, 3})
+    stats = train_one_epoch(accelerator, network, objective, optimizer, split, transform, 8, 0, 1, nonfinite="skip")
+    assert stats["skipped"] == 2 and stats["steps"] == 3 and np.isfinite(stats["loss"])
+    assert all(torch.isfinite(p).all() for p in network.parameters())
+
+
+@pytest.mark.slow
+def test_nonfinite_skip_agrees_across_processes():
+    """NaN on one of two processes: both skip that batch, no hang, weights stay finite and identical."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+              "--dynamo_backend", "no", "--multi_gpu", "--num_processes", "2"]
+    result = subprocess.run([*launch, str(REPO / "tests" / "launch_nonfinite_skip.py")], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = sorted(line for line in result.stdout.splitlines() if line[:2] in ("0 ", "1 "))
+    assert lines == ["0 6 2 True True", "1 6 2 True True"]  # 8 batches: 6 trained, 2 skipped on both
+
+
+def test_nonfinite_loss_stops_the_script(tmp_path, capsys):
+    err = user_error("train_mtl", tiny(tmp_path, "optim.follower_lr=1e30", "optim.leader_lr=1e29",
+                                       "train.log_every_steps=1"), capsys)
+    assert "non-finite training loss at epoch 1, step" in err and "--resume" in err
+
+
+# ------------------------------------------------------------------------------ W&B trouble
+
+
+def test_wandb_failure_falls_back_to_offline(tmp_path, monkeypatch):
+    from accelerate import Accelerator
+
+    from mtl_cog.tracking import Tracker
+
+    calls = []
+
+    def init_trackers(project, config=None, init_kwargs=None):
+        calls.append((os.environ.get("WANDB_MODE"), init_kwargs["wandb"].get("mode")))
+        if len(calls) == 1:
+            raise ConnectionError("api.wandb.ai unreachable")
+
+    accelerator = Accelerator(cpu=True)
+    monkeypatch.setattr(accelerator, "log_with", ["wandb"])
+    monkeypatch.setattr(accelerator, "init_trackers", init_trackers)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = Tracker(accelerator, tmp_path, "p", "r", {})
+    assert tracker.enabled and calls == [("online", None), ("offline", "offline")]
+    assert any("retrying offline" in str(w.message) for w in caught)
+    run_id = (tmp_path / "wandb_run_id").read_text()
+    assert Tracker(accelerator, tmp_path, "p", "r", {}) and (tmp_path / "wandb_run_id").read_text() == run_id
+
+
+@pytest.mark.slow
+def test_wandb_unreachable_never_stops_training(tmp_path):
+    """A real W&B online start against a dead loopback port with a bogus key: training finishes offline."""
+    env = {**os.environ, "WANDB_MODE": "online", "WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9",
+           "WANDB_INIT_TIMEOUT": "3", "WANDB_SILENT": "true"}
+    argv = [a for a in tiny(tmp_path, "run_name=w") if a != "tracking=none"]
+    result = subprocess.run([sys.executable, "scripts/train_mtl.py", *argv], cwd=REPO, capture_output=True,
+                            text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "W&B could not start" in result.stderr and "retrying offline" in result.stderr
+    run = tmp_path / "runs" / "w"
+    assert (run / rundir.DONE).exists() and any((run / "wandb").glob("offline-run-*"))
