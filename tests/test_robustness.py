@@ -213,8 +213,11 @@ def user_error(script_name: str, argv: list[str], capsys) -> str:
         run_cli(lambda: script(script_name).main(argv))
     err = capsys.readouterr().err
     assert info.value.code == 2, err
-    assert err.startswith("error: ") and "Traceback" not in err
-    return err
+    assert "Traceback" not in err
+    # progress lines (e.g. a first-use data cache build) may come first; the error is the last message
+    start = err.rfind("error: ")
+    assert start == 0 or (start > 0 and err[start - 1] == "\n"), err
+    return err[start:]
 
 
 @pytest.mark.parametrize("case", list(TRAIN_CASES))
