@@ -21,3 +21,14 @@ def tiny_overrides(tmp_path):
         "data.synthetic.val_size=50",
         "data.synthetic.test_size=37",
     ]
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate keeps one process-wide state whose mixed precision cannot change once set: start
+    and leave each test without one, so tests creating bf16 and fp32 accelerators can share a process."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)

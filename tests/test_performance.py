@@ -12,16 +12,7 @@ from mtl_cog.models import build_network
 from mtl_cog.performance import apply_speed_options
 from mtl_cog.task_api import LogitLayout, SplitData
 
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Accelerate keeps one process-wide state whose mixed precision cannot change once set: start
-    and leave each test without one, so tests creating bf16 and fp32 accelerators can share a process."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def _windows(image: torch.Tensor, pad: int, flip: bool) -> list[torch.Tensor]:

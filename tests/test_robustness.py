@@ -216,7 +216,7 @@ def user_error(script_name: str, argv: list[str], capsys) -> str:
     assert "Traceback" not in err
     # progress lines (e.g. a first-use data cache build) may come first; the error is the last message
     start = err.rfind("error: ")
-    assert start == 0 or (start > 0 and err[start - 1] == "\n"), err
+    assert start == 0 or (start > 0 and err[start - 1] in "\r\n"), err
     return err[start:]
 
 
