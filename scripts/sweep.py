@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from mtl_cog import rundir  # noqa: E402
-from mtl_cog.config import ConfigError, load_config  # noqa: E402
+from mtl_cog.config import Config, ConfigError, load_config  # noqa: E402
 from mtl_cog.errors import UserError, run_cli  # noqa: E402
 from mtl_cog.io import atomic_write, atomic_write_text  # noqa: E402
 from mtl_cog.sweep import best_index, combinations, parse_grid, validation_scores  # noqa: E402
@@ -58,12 +58,17 @@ def launch(command: list[str], log: Path, gpu: int | None) -> subprocess.Popen:
     return process
 
 
-def run_all(commands: list[list[str]], logs: list[Path], parallel: int) -> list[int]:
-    """Run the commands, at most ``parallel`` at a time; return their exit codes in order."""
+def run_all(commands: list[list[str] | None], logs: list[Path], parallel: int) -> list[int]:
+    """Run the commands, at most ``parallel`` at a time; return their exit codes in order.
+
+    ``None`` stands for a run that already finished with the same settings: it is reused (code 0).
+    """
     gpus = torch.cuda.device_count()
-    codes: list[int | None] = [None] * len(commands)
+    codes: list[int | None] = [0 if c is None else None for c in commands]
+    for i in (i for i, c in enumerate(commands) if c is None):
+        print(f"[{i + 1}/{len(commands)}] reused: run_{i:02d} already finished with these settings", flush=True)
     running: dict[int, subprocess.Popen] = {}
-    pending = list(range(len(commands)))
+    pending = [i for i, c in enumerate(commands) if c is not None]
     while pending or running:
         while pending and len(running) < parallel:
             i = pending.pop(0)
@@ -78,6 +83,19 @@ def run_all(commands: list[list[str]], logs: list[Path], parallel: int) -> list[
                 del running[i]
         time.sleep(0.2)
     return [int(c) for c in codes]
+
+
+def finished_with(run_dir: Path, resolved: Config) -> bool:
+    """Whether ``run_dir`` already holds a finished run of exactly this config (a re-run sweep reuses it).
+
+    A finished run with other settings is refused: its folder name would now mean something else.
+    """
+    if not (run_dir / rundir.DONE).exists():
+        return False
+    if rundir.load_run_config(run_dir).to_dict() != resolved.to_dict():
+        raise UserError(f"{run_dir} holds a finished run with other settings than this sweep's; "
+                        "choose another --out.")
+    return True
 
 
 def markdown_table(table: pd.DataFrame) -> str:
@@ -102,10 +120,11 @@ def main(argv: list[str] | None = None) -> Path:
         overrides = [*args.overrides, *(f"{k}={v}" for k, v in combo.items()), f"output_dir={out}",
                      f"run_name=run_{i:02d}"]
         try:
-            load_config(args.config, overrides)  # every combination is valid before anything runs
+            resolved = load_config(args.config, overrides)  # every combination is valid before anything runs
         except ConfigError as err:
             raise ConfigError(f"grid combination {combo}: {err}") from None
-        commands.append([sys.executable, str(TRAIN), "--config", str(args.config), *overrides])
+        commands.append(None if finished_with(out / f"run_{i:02d}", resolved) else
+                        [sys.executable, str(TRAIN), "--config", str(args.config), *overrides])
         logs.append(out / f"run_{i:02d}.log")
     out.mkdir(parents=True, exist_ok=True)
     print(f"sweep of {len(combos)} runs in {out}", flush=True)

@@ -70,3 +70,20 @@ def test_real_sweep_picks_the_lowest_validation_nll(tiny_overrides, tmp_path):
     assert cfg.optim.leader_lr == pytest.approx(float(row["optim.leader_lr"]))
     assert cfg.optim.follower_lr == pytest.approx(float(row["optim.follower_lr"]))
     assert yaml.safe_load(best.read_text())["run_name"] is None
+
+
+def test_a_rerun_sweep_reuses_finished_runs_of_the_same_config_only(tmp_path):
+    from mtl_cog import rundir
+    from mtl_cog.config import save_config
+    from mtl_cog.errors import UserError
+
+    finished_with = _sweep_script().finished_with
+    cfg = load_config("configs/digits/baseline.yaml", ["train.epochs=1"])
+    run = tmp_path / "run_00"
+    run.mkdir()
+    save_config(cfg, run / rundir.CONFIG)
+    assert not finished_with(run, cfg)  # not finished: trained again
+    (run / rundir.DONE).write_text("best_epoch=1\n")
+    assert finished_with(run, cfg)
+    with pytest.raises(UserError, match="other settings"):
+        finished_with(run, load_config("configs/digits/baseline.yaml", ["train.epochs=2"]))
