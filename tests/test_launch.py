@@ -83,3 +83,15 @@ def test_user_error_is_one_line_without_traceback(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "error: train.epochs must be an integer" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_calibration_drift_script_reports_fitted_temperatures():
+    result = subprocess.run([sys.executable, "scripts/calibration_drift.py",
+                             "--config", "configs/synthetic/baseline.yaml", "--every", "1", "train.epochs=2",
+                             "model.backbone=cog_cnn_tiny",
+                             "data.synthetic.train_size=96", "data.synthetic.num_attributes=3"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [line["epoch"] for line in lines] == [1, 2]
+    assert lines[0]["tasks"] == 3 and lines[0]["fitted_T_median"] > 0 and "true_mean_abs_logit" in lines[0]
