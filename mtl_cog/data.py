@@ -71,11 +71,6 @@ def random_crop(images: torch.Tensor, pad: int, generator: torch.Generator | Non
     return crop_and_flip(images, pad, False, generator)
 
 
-def random_hflip(images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Mirror each image left-right with probability 1/2."""
-    return crop_and_flip(images, 0, True, generator)
-
-
 def place_split(split: SplitData, device: torch.device | str, max_fraction: float = 0.5) -> SplitData:
     """The split with images and labels on ``device`` if they fit, else unchanged (a warning).
 

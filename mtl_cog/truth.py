@@ -35,10 +35,11 @@ Multi-task figures are unweighted means over tasks.
 from __future__ import annotations
 
 import numpy as np
+import torch
 from scipy.special import expit, log_softmax, softmax
 
 from mtl_cog.errors import UserError
-from mtl_cog.metrics import CLAMP, NORMS
+from mtl_cog.metrics import NORMS, binned_calibration_errors
 
 FLOOR_METRICS = ("bayes_accuracy", "bayes_nll", "bayes_brier", "bayes_accuracy_exp", "bayes_nll_exp",
                  "bayes_brier_exp")
@@ -60,14 +61,10 @@ def noise_free_calibration_errors(confidence: np.ndarray, target: np.ndarray, n_
     ``target`` is the true probability of the event whose predicted probability is ``confidence``
     (p* for a binary task, p* of the predicted class for top-label calibration).
     """
-    conf = np.clip(np.asarray(confidence, dtype=np.float64), CLAMP, 1 - CLAMP)
-    target = np.asarray(target, dtype=np.float64)
-    index = np.minimum((conf * n_bins).astype(np.int64), n_bins - 1)  # same bins as metrics.py
-    count = np.bincount(index, minlength=n_bins).astype(np.float64)
-    gap = np.abs(np.bincount(index, conf, n_bins) - np.bincount(index, target, n_bins)) / np.maximum(count, 1)
-    weight = count / len(conf)
-    return {"ece": float((gap * weight).sum()), "rmsce": float(np.sqrt((gap**2 * weight).sum())),
-            "mce": float(gap.max())}
+    # The same binning as the label-based errors (metrics.py), with p* in place of the 0/1 outcome.
+    conf = torch.as_tensor(np.asarray(confidence, dtype=np.float64)).reshape(-1, 1)
+    hit = torch.as_tensor(np.asarray(target, dtype=np.float64)).reshape(-1, 1)
+    return {norm: float(value[0]) for norm, value in binned_calibration_errors(conf, hit, n_bins).items()}
 
 
 def _as_class_probs(logits: np.ndarray, true_probs: np.ndarray, task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
