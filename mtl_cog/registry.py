@@ -6,13 +6,9 @@ import difflib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from mtl_cog.errors import UserError
+from mtl_cog.errors import UnknownNameError
 
 T = TypeVar("T")
-
-
-class UnknownNameError(UserError, ValueError):
-    """A config named a registered variant that does not exist; the message lists the options."""
 
 
 class Registry(Generic[T]):

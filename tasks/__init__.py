@@ -1,4 +1,4 @@
-"""Data sets: one module each, registered in ``mtl_cog.task_api.TASKS``.
+"""Data sets: one module each, registered in ``mtl_cog.data.task_api.TASKS``.
 
 Importing this package registers every task. ``mtl_cog`` itself names no data set.
 """

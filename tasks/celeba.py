@@ -23,7 +23,9 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from mtl_cog.task_api import TASKS, DataError, SplitData, TaskData, TaskSpec
+from mtl_cog.data.images import resize_center_crop
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.errors import DataError
 
 ATTR_FILE = "list_attr_celeba.txt"
 PARTITION_FILE = "list_eval_partition.txt"
@@ -137,20 +139,7 @@ def load_image(path: Path, size: int) -> np.ndarray:
     """Decode one JPEG as torchvision's Resize(size) + CenterCrop(size) would -> (size, size, 3) uint8."""
     try:
         with Image.open(path) as img:
-            img = img.convert("RGB")  # forces a full decode: truncated files fail here
-            w, h = img.size
-            # Resize(int): the shorter side becomes `size`, the longer one int(size * long / short).
-            if w <= h:
-                new_w, new_h = size, int(size * h / w)
-            else:
-                new_w, new_h = int(size * w / h), size
-            if (new_w, new_h) != (w, h):
-                img = img.resize((new_w, new_h), Image.BILINEAR)
-            # CenterCrop: Python's round(), as torchvision uses, for the top/left offsets.
-            top = round((new_h - size) / 2.0)
-            left = round((new_w - size) / 2.0)
-            img = img.crop((left, top, left + size, top + size))
-            return np.asarray(img, dtype=np.uint8)
+            return resize_center_crop(img, size)
     except FileNotFoundError:
         raise _error(f"missing image {path} (listed in {ATTR_FILE}).") from None
     except (OSError, SyntaxError, ValueError) as err:  # PIL's truncated/corrupt-file errors

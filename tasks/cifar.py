@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtl_cog.task_api import TASKS, DataError, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.errors import DataError
 
 VAL_SEED = 0
 

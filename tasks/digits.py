@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtl_cog.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
 from tasks.cifar import resize_square
 
 SEED = 0

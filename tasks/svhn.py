@@ -17,7 +17,8 @@ import numpy as np
 import scipy.io
 import torch
 
-from mtl_cog.task_api import TASKS, DataError, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.errors import DataError
 from tasks.cifar import carve_validation, resize_square
 
 FILES = {"train": "train_32x32.mat", "test": "test_32x32.mat"}

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtl_cog.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
 
 
 def _patterns(num_latents: int, size: int, rng: np.random.Generator) -> torch.Tensor:

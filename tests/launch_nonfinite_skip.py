@@ -12,10 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from mtl_cog.data import BatchTransform  # noqa: E402
-from mtl_cog.engine import train_one_epoch  # noqa: E402
-from mtl_cog.launch import create_accelerator  # noqa: E402
-from mtl_cog.task_api import SplitData, TaskSpec  # noqa: E402
+from mtl_cog.data.batches import BatchTransform  # noqa: E402
+from mtl_cog.data.task_api import SplitData, TaskSpec  # noqa: E402
+from mtl_cog.training.accelerator import create_accelerator  # noqa: E402
+from mtl_cog.training.step import train_one_epoch  # noqa: E402
 
 accelerator = create_accelerator()
 torch.manual_seed(0)

@@ -17,10 +17,7 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def _benchmark_module():
-    spec = importlib.util.spec_from_file_location("benchmark_script", REPO / "scripts" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("mtl_cog.cli.benchmark")
 
 
 def _positive(value) -> bool:

@@ -13,11 +13,13 @@ import pytest
 import torch
 
 import tasks  # noqa: F401  (registers every task)
-from mtl_cog import cache
-from mtl_cog.cache import CacheError, cache_dir, load_cached
 from mtl_cog.config import DataConfig, SyntheticConfig
-from mtl_cog.task_api import TASKS, load_task
-from tests.fixtures import write_celeba
+from mtl_cog.data import cache
+from mtl_cog.data.cache import cache_dir, load_cached
+from mtl_cog.data.loading import load_task
+from mtl_cog.data.task_api import TASKS
+from mtl_cog.errors import CacheError
+from tasks.fixtures import write_celeba
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,7 @@
 import pytest
 
-from mtl_cog.config import ConfigError, load_config
+from mtl_cog.config import load_config
+from mtl_cog.errors import ConfigError
 
 CONFIGS = "configs"
 

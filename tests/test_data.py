@@ -1,7 +1,7 @@
 import torch
 
-from mtl_cog.data import BatchTransform, eval_batch_indices, random_crop, train_batch_indices
-from mtl_cog.task_api import TaskSpec
+from mtl_cog.data.batches import BatchTransform, eval_batch_indices, random_crop, train_batch_indices
+from mtl_cog.data.task_api import TaskSpec
 
 
 def test_eval_shards_cover_every_sample_once_after_dedup():

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mtl_cog.predictions import load_predictions
+from mtl_cog.evaluation.predictions import load_predictions
 
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",

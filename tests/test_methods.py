@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtl_cog.calibrators import CALIBRATORS
 from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, load_config
-from mtl_cog.heads import HEADS
-from mtl_cog.models import build_network, parameter_counts
-from mtl_cog.objectives import build_objective
-from mtl_cog.optim import build_optimizer, split_parameters
-from mtl_cog.task_api import LogitLayout
-from mtl_cog.two_stage import WithAuxiliaryLoss, attach_second_stage_head
+from mtl_cog.data.task_api import LogitLayout
+from mtl_cog.models.calibrators import CALIBRATORS
+from mtl_cog.models.heads import HEADS
+from mtl_cog.models.network import build_network, parameter_counts
+from mtl_cog.models.two_stage import attach_second_stage_head
+from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
+from mtl_cog.training.optim import build_optimizer, split_parameters
 
 REPO = Path(__file__).resolve().parents[1]
 METHOD_FILES = sorted((REPO / "configs" / "methods").glob("*.yaml"))

@@ -1,9 +1,9 @@
-"""Known-answer tests for the metrics and their conventions (DESIGN.md §5)."""
+"""Known-answer tests for the metrics and their conventions (docs/metrics.md)."""
 
 import numpy as np
 import pytest
 
-from mtl_cog.metrics import compute_metrics, metric_names, task_metrics
+from mtl_cog.evaluation.metrics import compute_metrics, metric_names, task_metrics
 
 BINS = [5, 10, 15, 20, 50]
 

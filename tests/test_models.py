@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from mtl_cog.calibrators import CALIBRATORS
-from mtl_cog.config import ConfigError, MethodConfig, ModelConfig
-from mtl_cog.models import build_network, create_backbone
-from mtl_cog.task_api import LogitLayout
+from mtl_cog.config import MethodConfig, ModelConfig
+from mtl_cog.data.task_api import LogitLayout
+from mtl_cog.errors import ConfigError
+from mtl_cog.models.calibrators import CALIBRATORS
+from mtl_cog.models.network import build_network, create_backbone
 
 LAYOUT = LogitLayout((2, 2, 10))
 

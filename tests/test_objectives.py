@@ -2,8 +2,8 @@ import torch
 import torch.nn.functional as F
 
 from mtl_cog.config import MethodConfig
+from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.objectives import OBJECTIVES, build_objective
-from mtl_cog.task_api import LogitLayout
 
 LAYOUT = LogitLayout((2, 3, 2))  # binary, 3-class, binary -> columns [0], [1,2,3], [4]
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig
-from mtl_cog.models import build_network, parameter_counts
-from mtl_cog.optim import build_optimizer, split_parameters
-from mtl_cog.task_api import LogitLayout
+from mtl_cog.data.task_api import LogitLayout
+from mtl_cog.models.network import build_network, parameter_counts
+from mtl_cog.training.optim import build_optimizer, split_parameters
 
 LAYOUT = LogitLayout((2,) * 40)
 METHODS = {

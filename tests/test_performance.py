@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtl_cog.config import ConfigError, MethodConfig, ModelConfig, TrainConfig, load_config
-from mtl_cog.data import crop_and_flip, place_split
-from mtl_cog.launch import create_accelerator
-from mtl_cog.models import build_network
-from mtl_cog.performance import apply_speed_options
-from mtl_cog.task_api import LogitLayout, SplitData
+from mtl_cog.config import MethodConfig, ModelConfig, TrainConfig, load_config
+from mtl_cog.data.batches import crop_and_flip, place_split
+from mtl_cog.data.task_api import LogitLayout, SplitData
+from mtl_cog.errors import ConfigError
+from mtl_cog.models.network import build_network
+from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.speed import apply_speed_options
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 

@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 from scipy.special import logit
 
-from mtl_cog import plots
-from mtl_cog.predictions import Predictions
+from mtl_cog.evaluation.predictions import Predictions
+from mtl_cog.reporting import plots
 
 TASKS = [f"Attribute_name_{t:02d}" for t in range(40)]  # CelebA-length names
 
@@ -58,7 +58,7 @@ def test_multitask_reliability_grid_has_a_panel_per_task_and_the_pool(tmp_path):
 
 
 def test_reliability_panel_ece_matches_the_metric():
-    from mtl_cog.metrics import task_metrics
+    from mtl_cog.evaluation.metrics import task_metrics
 
     rng = np.random.default_rng(2)
     z = rng.normal(0, 2, 1000)

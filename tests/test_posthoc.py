@@ -10,24 +10,21 @@ import pytest
 import torch
 from torch import nn
 
-from mtl_cog.calibrators import CALIBRATORS
 from mtl_cog.config import Config, MethodConfig, OptimConfig, save_config
-from mtl_cog.errors import UserError
-from mtl_cog.metrics import compute_metrics
-from mtl_cog.models import Network
+from mtl_cog.data.task_api import LogitLayout
+from mtl_cog.errors import PosthocError, UserError
+from mtl_cog.evaluation.metrics import compute_metrics
+from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate, fit_calibrator
+from mtl_cog.evaluation.predictions import Predictions, load_predictions, save_predictions
+from mtl_cog.models.calibrators import CALIBRATORS
+from mtl_cog.models.network import Network
 from mtl_cog.objectives import CrossEntropy
-from mtl_cog.optim import build_optimizer
-from mtl_cog.posthoc import POSTHOC_METHODS, PosthocError, calibrate, fit_calibrator
-from mtl_cog.predictions import Predictions, load_predictions, save_predictions
-from mtl_cog.task_api import LogitLayout
+from mtl_cog.training.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 
 def _evaluate_script():
-    spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "scripts" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("mtl_cog.cli.evaluate")
 
 
 PLANTED = (2.5, 0.6)  # binary task overconfident (T > 1), 5-class task underconfident (T < 1)

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from mtl_cog.predictions import PredictionFileError, Predictions, load_predictions, save_predictions
+from mtl_cog.errors import PredictionFileError
+from mtl_cog.evaluation.predictions import Predictions, load_predictions, save_predictions
 
 
 def _preds():

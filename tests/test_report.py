@@ -11,8 +11,9 @@ import yaml
 from PIL import Image
 from scipy.special import logit
 
-from mtl_cog.predictions import Predictions, save_predictions
-from mtl_cog.report import ReportError, average_ranks, find_run_dirs, load_runs, score_runs, summary_table
+from mtl_cog.errors import ReportError
+from mtl_cog.evaluation.predictions import Predictions, save_predictions
+from mtl_cog.reporting.tables import average_ranks, find_run_dirs, load_runs, score_runs, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,8 +42,8 @@ def write_run(root: Path, name: str, method: str, seed: int, *, tasks: int = 3, 
               temperature: float = 1.0, posthoc: bool = False, task: str = "synthetic") -> Path:
     """A run folder in the real formats: config.yaml, test_metrics.csv, predictions_{val,test}.npz."""
     from mtl_cog.config import load_config, save_config
-    from mtl_cog.evaluation import score
-    from mtl_cog.metrics import metrics_frame
+    from mtl_cog.evaluation.metrics import metrics_frame
+    from mtl_cog.evaluation.scoring import score
 
     run = root / name
     run.mkdir(parents=True)
@@ -161,8 +162,7 @@ def test_compare_without_runs_fails_cleanly(tmp_path):
 
 
 def test_reproduce_plans_every_method_config_and_seed(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    import reproduce
+    from mtl_cog.cli import reproduce
 
     jobs = reproduce.plan(["digits", "synthetic"], None, [0, 1, 2], tmp_path)
     for dataset in ("digits", "synthetic"):

@@ -22,11 +22,13 @@ import numpy as np
 import pytest
 import torch
 
-from mtl_cog import resume, rundir
-from mtl_cog.checkpoint import CheckpointError, read_metadata, save_model
 from mtl_cog.config import OptimConfig
-from mtl_cog.engine import EpochProgress
-from mtl_cog.optim import build_optimizer, build_scheduler
+from mtl_cog.errors import CheckpointError
+from mtl_cog.runs import rundir
+from mtl_cog.runs import training_state as resume
+from mtl_cog.runs.checkpoint import read_metadata, save_model
+from mtl_cog.runs.training_state import EpochProgress
+from mtl_cog.training.optim import build_optimizer, build_scheduler
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(REPO / "scripts" / "train_mtl.py")]

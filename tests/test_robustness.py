@@ -22,23 +22,21 @@ import pytest
 import scipy.io
 import torch
 
-from mtl_cog import rundir
 from mtl_cog.config import load_config, save_config
-from mtl_cog.engine import EpochProgress, NonFiniteLossError, train_one_epoch
-from mtl_cog.errors import run_cli
-from mtl_cog.predictions import Predictions, save_predictions
-from mtl_cog.task_api import SplitData, TaskSpec
-from tests.fixtures import write_celeba, write_cifar10, write_svhn
+from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.errors import NonFiniteLossError, run_cli
+from mtl_cog.evaluation.predictions import Predictions, save_predictions
+from mtl_cog.runs import rundir
+from mtl_cog.runs.training_state import EpochProgress
+from mtl_cog.training.step import train_one_epoch
+from tasks.fixtures import write_celeba, write_cifar10, write_svhn
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @cache
 def script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("mtl_cog.cli." + {"train_mtl": "train"}.get(name, name))
 
 
 def tiny(tmp: Path, *extra: str) -> list[str]:
@@ -283,7 +281,7 @@ class NaNAt:
 def _engine_parts():
     from accelerate import Accelerator
 
-    from mtl_cog.data import BatchTransform
+    from mtl_cog.data.batches import BatchTransform
 
     torch.manual_seed(0)
     spec = TaskSpec("t", ("a",), (2,), (0.5,) * 3, (0.2,) * 3)
@@ -334,7 +332,7 @@ def test_nonfinite_loss_stops_the_script(tmp_path, capsys):
 def test_wandb_failure_falls_back_to_offline(tmp_path, monkeypatch):
     from accelerate import Accelerator
 
-    from mtl_cog.tracking import Tracker
+    from mtl_cog.runs.tracking import Tracker
 
     calls = []
 

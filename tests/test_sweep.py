@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from mtl_cog.config import ConfigError, load_config
-from mtl_cog.sweep import best_index, combinations, parse_grid, split_values
+from mtl_cog.config import load_config
+from mtl_cog.errors import ConfigError
+from mtl_cog.experiments.sweep import best_index, combinations, parse_grid, split_values
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,10 +41,7 @@ def test_best_index_ignores_failed_runs():
 
 
 def _sweep_script():
-    spec = importlib.util.spec_from_file_location("sweep_script", REPO / "scripts" / "sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("mtl_cog.cli.sweep")
 
 
 def test_invalid_combination_is_refused_before_anything_runs(tmp_path):
@@ -73,9 +71,9 @@ def test_real_sweep_picks_the_lowest_validation_nll(tiny_overrides, tmp_path):
 
 
 def test_a_rerun_sweep_reuses_finished_runs_of_the_same_config_only(tmp_path):
-    from mtl_cog import rundir
     from mtl_cog.config import save_config
     from mtl_cog.errors import UserError
+    from mtl_cog.runs import rundir
 
     finished_with = _sweep_script().finished_with
     cfg = load_config("configs/digits/baseline.yaml", ["train.epochs=1"])

@@ -12,10 +12,11 @@ from PIL import Image
 
 import tasks  # noqa: F401  (registers every task)
 from mtl_cog.config import DataConfig
-from mtl_cog.task_api import TASKS, DataError
+from mtl_cog.data.task_api import TASKS
+from mtl_cog.errors import DataError
 from tasks.celeba import load_image
 from tasks.cifar import carve_validation
-from tests.fixtures import (
+from tasks.fixtures import (
     CELEBA_ATTRIBUTES,
     write_celeba,
     write_cifar10,

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from scipy.special import expit, logit
 
-from mtl_cog.metrics import task_metrics
-from mtl_cog.truth import TruthError, task_truth_metrics, truth_metric_names, truth_metrics
+from mtl_cog.errors import TruthError
+from mtl_cog.evaluation.metrics import task_metrics
+from mtl_cog.evaluation.truth import task_truth_metrics, truth_metric_names, truth_metrics
 
 BINS = [1, 5, 15]
 

@@ -9,15 +9,17 @@ import pandas as pd
 import pytest
 import torch
 
-from mtl_cog import rundir
-from mtl_cog.config import MethodConfig, ModelConfig, TrainConfig, TwoStageConfig
-from mtl_cog.data import BatchTransform
-from mtl_cog.engine import predict
-from mtl_cog.launch import create_accelerator
-from mtl_cog.models import build_network
+from mtl_cog.config import Config, MethodConfig, ModelConfig, TrainConfig, TwoStageConfig, load_config
+from mtl_cog.data.batches import BatchTransform
+from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.evaluation.inference import predict
+from mtl_cog.models.network import build_network
+from mtl_cog.models.two_stage import attach_second_stage_head, mean_probability_logits
 from mtl_cog.objectives import build_objective
-from mtl_cog.task_api import SplitData, TaskSpec
-from mtl_cog.two_stage import attach_second_stage_head, mean_probability_logits, run_second_stage
+from mtl_cog.runs import rundir
+from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.loop import run_second_stage
+from mtl_cog.training.preflight import check_registered_names
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = TaskSpec("toy", ("a", "b", "c"), (2, 2, 4), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
@@ -76,6 +78,10 @@ def test_deterministic_head_is_evaluated_once():
     assert len(calls) == 1
 
 
+def _config(two_stage: TwoStageConfig) -> Config:
+    return Config(two_stage=two_stage, train=TrainConfig(batch_size=8, eval_batch_size=16))
+
+
 @pytest.mark.parametrize("head", ["mlp", "variational"])
 def test_stage_one_is_not_retrained_in_stage_two(tmp_path, head):
     network = _network()
@@ -84,8 +90,8 @@ def test_stage_one_is_not_retrained_in_stage_two(tmp_path, head):
     accelerator = create_accelerator()
     cfg = TwoStageConfig(enabled=True, head=head, latent_dim=4, epochs=2, mc_samples=2)
     objective = build_objective(SPEC.layout, MethodConfig(loss="ce"))
-    model = run_second_stage(accelerator, network, objective, SPEC, _split(40, 2), _split(20, 3), cfg,
-                             TrainConfig(batch_size=8, eval_batch_size=16), 0, tmp_path)
+    model = run_second_stage(accelerator, _config(cfg), network, objective, SPEC, _split(40, 2), _split(20, 3),
+                             tmp_path)
     model = accelerator.unwrap_model(model)
     after = model.backbone.state_dict()
     for key, value in before.items():
@@ -102,16 +108,12 @@ def test_stage_two_stops_early_without_better_validation_nll(tmp_path):
     accelerator = create_accelerator()
     cfg = TwoStageConfig(enabled=True, head="mlp", latent_dim=4, epochs=30, patience=1, lr=1.0)  # lr 1: diverges
     objective = build_objective(SPEC.layout, MethodConfig(loss="ce"))
-    run_second_stage(accelerator, _network(), objective, SPEC, _split(40, 2), _split(20, 3), cfg,
-                     TrainConfig(batch_size=8, eval_batch_size=16), 0, tmp_path)
+    run_second_stage(accelerator, _config(cfg), _network(), objective, SPEC, _split(40, 2), _split(20, 3), tmp_path)
     assert len((tmp_path / rundir.STAGE_TWO_METRICS).read_text().splitlines()) < 30
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("mtl_cog.cli." + {"train_mtl": "train"}.get(name, name))
 
 
 def test_tst_run_end_to_end_and_reevaluation(tiny_overrides, tmp_path):
@@ -127,7 +129,7 @@ def test_tst_run_end_to_end_and_reevaluation(tiny_overrides, tmp_path):
 
 
 def test_unknown_second_stage_head_is_refused_before_training():
-    from mtl_cog.config import ConfigError, load_config
+    from mtl_cog.errors import ConfigError
 
     with pytest.raises(ConfigError, match="two_stage.head"):
-        load_config(REPO / "configs" / "digits" / "tst.yaml", ["two_stage.head=mlpp"])
+        check_registered_names(load_config(REPO / "configs" / "digits" / "tst.yaml", ["two_stage.head=mlpp"]))

@@ -7,11 +7,12 @@ from PIL import Image
 from scipy.special import logit
 from wandb.sdk.wandb_run import Run
 
-from mtl_cog.launch import create_accelerator
-from mtl_cog.metrics import compute_metrics, metrics_frame
-from mtl_cog.predictions import Predictions, save_predictions
-from mtl_cog.tracking import Tracker, flatten_metrics, log_with
-from mtl_cog.wandb_report import RELIABILITY_PNG, TRUTH_METRICS, publish_final_report
+from mtl_cog.evaluation.metrics import compute_metrics, metrics_frame
+from mtl_cog.evaluation.predictions import Predictions, save_predictions
+from mtl_cog.reporting.run_report import publish_final_report, write_run_report
+from mtl_cog.runs.rundir import RELIABILITY_PNG, TRUTH_METRICS
+from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
+from mtl_cog.training.accelerator import create_accelerator
 
 BINS = [5, 15]
 TASKS = [f"attr{t:02d}" for t in range(40)]
@@ -64,7 +65,7 @@ def test_one_epoch_gives_each_attribute_its_own_section_and_the_end_a_table_and_
     # the end-of-training report: table + image on W&B, and the same in the run folder
     save_predictions(tmp_path / "predictions_test.npz", predictions)
     metrics_frame(val).to_csv(tmp_path / "test_metrics.csv", index=False)
-    publish_final_report(accelerator, tmp_path, tracker.enabled)
+    publish_final_report(accelerator, write_run_report(tmp_path), tracker.enabled)
     final = logged[-1]
     table, image = final["test/per_task_metrics"], final["test/reliability"]
     assert isinstance(table, wandb.Table) and isinstance(image, wandb.Image)
@@ -83,5 +84,5 @@ def test_final_report_without_wandb_still_writes_the_run_folder(tmp_path):
     save_predictions(tmp_path / "predictions_test.npz", predictions)
     metrics_frame(compute_metrics(TASKS, predictions.logits, predictions.labels, BINS)).to_csv(
         tmp_path / "test_metrics.csv", index=False)
-    publish_final_report(accelerator, tmp_path, tracking_enabled=False)
+    publish_final_report(accelerator, write_run_report(tmp_path), tracking_enabled=False)
     assert (tmp_path / RELIABILITY_PNG).stat().st_size > 20_000

@@ -1,0 +1,112 @@
+"""Score predictions: any prediction file, or a run's best checkpoint re-evaluated.
+
+    python scripts/evaluate.py --predictions FILE.npz [--bins 5 10 15 20 50] --out metrics.json
+    accelerate launch scripts/evaluate.py --run RUN_DIR [--split test] --out metrics.json
+    python scripts/evaluate.py --run RUN_DIR --posthoc ts vs ms svs sms isotonic histogram
+
+With ``--posthoc``, each named calibrator is fitted (one per task) on the run's
+predictions_val.npz and applied to its predictions_test.npz, without re-running the network;
+RUN_DIR/posthoc_metrics.csv gets one row per (method, task) with method "none" for the
+uncalibrated predictions, and RUN_DIR/predictions_test_<method>.npz the calibrated predictions.
+
+The JSON is {"tasks": {task: {metric: value}}, "mean": {metric: value}}; the metric names are
+accuracy, nll, brier, ece@B, rmsce@B, mce@B (see mtl_cog/metrics.py for the conventions).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+import tasks  # noqa: F401  (registers the data sets)
+from mtl_cog.constants import DEFAULT_BINS
+from mtl_cog.data.loading import load_task
+from mtl_cog.errors import UserError, run_cli
+from mtl_cog.evaluation.inference import predict_split
+from mtl_cog.evaluation.metrics import format_table, metrics_frame
+from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
+from mtl_cog.evaluation.predictions import load_predictions, save_predictions
+from mtl_cog.evaluation.scoring import score
+from mtl_cog.io import atomic_write, atomic_write_json
+from mtl_cog.runs import rundir
+from mtl_cog.runs.trained import load_network
+from mtl_cog.training.accelerator import create_accelerator
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--predictions", type=Path, help="a prediction file (.npz, see mtl_cog/predictions.py)")
+    source.add_argument("--run", type=Path, help="a run folder: re-evaluate its best checkpoint")
+    parser.add_argument("--split", choices=["train", "val", "test"], default="test", help="with --run")
+    parser.add_argument("--bins", type=int, nargs="+", default=None, help=f"bin counts (default {list(DEFAULT_BINS)})")
+    parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
+    parser.add_argument("--posthoc", nargs="+", choices=POSTHOC_METHODS, metavar="METHOD",
+                        help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
+                        f"test predictions ({', '.join(POSTHOC_METHODS)})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.bins is not None and any(b <= 0 for b in args.bins):
+        raise UserError(f"--bins must be positive integers. Got {args.bins}.")
+    if args.posthoc:
+        if args.run is None:
+            raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
+        return run_posthoc(args.run, args.posthoc, args.bins, args.out)
+    if args.out is None:
+        raise UserError("--out is required (where to write the metrics JSON).")
+    if args.predictions is not None:
+        metrics = score(load_predictions(args.predictions), args.bins or list(DEFAULT_BINS))
+        print(format_table(metrics))
+        atomic_write_json(args.out, metrics)
+        print(args.out)
+        return metrics
+
+    accelerator = create_accelerator()
+    cfg = rundir.load_run_config(args.run)
+    with accelerator.main_process_first():  # the main process builds any data cache first
+        task_data = load_task(cfg.data)
+    network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
+    predictions = predict_split(accelerator, network, task_data.spec, task_data.splits[args.split],
+                                cfg.train.eval_batch_size)
+    metrics = score(predictions, args.bins or cfg.eval.bins)
+    if accelerator.is_main_process:
+        atomic_write_json(args.out, metrics)
+    accelerator.print(format_table(metrics))
+    accelerator.print(str(args.out))
+    return metrics
+
+
+def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: Path | None) -> dict:
+    """Fit each post-hoc method on the run's validation predictions; score it on its test predictions."""
+    bins = bins or rundir.load_run_config(run_dir).eval.bins
+    val = load_predictions(run_dir / rundir.predictions_file("val"))
+    test = load_predictions(run_dir / rundir.predictions_file("test"))
+    results = {"none": score(test, bins)}
+    for method in methods:
+        calibrated = calibrate(method, val, test)
+        save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
+        results[method] = score(calibrated, bins)
+    frame = pd.concat([metrics_frame(m).assign(method=name) for name, m in results.items()], ignore_index=True)
+    frame = frame[["method", *[c for c in frame.columns if c != "method"]]]
+    atomic_write(run_dir / rundir.POSTHOC_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
+    summary = pd.DataFrame([{"method": name, **m["mean"]} for name, m in results.items()])
+    columns = ["method", "accuracy", "nll", "brier", *[c for c in summary.columns if c.startswith("ece@")]]
+    print("test metrics (mean over tasks), post-hoc calibrators fitted on validation predictions:")
+    print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if out is not None:
+        atomic_write_json(out, results)
+    print(run_dir / rundir.POSTHOC_METRICS)
+    return results
+
+
+def cli() -> None:
+    run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,83 @@
+"""Parameter counts of every method's network (backbone / heads / calibrator) and its leader.
+
+    python scripts/parameter_counts.py --dataset celeba --classes 2x40
+    python scripts/parameter_counts.py --dataset cifar100 --classes 100 --out counts.md
+
+Builds the network of each configs/<dataset>/<method>.yaml (no data needed: ``--classes`` gives
+the tasks' class counts, e.g. ``2x40`` for 40 binary attributes, ``10``, or ``2,2,10``) and
+prints a Markdown table. Two-stage methods also list their second-stage head (trained alone on
+the frozen backbone). The same counts are printed and saved (parameters.json) by every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mtl_cog.cli.paths import CONFIGS
+from mtl_cog.config import load_config
+from mtl_cog.data.task_api import LogitLayout
+from mtl_cog.errors import UserError, run_cli
+from mtl_cog.io import atomic_write_text
+from mtl_cog.models.network import build_network, parameter_counts
+from mtl_cog.models.two_stage import attach_second_stage_head
+
+
+def parse_classes(text: str) -> tuple[int, ...]:
+    """``2x40`` -> (2,)*40; ``2,2,10`` -> (2, 2, 10)."""
+    try:
+        classes: list[int] = []
+        for part in text.split(","):
+            k, _, times = part.partition("x")
+            classes += [int(k)] * int(times or 1)
+    except ValueError:
+        raise UserError(f"--classes must look like 2x40, 10 or 2,2,10. Got {text!r}.") from None
+    if not classes or min(classes) < 2:
+        raise UserError(f"--classes: every task needs at least 2 classes. Got {text!r}.")
+    return tuple(classes)
+
+
+def table(dataset: str, layout: LogitLayout) -> str:
+    configs = sorted((CONFIGS / dataset).glob("*.yaml"))
+    if not configs:
+        raise UserError(f"no configs in configs/{dataset}/.")
+    rows, baseline = [], None
+    for path in configs:
+        cfg = load_config(path)
+        network = build_network(cfg.model, cfg.method, layout)
+        counts = parameter_counts(network)
+        if cfg.method.name == "baseline":
+            baseline = counts["total"]
+        stage_two = ""
+        if cfg.two_stage.enabled:
+            second = parameter_counts(attach_second_stage_head(network, cfg.two_stage, layout))
+            stage_two = f"{second['heads']:,} ({cfg.two_stage.head}, Z={cfg.two_stage.latent_dim})"
+        rows.append((cfg.method.name, "+".join(cfg.method.leader) or "none", counts, stage_two))
+    lines = ["| method | leader | backbone | heads | calibrator | total | added vs baseline | stage-two head |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for name, leader, c, stage_two in rows:
+        added = "" if baseline is None else f"{c['total'] - baseline:+,}"
+        lines.append(f"| {name} | {leader} | {c['backbone']:,} | {c['heads']:,} | {c['calibrator']:,} | "
+                     f"{c['total']:,} | {added} | {stage_two} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, help="a folder of configs/, e.g. celeba")
+    parser.add_argument("--classes", required=True, help="classes per task: 2x40, 10, 2,2,10")
+    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    text = table(args.dataset, LogitLayout(parse_classes(args.classes)))
+    print(text)
+    if args.out:
+        atomic_write_text(args.out, text)
+    return text
+
+
+def cli() -> None:
+    run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,1 @@
+"""Evaluation: prediction over a split, per-task metrics, truth metrics, post-hoc calibration."""

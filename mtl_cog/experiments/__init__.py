@@ -1,0 +1,1 @@
+"""Experiments: many runs at once (learning-rate sweeps, the paper grid)."""

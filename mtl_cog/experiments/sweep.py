@@ -1,0 +1,72 @@
+"""Learning-rate sweeps: the grid, the runs' validation NLL, the choice (used by scripts/sweep.py).
+
+COG adds one hyperparameter, the leader's learning rate; the paper tunes it together with the
+follower's on the validation cross-entropy (App. B). A sweep runs every combination of a grid
+and keeps the one whose best checkpoint has the lowest validation NLL (mean over tasks).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtl_cog.errors import ConfigError
+from mtl_cog.evaluation.predictions import load_predictions
+from mtl_cog.evaluation.scoring import score
+from mtl_cog.runs import rundir
+
+
+@dataclass
+class GridAxis:
+    key: str
+    values: list[str]  # the override texts, parsed by the config loader like any override
+
+
+def split_values(text: str) -> list[str]:
+    """``1e-5,3e-5`` -> [``1e-5``, ``3e-5``]; commas inside brackets stay (``[5,15],[10]``)."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char in "[{"
+        depth -= char in "]}"
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts]
+
+
+def parse_grid(items: list[str]) -> list[GridAxis]:
+    axes = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--grid item {item!r} must look like key=v1,v2 (e.g. optim.leader_lr=1e-5,3e-5).")
+        key, text = item.split("=", 1)
+        values = split_values(text)
+        if not key.strip() or any(v == "" for v in values):
+            raise ConfigError(f"--grid item {item!r} has an empty key or value.")
+        if key.strip() in {a.key for a in axes}:
+            raise ConfigError(f"--grid names {key.strip()!r} twice.")
+        axes.append(GridAxis(key.strip(), values))
+    return axes
+
+
+def combinations(axes: list[GridAxis]) -> list[dict[str, str]]:
+    """Every combination, in grid order (the last axis varies fastest)."""
+    return [dict(zip([a.key for a in axes], values)) for values in itertools.product(*[a.values for a in axes])]
+
+
+def validation_scores(run_dir: Path, bins: list[int]) -> dict[str, float]:
+    """Mean-over-tasks validation metrics of a finished run's best checkpoint (predictions_val.npz)."""
+    if not (run_dir / rundir.DONE).exists():
+        return {"nll": math.nan}
+    return score(load_predictions(run_dir / rundir.predictions_file("val")), bins)["mean"]
+
+
+def best_index(nlls: list[float]) -> int | None:
+    """Index of the lowest finite NLL (the first one on ties), None if no run finished."""
+    finite = [(v, i) for i, v in enumerate(nlls) if not math.isnan(v)]
+    return min(finite)[1] if finite else None

@@ -1,0 +1,1 @@
+"""Models: timm backbones, batched task heads, calibrators, the network and its two-stage variant."""

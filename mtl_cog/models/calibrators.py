@@ -1,0 +1,130 @@
+"""Calibrators: logits (B, L) -> logits (B, L), the identity at initialisation.
+
+The same class serves COG (trained jointly as the Stackelberg leader) and post-hoc calibration
+(fitted on frozen validation logits by ``fit_posthoc``); only the fitting differs. Per-task
+parameters are broadcast to the flat logit layout with one gather, so 40 tasks cost one op.
+To add a calibrator: one class here (or in its own module) with ``@CALIBRATORS.register(name)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mtl_cog.data.task_api import LogitLayout
+from mtl_cog.registry import Registry
+
+CALIBRATORS: Registry[type[nn.Module]] = Registry("calibrator")
+
+
+def _per_task(values: torch.Tensor, layout: LogitLayout, task_names: list[str]) -> dict[str, object]:
+    """A per-column tensor (L,) -> {task: float (binary) or list (K-class)}."""
+    flat = values.detach().cpu().double()
+    out: dict[str, object] = {}
+    for t, name in enumerate(task_names):
+        block = flat[layout.task_slice(t)].tolist()
+        out[name] = block[0] if len(block) == 1 else block
+    return out
+
+
+@CALIBRATORS.register("identity")
+class IdentityCalibrator(nn.Module):
+    """No calibration parameters (baseline, and COG-FC where the heads themselves lead)."""
+
+    def __init__(self, layout: LogitLayout) -> None:
+        super().__init__()
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def by_task(self, task_names: list[str]) -> dict[str, dict[str, object]]:
+        """The learned parameters per task, readable (none here)."""
+        return {}
+
+
+@CALIBRATORS.register("temperature")
+class TemperatureCalibrator(nn.Module):
+    """One temperature per task (Guo et al., 2017): z / T_t, with T_t = exp(log_t) > 0."""
+
+    def __init__(self, layout: LogitLayout) -> None:
+        super().__init__()
+        self.layout = layout
+        self.log_temperature = nn.Parameter(torch.zeros(layout.num_tasks))
+        self.register_buffer("column_task", layout.column_task.clone(), persistent=False)
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self.log_temperature.exp()
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        inverse = torch.exp(-self.log_temperature)[self.column_task]
+        return logits * inverse
+
+    def by_task(self, task_names: list[str]) -> dict[str, dict[str, object]]:
+        """{"temperature": {task: T}}."""
+        temperatures = self.temperature.detach().cpu().double().tolist()
+        return {"temperature": dict(zip(task_names, temperatures))}
+
+
+@CALIBRATORS.register("vector")
+class VectorCalibrator(nn.Module):
+    """Vector scaling (Guo et al., 2017): a scale and a bias per logit column.
+
+    For a binary task (one logit) this is Platt's affine map a*z + b.
+    """
+
+    def __init__(self, layout: LogitLayout) -> None:
+        super().__init__()
+        self.layout = layout
+        self.scale = nn.Parameter(torch.ones(layout.total))
+        self.bias = nn.Parameter(torch.zeros(layout.total))
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits * self.scale + self.bias
+
+    def by_task(self, task_names: list[str]) -> dict[str, dict[str, object]]:
+        """{"scale": {task: a or [a_k]}, "bias": {task: b or [b_k]}}."""
+        return {"scale": _per_task(self.scale, self.layout, task_names),
+                "bias": _per_task(self.bias, self.layout, task_names)}
+
+
+@CALIBRATORS.register("matrix")
+class MatrixCalibrator(nn.Module):
+    """Matrix scaling (Guo et al., 2017): a K x K matrix and a K-bias per task, W z + b.
+
+    A binary task (one logit) gets a 1 x 1 matrix, i.e. Platt's affine map. All tasks run as one
+    matmul with a block-diagonal (L, L) matrix, assembled from only the sum of K_t^2 stored
+    values, so the parameter count is exactly that of one matrix per task (no masked zeros).
+    Unregularised, it overfits with many classes (the COG paper sees this on CIFAR-100).
+    """
+
+    def __init__(self, layout: LogitLayout) -> None:
+        super().__init__()
+        rows, cols, identity = [], [], []
+        for t, width in enumerate(layout.widths):
+            start = layout.offsets[t]
+            for i in range(width):
+                for j in range(width):
+                    rows.append(start + i)
+                    cols.append(start + j)
+                    identity.append(1.0 if i == j else 0.0)
+        self.layout = layout
+        self.total = layout.total
+        self.weight = nn.Parameter(torch.tensor(identity))  # identity at initialisation
+        self.bias = nn.Parameter(torch.zeros(layout.total))
+        self.register_buffer("flat_index", torch.tensor(rows) * layout.total + torch.tensor(cols), persistent=False)
+
+    def matrix(self) -> torch.Tensor:
+        """The block-diagonal (L, L) matrix: row = output logit, column = input logit."""
+        full = self.weight.new_zeros(self.total * self.total).index_put((self.flat_index,), self.weight)
+        return full.view(self.total, self.total)
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(logits, self.matrix(), self.bias)
+
+    def by_task(self, task_names: list[str]) -> dict[str, dict[str, object]]:
+        """{"matrix": {task: [[...]] (K x K; 1 x 1 for binary)}, "bias": {task: ...}}."""
+        full = self.matrix().detach().cpu().double()
+        blocks = {name: full[self.layout.task_slice(t), self.layout.task_slice(t)].tolist()
+                  for t, name in enumerate(task_names)}
+        return {"matrix": blocks, "bias": _per_task(self.bias, self.layout, task_names)}

@@ -1,0 +1,20 @@
+"""A loss plus a term the head itself contributes (the KL divergence of V-TST's variational head)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class WithAuxiliaryLoss(nn.Module):
+    """The run's per-task loss plus ``weight * head.auxiliary_loss()`` (the KL term of V-TST).
+
+    Added to every task's loss, so the mean over tasks that the training step takes adds it once.
+    """
+
+    def __init__(self, objective: nn.Module, heads: nn.Module, weight: float) -> None:
+        super().__init__()
+        self.objective, self.heads, self.weight = objective, heads, weight
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.objective(logits, labels) + self.weight * self.heads.auxiliary_loss()

@@ -1,0 +1,1 @@
+"""Reporting: tables and figures across runs, and the end-of-run report."""

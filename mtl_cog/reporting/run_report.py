@@ -1,0 +1,79 @@
+"""End-of-training report of one run: into the run folder always, and to W&B when it is tracking.
+
+Per-epoch numbers already reach W&B with keys ``<task>/<split>/<metric>`` (mtl_cog.runs.tracking),
+which W&B groups into one workspace section per attribute plus ``mean/``. At the end of training
+this module adds what a per-epoch scalar cannot show:
+
+- ``reliability_test.png`` in the run folder: the reliability diagram of the best checkpoint on
+  the test set (a panel per task plus all tasks pooled; mtl_cog/plots.py);
+- ``test_truth_metrics.csv`` in the run folder when the data set knows p* (mtl_cog.evaluation.truth);
+- on W&B (through the Accelerate tracker, main process only): ``test/per_task_metrics`` as a
+  ``wandb.Table`` (one row per task + mean, every metric, truth metrics where known) and
+  ``test/reliability`` as a ``wandb.Image``.
+
+Nothing here can stop a finished training run: a W&B failure becomes a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from accelerate import Accelerator
+
+from mtl_cog.constants import SUMMARY_BINS
+from mtl_cog.evaluation.metrics import metrics_frame
+from mtl_cog.evaluation.predictions import load_predictions
+from mtl_cog.evaluation.truth import truth_metrics
+from mtl_cog.io import atomic_write
+from mtl_cog.reporting import plots
+from mtl_cog.runs import rundir
+
+
+def write_report_files(run_dir: Path, n_bins: int = SUMMARY_BINS) -> tuple[pd.DataFrame, Path]:
+    """Reliability PNG (and truth metrics where known) into the run folder -> (per-task table, PNG path)."""
+    predictions = load_predictions(run_dir / rundir.predictions_file("test"))
+    table = pd.read_csv(run_dir / rundir.TEST_METRICS)
+    if predictions.true_probs is not None:
+        bins = sorted({int(c.split("@")[1]) for c in table.columns if c.startswith("ece@")} | {n_bins})
+        truth = metrics_frame(truth_metrics(predictions.task_names, predictions.logits, predictions.labels,
+                                            predictions.true_probs, bins))
+        atomic_write(run_dir / rundir.TRUTH_METRICS, lambda tmp: truth.to_csv(tmp, index=False))
+        table = table.merge(truth, on="task", how="left")
+    figure = plots.reliability_figure([predictions], run_dir.name, n_bins)
+    return table, plots.save_figure(figure, run_dir / rundir.RELIABILITY_PNG)
+
+
+def wandb_payload(table: pd.DataFrame, png: Path) -> dict:
+    import wandb
+
+    return {"test/per_task_metrics": wandb.Table(dataframe=table), "test/reliability": wandb.Image(str(png))}
+
+
+@dataclass
+class RunReport:
+    table: pd.DataFrame  # one row per task + mean, every metric (truth metrics where known)
+    png: Path  # the reliability diagram
+
+
+def write_run_report(run_dir: Path, n_bins: int = SUMMARY_BINS) -> RunReport | None:
+    """``write_report_files``, with any failure a warning: a finished run must not fail on a figure."""
+    try:
+        return RunReport(*write_report_files(Path(run_dir), n_bins))
+    except Exception as err:  # noqa: BLE001  (the run is finished and saved; a figure must not fail it)
+        warnings.warn(f"could not write the end-of-training report into {run_dir}: {err!r}", stacklevel=2)
+        return None
+
+
+def publish_final_report(accelerator: Accelerator, report: RunReport | None, tracking_enabled: bool) -> None:
+    """The report's table and figure to W&B (main process, when tracking); call before ``end_training``."""
+    if report is None or not accelerator.is_main_process:
+        return
+    if not tracking_enabled or "wandb" not in {t.name for t in accelerator.trackers}:
+        return
+    try:
+        accelerator.get_tracker("wandb", unwrap=True).log(wandb_payload(report.table, report.png))
+    except Exception as err:  # noqa: BLE001  (network, auth, service errors: never fatal)
+        warnings.warn(f"W&B could not take the final report ({err}); it is in the run folder.", stacklevel=2)

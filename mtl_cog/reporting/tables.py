@@ -1,0 +1,413 @@
+"""Comparison tables from run folders: mean ± std over seeds, average ranks, per-task tables.
+
+A run folder (written by scripts/train_mtl.py) is recognised by its ``config.yaml`` next to
+``test_metrics.csv`` or ``predictions_test.npz``. From it we read the data set (``data.task``),
+the method (``method.name``) and the seed, and score every *variant* of the run on its test set:
+
+- the run itself (method ``<method>``): ``predictions_test.npz``, else ``test_metrics.csv``;
+- post-hoc calibrators fitted on the run (method ``<method>+<posthoc>``): a prediction file
+  ``predictions_test_<posthoc>.npz``, else the rows of ``posthoc_metrics.csv`` (long format, as
+  ``scripts/evaluate.py --posthoc`` writes it: a column ``method`` (or ``posthoc``) naming the
+  calibrator, ``none`` for the uncalibrated rows, a column ``task``, then metric columns named as
+  in test_metrics.csv).
+
+Prediction files are preferred because they are re-scored at the bin counts the report asks for
+and, when they hold ``true_probs/<t>``, also against the truth (mtl_cog/truth.py); metric CSVs
+only give what they contain (missing bin counts stay empty).
+
+The summary follows the paper (Sec. 4): per data set, one row per method, every metric as mean
+and standard deviation over seeds (sample std, ddof=1; 0 for one seed), and the unweighted
+**average rank** over accuracy, NLL and Brier (Javaloy et al., 2025): each metric's mean over
+seeds is ranked across the data set's methods (1 = best; ties share the average of the ranks
+they span, as ``scipy.stats.rankdata(method="average")``), and the three ranks are averaged. The
+method(s) with the lowest average rank are marked *top-ranked*.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from scipy.stats import rankdata
+
+from mtl_cog.errors import ReportError
+from mtl_cog.evaluation.metrics import BASE_METRICS, NORMS, compute_metrics, lower_is_better
+from mtl_cog.evaluation.predictions import Predictions, load_predictions
+from mtl_cog.evaluation.truth import truth_metrics
+from mtl_cog.runs import rundir
+
+RANK_METRICS = ("accuracy", "nll", "brier")
+POSTHOC_METRICS = "posthoc_metrics.csv"
+POSTHOC_PREFIX = "predictions_test_"
+ID_COLUMNS = ["dataset", "method", "seed", "run", "task"]
+# Keys that do not change what a run computes; differences elsewhere between runs grouped together warn.
+_IRRELEVANT_KEYS = {"seed", "run_name", "output_dir", "tracking", "wandb_project", "data.root", "data.cache_dir",
+                    "data.download", "train.eval_batch_size", "train.log_every_steps"}
+
+
+@dataclass
+class Variant:
+    """One row source of a run: the run itself or a post-hoc calibrator fitted on it."""
+
+    method: str
+    predictions: Path | None = None
+    metrics: pd.DataFrame | None = None  # one row per task (+ optional "mean"), when no predictions
+
+
+@dataclass
+class RunRecord:
+    run_dir: Path
+    dataset: str
+    method: str
+    seed: int
+    config: dict
+    variants: list[Variant] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding and reading run folders
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / rundir.CONFIG).is_file() and (
+        (path / rundir.TEST_METRICS).is_file() or (path / rundir.predictions_file("test")).is_file()
+    )
+
+
+def find_run_dirs(paths: list[str | Path]) -> list[Path]:
+    """Run folders among ``paths``: each path is a run folder or a folder holding run folders (any depth).
+
+    We do not descend into a run folder (its ``wandb/`` subfolder holds a ``config.yaml`` too).
+    A folder with ``config.yaml`` but no test results (unfinished run) is skipped with a warning.
+    """
+    found: list[Path] = []
+    for start in map(Path, paths):
+        if not start.is_dir():
+            raise ReportError(f"{start} is not a folder (expected a run folder or a folder of runs).")
+        stack = [start]
+        while stack:
+            folder = stack.pop()
+            if _is_run_dir(folder):
+                found.append(folder)
+                continue
+            if (folder / rundir.CONFIG).is_file() and folder.name != "files":  # wandb keeps files/config.yaml
+                warnings.warn(f"skipping {folder}: it has {rundir.CONFIG} but no test results (unfinished run?)",
+                              stacklevel=2)
+                continue
+            stack.extend(sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True))
+    unique = sorted(set(found))
+    if not unique:
+        raise ReportError(f"no run folders (config.yaml + {rundir.TEST_METRICS}) under: {', '.join(map(str, paths))}")
+    return unique
+
+
+def _read_config(run_dir: Path) -> dict:
+    # Read the YAML as data rather than through mtl_cog.config: a report must still open runs
+    # written by an older or newer version of the config schema.
+    path = run_dir / rundir.CONFIG
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ReportError(f"{path} is not valid YAML: {err}") from None
+    for key in ("data.task", "method.name", "seed"):
+        node = config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ReportError(f"{path}: missing key {key!r}; is this a run folder of scripts/train_mtl.py?")
+            node = node[part]
+    return config
+
+
+def _read_metrics_csv(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path)
+    except Exception as err:  # noqa: BLE001  (pandas raises many parser error types)
+        raise ReportError(f"{path} is not a readable CSV: {err}") from None
+    if "task" not in frame.columns:
+        raise ReportError(f"{path}: missing column 'task' (columns: {', '.join(frame.columns)}).")
+    return frame
+
+
+def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
+    variants = {}
+    for path in sorted(run_dir.glob(f"{POSTHOC_PREFIX}*.npz")):
+        name = path.stem[len(POSTHOC_PREFIX):]
+        variants[name] = Variant(f"{method}+{name}", predictions=path)
+    csv = run_dir / POSTHOC_METRICS
+    if csv.is_file():
+        frame = _read_metrics_csv(csv)
+        column = next((c for c in ("posthoc", "calibrator", "method") if c in frame.columns), None)
+        if column is None:
+            raise ReportError(f"{csv}: needs a column 'method' (or 'posthoc') naming the calibrator of each row.")
+        for name, rows in frame.groupby(column, sort=True):
+            # "none" repeats the uncalibrated run; a prediction file of the same calibrator wins
+            if str(name) not in variants and str(name) != "none":
+                variants[str(name)] = Variant(f"{method}+{name}", metrics=rows.drop(columns=[column]))
+    return list(variants.values())
+
+
+def load_run_record(run_dir: str | Path) -> RunRecord:
+    run_dir = Path(run_dir)
+    config = _read_config(run_dir)
+    method = str(config["method"]["name"])
+    record = RunRecord(run_dir, str(config["data"]["task"]), method, int(config["seed"]), config)
+    test_predictions = run_dir / rundir.predictions_file("test")
+    if test_predictions.is_file():
+        record.variants.append(Variant(method, predictions=test_predictions))
+    else:
+        record.variants.append(Variant(method, metrics=_read_metrics_csv(run_dir / rundir.TEST_METRICS)))
+    record.variants.extend(_posthoc_variants(run_dir, method))
+    return record
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value and key != "timm_kwargs":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value, sort_keys=True, default=str)
+    return out
+
+
+def label_datasets(records: list[RunRecord]) -> None:
+    """Tell apart runs of one task on different data (e.g. another ``data.max_samples``).
+
+    Runs of the same ``data.task`` whose data settings differ are different test sets and must
+    not be averaged together: each distinct setting is labelled ``<task>[key=value,...]`` with the
+    data keys that differ (at most three, else a short hash of the setting).
+    """
+    def data_settings(record: RunRecord) -> dict[str, str]:
+        flat = _flatten(record.config.get("data", {}), "data.")
+        return {k: v for k, v in flat.items() if k not in _IRRELEVANT_KEYS}
+
+    by_task: dict[str, list[dict[str, str]]] = {}
+    for record in records:
+        by_task.setdefault(record.dataset, []).append(data_settings(record))
+    for record in records:
+        settings = by_task[record.dataset]
+        differing = sorted({k for s in settings for k in s if len({t.get(k) for t in settings}) > 1})
+        if not differing:
+            continue
+        mine = data_settings(record)
+        if len(differing) <= 3:
+            tag = ",".join(f"{k.rsplit('.', 1)[-1]}={json.loads(mine.get(k, 'null'))}" for k in differing)
+        else:
+            tag = hashlib.sha1(json.dumps(mine, sort_keys=True).encode()).hexdigest()[:6]
+        record.dataset = f"{record.dataset}[{tag}]"
+
+
+def warn_on_mixed_groups(records: list[RunRecord]) -> None:
+    """Runs averaged together should differ only by seed; say which other keys differ."""
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for record in records:
+        groups.setdefault((record.dataset, record.method), []).append(record)
+    for (dataset, method), members in groups.items():
+        flats = [{k: v for k, v in _flatten(r.config).items() if k not in _IRRELEVANT_KEYS} for r in members]
+        differing = sorted({k for f in flats for k in f if len({g.get(k) for g in flats}) > 1})
+        if differing:
+            warnings.warn(f"{dataset}/{method}: runs averaged over seeds also differ in {', '.join(differing[:8])}",
+                          stacklevel=2)
+        seeds = [r.seed for r in members]
+        if len(set(seeds)) < len(seeds):
+            warnings.warn(f"{dataset}/{method}: several runs share a seed ({sorted(seeds)}); all are averaged.",
+                          stacklevel=2)
+
+
+def load_runs(paths: list[str | Path]) -> list[RunRecord]:
+    records = [load_run_record(path) for path in find_run_dirs(paths)]
+    label_datasets(records)
+    warn_on_mixed_groups(records)
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring: one long frame, one row per (run, variant, task) plus the task mean
+
+
+def score_variant(variant: Variant, bins: list[int]) -> pd.DataFrame:
+    """Rows per task + "mean": every metric at ``bins``, and truth metrics where p* is known."""
+    if variant.predictions is None:
+        # keep the task and the numeric metric columns (a CSV may carry labels such as a split name)
+        numeric = variant.metrics.drop(columns=["task"]).select_dtypes("number").columns
+        frame = variant.metrics[["task", *numeric]].copy()
+        if "mean" not in set(frame["task"]):
+            numeric = frame.drop(columns=["task"]).mean(numeric_only=True)
+            frame = pd.concat([frame, pd.DataFrame([{"task": "mean", **numeric}])], ignore_index=True)
+        return frame
+    predictions = load_predictions(variant.predictions)
+    scores = compute_metrics(predictions.task_names, predictions.logits, predictions.labels, bins)
+    if predictions.true_probs is not None:
+        truth = truth_metrics(predictions.task_names, predictions.logits, predictions.labels,
+                              predictions.true_probs, bins)
+        for task in scores["tasks"]:
+            scores["tasks"][task].update(truth["tasks"][task])
+        scores["mean"].update(truth["mean"])
+    rows = [{"task": task, **values} for task, values in scores["tasks"].items()]
+    return pd.DataFrame([*rows, {"task": "mean", **scores["mean"]}])
+
+
+def score_runs(records: list[RunRecord], bins: list[int]) -> pd.DataFrame:
+    frames = []
+    for record in records:
+        for variant in record.variants:
+            frame = score_variant(variant, bins)
+            frame.insert(0, "run", str(record.run_dir))
+            frame.insert(0, "seed", record.seed)
+            frame.insert(0, "method", variant.method)
+            frame.insert(0, "dataset", record.dataset)
+            frames.append(frame)
+    scores = pd.concat(frames, ignore_index=True)
+    return scores[ID_COLUMNS + [c for c in scores.columns if c not in ID_COLUMNS]]
+
+
+def metric_columns(scores: pd.DataFrame) -> list[str]:
+    return [c for c in scores.columns if c not in ID_COLUMNS]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def average_ranks(means: pd.DataFrame, metrics: tuple[str, ...] = RANK_METRICS) -> pd.DataFrame:
+    """Rank the rows (methods) of ``means`` on each metric (1 = best, ties averaged) and average.
+
+    Returns ``rank_<metric>`` columns, ``avg_rank`` and ``top_ranked`` (True for every method
+    sharing the lowest average rank). Accuracy is ranked high-to-low, the others low-to-high.
+    """
+    out = pd.DataFrame(index=means.index)
+    for metric in metrics:
+        values = means[metric].to_numpy(dtype=float)
+        if np.isnan(values).any():
+            raise ReportError(f"cannot rank on {metric}: no value for {', '.join(means.index[np.isnan(values)])}.")
+        out[f"rank_{metric}"] = rankdata(values if lower_is_better(metric) else -values, method="average")
+    out["avg_rank"] = out[[f"rank_{m}" for m in metrics]].mean(axis=1)
+    out["top_ranked"] = np.isclose(out["avg_rank"], out["avg_rank"].min())
+    return out
+
+
+def _mean_std(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
+    grouped = frame.groupby(keys, sort=False)
+    means = grouped[columns].mean()
+    stds = grouped[columns].std(ddof=1).fillna(0.0)  # one seed: std 0 rather than NaN ...
+    stds = stds.where(means.notna())  # ... but no std where there is no value at all
+    stds.columns = [f"{c}_std" for c in columns]
+    counts = grouped["seed"].agg(n_seeds="count", seeds=lambda s: " ".join(str(v) for v in sorted(s)))
+    return pd.concat([counts, means, stds], axis=1)
+
+
+def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per data set and method: every metric (mean and ``_std`` over seeds), ranks, top-ranked."""
+    task_mean = scores[scores["task"] == "mean"]
+    columns = [c for c in metric_columns(scores) if task_mean[c].notna().any()]
+    summary = _mean_std(task_mean, ["dataset", "method"], columns)
+    ranked = [average_ranks(group.droplevel(0)).assign(dataset=dataset).set_index("dataset", append=True)
+              .swaplevel() for dataset, group in summary.groupby(level="dataset", sort=False)]
+    return pd.concat([summary, pd.concat(ranked)], axis=1).reset_index()
+
+
+def calibration_error_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """Long table: data set, method, norm (ece/rmsce/mce, and nf_* where known), bins, mean, std, rank.
+
+    ``rank`` orders the data set's methods for that norm and bin count (1 = lowest error), so a
+    reader sees how rankings move with the number of bins (paper, App. C.3).
+    """
+    task_mean = scores[scores["task"] == "mean"]
+    rows = []
+    for column in metric_columns(scores):
+        norm, _, bins = column.partition("@")
+        if not bins or norm not in (*NORMS, *(f"nf_{n}" for n in NORMS)) or task_mean[column].isna().all():
+            continue
+        for (dataset, method), group in task_mean.groupby(["dataset", "method"], sort=False):
+            values = group[column].dropna()
+            if values.empty:  # e.g. noise-free errors of a data set without true probabilities
+                continue
+            rows.append({"dataset": dataset, "method": method, "norm": norm, "bins": int(bins),
+                         "mean": values.mean(), "std": values.std(ddof=1) if len(values) > 1 else 0.0,
+                         "n_seeds": len(values)})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    table["rank"] = table.groupby(["dataset", "norm", "bins"])["mean"].rank(method="average")
+    return table.sort_values(["dataset", "norm", "bins", "rank"], kind="stable").reset_index(drop=True)
+
+
+def per_task_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """Multi-task data sets only: every metric of every task and method, mean and ``_std`` over seeds."""
+    tasks = scores[scores["task"] != "mean"]
+    multi = tasks.groupby("dataset")["task"].nunique()
+    tasks = tasks[tasks["dataset"].isin(multi[multi > 1].index)]
+    if tasks.empty:
+        return pd.DataFrame(columns=["dataset", "method", "task"])
+    columns = [c for c in metric_columns(scores) if tasks[c].notna().any()]
+    return _mean_std(tasks, ["dataset", "method", "task"], columns).reset_index()
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _cell(mean: float, std: float, digits: int = 4) -> str:
+    return "–" if pd.isna(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def summary_markdown(summary: pd.DataFrame, bins: int, truth_bins: int | None = None) -> str:
+    """One table per data set: accuracy, NLL, Brier, ECE/RMSCE/MCE@bins, average rank; top-ranked in bold."""
+    columns = [*BASE_METRICS, *(f"{n}@{bins}" for n in NORMS)]
+    headers = ["method", "seeds", "accuracy ↑", "NLL ↓", "Brier ↓", f"ECE@{bins} ↓", f"RMSCE@{bins} ↓",
+               f"MCE@{bins} ↓", "avg rank ↓"]
+    lines = ["# Comparison of methods", "",
+             "Test-set metrics, mean ± std over seeds (unweighted mean over tasks for multi-task data sets). "
+             "Average rank over accuracy, NLL and Brier (1 = best; ties share the average rank); "
+             "**bold ★** = top-ranked.", ""]
+    for dataset, group in summary.groupby("dataset", sort=False):
+        lines += [f"## {dataset}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        for _, row in group.sort_values("avg_rank", kind="stable").iterrows():
+            cells = [_cell(row.get(c, np.nan), row.get(f"{c}_std", np.nan)) for c in columns]
+            name, rank = str(row["method"]), f"{row['avg_rank']:.2f}"
+            if row["top_ranked"]:
+                name, rank = f"**{name} ★**", f"**{rank}**"
+            lines.append("| " + " | ".join([name, str(row["n_seeds"]), *cells, rank]) + " |")
+        lines.append("")
+        if truth_bins is not None and f"nf_ece@{truth_bins}" in group and group[f"nf_ece@{truth_bins}"].notna().any():
+            lines += truth_markdown(group, truth_bins)
+    return "\n".join(lines)
+
+
+def truth_markdown(group: pd.DataFrame, bins: int) -> list[str]:
+    """Against the true probabilities: label-based ECE next to its noise-free counterpart and |p̂ − p*|."""
+    lines = ["Against the true probabilities p* (mtl_cog/truth.py): label-based ECE, the noise-free "
+             "calibration error (same bins, mean p* instead of labels), mean |p̂ − p*|, KL(p*‖p̂).", "",
+             f"| method | ECE@{bins} (labels) | noise-free CE@{bins} | mean abs(p̂ − p*) | KL(p*‖p̂) |",
+             "|---|---|---|---|---|"]
+    for _, row in group.iterrows():
+        if pd.isna(row.get(f"nf_ece@{bins}")):
+            continue
+        cells = [_cell(row[c], row[f"{c}_std"]) for c in (f"ece@{bins}", f"nf_ece@{bins}", "prob_error", "kl_true")]
+        lines.append("| " + " | ".join([str(row["method"]), *cells]) + " |")
+    first = group[group["bayes_nll"].notna()].iloc[0]
+    lines += ["", "Bayes floors (the scores of p* itself): on this test set's labels accuracy "
+              f"{first['bayes_accuracy']:.4f}, NLL {first['bayes_nll']:.4f}, Brier {first['bayes_brier']:.4f}; "
+              f"in expectation over labels accuracy {first['bayes_accuracy_exp']:.4f}, NLL "
+              f"{first['bayes_nll_exp']:.4f}, Brier {first['bayes_brier_exp']:.4f}.", ""]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions for figures
+
+
+def pooled_predictions(records: list[RunRecord]) -> dict[tuple[str, str], list[Predictions]]:
+    """(data set, method) -> the test predictions of every seed (variants without a prediction file skipped)."""
+    pooled: dict[tuple[str, str], list[Predictions]] = {}
+    for record in records:
+        for variant in record.variants:
+            if variant.predictions is not None:
+                pooled.setdefault((record.dataset, variant.method), []).append(load_predictions(variant.predictions))
+    return pooled

@@ -1,0 +1,59 @@
+"""Model checkpoints as safetensors: tensors only, so loading never runs code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from mtl_cog.errors import CheckpointError, UserError
+from mtl_cog.io import atomic_write
+
+
+def save_model(path: str | Path, model: torch.nn.Module, metadata: dict[str, str] | None = None) -> None:
+    """Weights and buffers as safetensors (atomic); ``metadata`` is stored in the file's header."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a safetensors file (header only; never unpickles anything)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: cut short
+        raise CheckpointError(
+            f"{path} is not a valid safetensors checkpoint ({err}). It was refused unread: "
+            "mtl_cog only loads safetensors, never pickles."
+        ) from None
+
+
+def load_model(path: str | Path, model: torch.nn.Module) -> None:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: cut short
+        raise CheckpointError(
+            f"{path} is not a valid safetensors checkpoint ({err}). It was refused unread: "
+            "mtl_cog only loads safetensors, never pickles."
+        ) from None
+    load_weights(path, model, state)
+
+
+def load_weights(path: str | Path, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """``model.load_state_dict(state)``, with a mismatch (names or shapes) reported as a ``CheckpointError``."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    reshaped = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+                if k in state and state[k].shape != v.shape]
+    if missing or unexpected or reshaped:
+        raise CheckpointError(
+            f"{path} does not match the model of this config: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"other shape (saved vs model) {reshaped[:5]}. Was the config (backbone, head, tasks) changed?"
+        )
+    model.load_state_dict(state)

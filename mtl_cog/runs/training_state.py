@@ -1,0 +1,230 @@
+"""The resumable training state: one safetensors file, written atomically, loaded without pickle.
+
+``training_state.safetensors`` in the run folder holds every tensor needed to continue a run
+(model weights and buffers, the optimiser's per-parameter state for both parameter groups, the
+torch CPU/CUDA and numpy RNG states) and, in the file's string metadata, JSON for the rest (the
+optimiser's parameter groups and scalar state, the scheduler, Python's RNG state, and the
+``Progress``: epoch, step, best-so-far validation value and epoch, and how many lines of
+``metrics.jsonl`` belong to that moment). One file renamed into place is the commit point: a
+kill at any moment leaves either the previous state or the new one. This is what Accelerate's
+``save_state``/``load_state`` do, but that writes the optimiser with ``torch.save`` (a pickle);
+here everything is tensors or JSON, so loading a run folder can never execute code.
+
+Write order at the end of epoch e (``mtl_cog.training.loop.run_stage``): the ``metrics.jsonl`` line, then
+this state, then (if e is the best epoch) ``best_model.safetensors``. ``restore_run`` repairs the
+two gaps a kill can leave: lines after the saved count are dropped (that epoch is redone), and
+a best model that missed its write is rebuilt from the state's weights (the model evaluated at
+the end of epoch e is exactly the one saved in the state of that moment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from mtl_cog.runs import rundir
+from mtl_cog.runs.checkpoint import load_weights, read_metadata, save_model
+from mtl_cog.errors import CheckpointError
+from mtl_cog.io import atomic_write, atomic_write_text
+
+FORMAT = "mtl_cog.training_state.v1"
+
+
+@dataclass
+class EpochProgress:
+    """How far the current epoch got: enough to continue it after a crash."""
+
+    step: int = 0  # batches done (trained or skipped)
+    loss_sums: list[float] = field(default_factory=list)  # per process: sum of its losses so far
+    trained: int = 0  # steps with an optimiser update
+    skipped: int = 0  # batches dropped because their loss was not finite (train.nonfinite=skip)
+
+
+@dataclass
+class Progress:
+    """Where training stands. ``epoch`` is the epoch to run (or continue) next."""
+
+    epoch: int = 1
+    within: EpochProgress = field(default_factory=EpochProgress)
+    best: float | None = None  # best validation value of eval.selection_metric so far
+    best_epoch: int = 0
+    metrics_lines: int = 0  # lines of metrics.jsonl written up to this state
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Progress:
+        return cls(**{**raw, "within": EpochProgress(**raw["within"])})
+
+
+# ---------------------------------------------------------------------------------------- save
+
+
+def save_training_state(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    progress: Progress,
+) -> None:
+    tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
+    optim_state = optimizer.state_dict()
+    scalar_state: dict[str, dict[str, Any]] = {}
+    for index, values in optim_state["state"].items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer/{index}/{key}"] = value
+            else:
+                scalar_state.setdefault(str(index), {})[key] = value
+    rng, rng_tensors = _rng_state()
+    tensors.update(rng_tensors)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    metadata = {
+        "format": FORMAT,
+        "progress": json.dumps(dataclasses.asdict(progress)),
+        "optimizer_groups": json.dumps(optim_state["param_groups"]),
+        "optimizer_scalars": json.dumps(scalar_state),
+        "scheduler": json.dumps(scheduler.state_dict()),
+        "rng": json.dumps(rng),
+    }
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def _rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    version, mt_state, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors = {"rng/torch": torch.get_rng_state(), "rng/numpy_keys": torch.from_numpy(keys.astype(np.int64))}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng/cuda/{i}"] = state
+    meta = {"python": [version, list(mt_state), gauss], "numpy": [kind, int(pos), int(has_gauss), float(cached)]}
+    return meta, tensors
+
+
+# ---------------------------------------------------------------------------------------- load
+
+
+def load_training_state(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> Progress:
+    """Restore model, optimiser, scheduler and RNG states from ``path``; return the progress."""
+    tensors, metadata = _read(path)
+    try:
+        if metadata.get("format") != FORMAT:
+            raise KeyError(f"format {metadata.get('format')!r}, expected {FORMAT!r}")
+        model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+        load_weights(path, model, model_state)
+        state: dict[int, dict[str, Any]] = {}
+        for name, value in tensors.items():
+            if name.startswith("optimizer/"):
+                _, index, key = name.split("/", 2)
+                state.setdefault(int(index), {})[key] = value
+        for index, values in json.loads(metadata["optimizer_scalars"]).items():
+            state.setdefault(int(index), {}).update(values)
+        groups = json.loads(metadata["optimizer_groups"])
+        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+            raise CheckpointError(
+                f"{path}: its optimiser groups ({[g.get('name') for g in groups]}, sizes "
+                f"{[len(g['params']) for g in groups]}) do not match this run's "
+                f"({[len(g['params']) for g in optimizer.param_groups]}): was the method changed?"
+            )
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+        scheduler.load_state_dict(json.loads(metadata["scheduler"]))
+        _set_rng_state(json.loads(metadata["rng"]), tensors)
+        return Progress.from_dict(json.loads(metadata["progress"]))
+    except (KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{path} is not a usable mtl_cog training state ({err!r}).") from None
+
+
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of a safetensors file; anything else (a pickle, a truncated file) is refused unread."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: cut short
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file ({err}). It was refused unread: mtl_cog only loads "
+            "safetensors, never pickles. Delete it to restart this run from its last intact state."
+        ) from None
+    return tensors, metadata
+
+
+def _set_rng_state(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    version, mt_state, gauss = meta["python"]
+    random.setstate((version, tuple(mt_state), gauss))
+    kind, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((kind, tensors["rng/numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["rng/torch"])
+    cuda = [tensors[f"rng/cuda/{i}"] for i in range(len([k for k in tensors if k.startswith("rng/cuda/")]))]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)  # a different GPU count: keep the fresh states
+
+
+# ------------------------------------------------------------------------------------ run folder
+
+
+@dataclass(frozen=True)
+class StageFiles:
+    """The files of one training stage: its resumable state, its metrics lines, its best checkpoint."""
+
+    state: Path
+    metrics: Path
+    best_model: Path
+
+    @classmethod
+    def stage_one(cls, run_dir: Path) -> StageFiles:
+        return cls(run_dir / rundir.STATE, run_dir / rundir.METRICS, run_dir / rundir.BEST_MODEL)
+
+
+def restore_run(
+    files: StageFiles | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    is_main_process: bool = True,
+) -> Progress:
+    """Load a stage's last state (a fresh ``Progress`` if it has none) and make its files agree with it.
+
+    ``files`` is a stage's ``StageFiles``, or a run folder (stage one's files). Every process
+    loads the state; only the main process repairs files.
+    """
+    if not isinstance(files, StageFiles):
+        files = StageFiles.stage_one(Path(files))
+    path = files.state
+    progress = load_training_state(path, model, optimizer, scheduler) if path.exists() else Progress()
+    if is_main_process:
+        _truncate_lines(files.metrics, progress.metrics_lines)
+        best_path = files.best_model
+        best_epoch_on_disk = read_metadata(best_path).get("epoch") if best_path.exists() else None
+        if progress.best_epoch and best_epoch_on_disk != str(progress.best_epoch):
+            if progress.best_epoch != progress.epoch - 1 or progress.within.step:
+                raise CheckpointError(
+                    f"{best_path} holds epoch {best_epoch_on_disk} but {path} says the best epoch is "
+                    f"{progress.best_epoch}: the run folder was changed by hand and cannot be resumed."
+                )
+            # killed between writing the state and the best model: the state's weights are that model
+            save_model(best_path, model, metadata={"epoch": str(progress.best_epoch)})
+    return progress
+
+
+def _truncate_lines(path: Path, keep: int) -> None:
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    if len(lines) != keep:
+        atomic_write_text(path, "".join(lines[:keep]))
+
+
+def count_lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0

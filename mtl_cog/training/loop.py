@@ -1,0 +1,308 @@
+"""``fit(cfg)``: one whole run, the only training loop of the project.
+
+A run is: open (or resume) the run folder, load the data, build network, objective and
+optimiser, train stage one epoch by epoch (validate, log, keep the best checkpoint, save the
+resumable state), for two-stage methods (TST, V-TST) train a new head on the frozen backbone
+with the *same* epoch loop, then score the best network on validation and test, write the
+predictions, the per-task table and the reliability figure, and mark the run ``DONE``.
+
+Callers that need more than the run folder pass ``Hooks`` (for example
+``scripts/calibration_drift.py`` reads the validation predictions after every epoch); nothing
+else differs between them. The write order at the end of an epoch (metrics line, then state,
+then best model) is what lets ``mtl_cog.runs.training_state.restore_run`` repair a run killed
+at any moment; the data flow of one step and of one evaluation is in ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, set_seed
+from torch import nn
+
+import tasks  # noqa: F401  (registers the built-in data sets)
+from mtl_cog.config import Config, EvalConfig, TrainConfig, save_config
+from mtl_cog.data.batches import BatchTransform, place_split
+from mtl_cog.data.loading import load_task
+from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.evaluation.inference import predict_split
+from mtl_cog.evaluation.metrics import format_table, metrics_frame
+from mtl_cog.evaluation.predictions import Predictions, save_predictions
+from mtl_cog.evaluation.scoring import score
+from mtl_cog.io import append_jsonl, atomic_write, atomic_write_json, atomic_write_text
+from mtl_cog.models.network import build_network, parameter_counts
+from mtl_cog.models.two_stage import attach_second_stage_head
+from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
+from mtl_cog.reporting.run_report import publish_final_report, write_run_report
+from mtl_cog.runs import rundir
+from mtl_cog.runs import training_state as state
+from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
+from mtl_cog.runs.task_spec import save_task_spec
+from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
+from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.optim import build_optimizer, build_scheduler, learning_rates
+from mtl_cog.training.preflight import check_registered_names
+from mtl_cog.training.speed import apply_speed_options
+from mtl_cog.training.step import train_one_epoch
+
+
+@dataclass
+class EpochEnd:
+    """What a hook sees after each validated epoch (of stage one or stage two)."""
+
+    stage: str  # "stage_one" | "stage_two"
+    epoch: int
+    train_loss: float
+    val: dict[str, dict]  # score(...) of the validation split
+    val_predictions: Predictions
+    model: nn.Module  # the unwrapped network, in the state it was validated in
+    improved: bool
+    best_epoch: int
+    is_main_process: bool  # print or write only where this is true
+
+
+@dataclass
+class Hooks:
+    """What differs between callers of ``fit``; every hook runs on every process."""
+
+    on_epoch_end: Callable[[EpochEnd], None] | None = None
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    best_epoch: int
+    metrics: dict[str, dict] = field(default_factory=dict)  # split -> score(...) of the best network
+
+
+@dataclass
+class Stage:
+    """One stage's loop: its network, optimiser, files and selection rule."""
+
+    name: str
+    network: nn.Module  # prepared (what the steps run)
+    model: nn.Module  # unwrapped (what is saved)
+    objective: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    epochs: int
+    seed: int
+    selection_metric: str
+    files: state.StageFiles
+    patience: int | None = None  # stop after this many epochs without improvement; None = never
+
+
+def is_better(metric: str, value: float, best: float | None) -> bool:
+    if best is None or math.isnan(best):
+        return not math.isnan(value)
+    return value > best if metric == "accuracy" else value < best
+
+
+def open_run_folder(cfg: Config, accelerator: Accelerator, resume_dir: Path | None, overwrite: bool) -> Path:
+    """The run folder: the one being resumed, or a new one (never silently over a previous run)."""
+    if resume_dir is not None:
+        return resume_dir
+    # One run name for all processes (timestamps differ between them).
+    name = [cfg.run_name or rundir.default_run_name(cfg.data.task, cfg.method.name, cfg.seed)]
+    run_name = broadcast_object_list(name)[0] if accelerator.num_processes > 1 else name[0]
+    run_dir = Path(cfg.output_dir) / run_name
+    rundir.check_new_run(run_dir, overwrite)  # on every process, so all stop together
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process and overwrite:
+        rundir.clear_run(run_dir)
+    return run_dir
+
+
+def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
+        hooks: Hooks | None = None) -> RunResult:
+    """Train, select, evaluate and save one run described by ``cfg``; see the module docstring."""
+    hooks = hooks or Hooks()
+    check_registered_names(cfg)  # a misspelt head or loss fails now, not after hours of stage one
+    accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision)
+    set_seed(cfg.seed)
+    run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite)
+    accelerator.print(f"run folder: {run_dir}")
+
+    with accelerator.main_process_first():  # the main process builds any data cache first
+        task_data = load_task(cfg.data)
+    spec, train, val, test = task_data.spec, *(task_data.splits[s] for s in ("train", "val", "test"))
+    train = place_split(train, accelerator.device) if cfg.train.images_on_device else train
+
+    network = apply_speed_options(build_network(cfg.model, cfg.method, spec.layout), cfg.train)
+    counts = parameter_counts(network)
+    leader = "+".join(cfg.method.leader) or "none (standard training)"
+    accelerator.print(f"method {cfg.method.name}: leader = {leader}; parameters {counts}")
+    accelerator.print(
+        f"data {spec.dataset}: {spec.num_tasks} task(s), train/val/test = {len(train)}/{len(val)}/{len(test)}"
+    )
+    objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
+    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
+    prepared, optimizer = accelerator.prepare(network, optimizer)
+    if accelerator.is_main_process:  # only now: bad data or a bad model name leave no half-made run folder
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / rundir.CONFIG)
+        save_task_spec(spec, run_dir / rundir.TASK_SPEC)
+        atomic_write_json(run_dir / rundir.PARAMS, {"counts": counts, "leader": cfg.method.leader})
+    accelerator.wait_for_everyone()
+    tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict())
+    model = accelerator.unwrap_model(prepared)
+
+    stage_one_best = run_dir / rundir.STAGE_ONE_MODEL
+    two_stage_started = cfg.two_stage.enabled and stage_one_best.exists()
+    stage_one = Stage(
+        "stage_one", prepared, model, objective, optimizer, scheduler, cfg.train.epochs, cfg.seed,
+        cfg.eval.selection_metric,
+        state.StageFiles(run_dir / rundir.STATE, run_dir / rundir.METRICS,
+                         stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL),
+    )
+    best_epoch = run_stage(accelerator, stage_one, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
+
+    # The best checkpoint (validation Brier by default), on every process.
+    accelerator.wait_for_everyone()
+    load_model(stage_one.files.best_model, model)
+    if cfg.two_stage.enabled:  # TST / V-TST: a new head on the frozen backbone, trained by the same loop
+        prepared = run_second_stage(accelerator, cfg, model, objective, spec, train, val, run_dir, hooks)
+
+    results = {}
+    for split_name, split in (("val", val), ("test", test)):
+        predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
+        results[split_name] = score(predictions, cfg.eval.bins)
+        if accelerator.is_main_process:
+            save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
+    tracker.log_epoch(
+        cfg.train.epochs + 1,
+        {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"]},
+        flatten_metrics("test", results["test"]),
+    )
+    report = None
+    if accelerator.is_main_process:
+        frame = metrics_frame(results["test"])
+        atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
+        report = write_run_report(run_dir)  # reliability PNG (+ truth metrics): before DONE, so a DONE run has it
+        atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
+    publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
+    tracker.finish()
+    accelerator.print(
+        f"\ntest metrics of the best checkpoint (epoch {best_epoch}, by validation {cfg.eval.selection_metric}):"
+    )
+    accelerator.print(format_table(results["test"]))
+    accelerator.print(f"run folder: {run_dir}")
+    accelerator.print(str(run_dir))
+    return RunResult(run_dir, best_epoch, results)
+
+
+def run_stage(accelerator: Accelerator, stage: Stage, spec: TaskSpec, train: SplitData, val: SplitData,
+              train_cfg: TrainConfig, eval_cfg: EvalConfig, tracker: Tracker | None, hooks: Hooks) -> int:
+    """Train ``stage`` from its last saved state to its last epoch; return the best epoch.
+
+    One epoch = train, validate, log, keep the best checkpoint, save the resumable state.
+    ``tracker`` receives stage one's epochs (stage two writes only its own metrics file).
+    """
+    progress = state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler,
+                                 accelerator.is_main_process)
+    best, best_epoch = progress.best, progress.best_epoch
+    if progress.epoch > 1 or progress.within.step:
+        accelerator.print(f"{stage.name}: resumed at epoch {progress.epoch}, step {progress.within.step} "
+                          f"(best epoch {best_epoch})")
+    transform = BatchTransform(spec, train=True, device=accelerator.device)
+
+    def save_state(next_epoch: int, within: state.EpochProgress) -> None:
+        if accelerator.is_main_process:
+            lines = state.count_lines(stage.files.metrics)
+            state.save_training_state(stage.files.state, stage.model, stage.optimizer, stage.scheduler,
+                                      state.Progress(next_epoch, within, best, best_epoch, lines))
+
+    for epoch in range(progress.epoch, stage.epochs + 1):
+        lrs = learning_rates(stage.optimizer)
+        stats = train_one_epoch(
+            accelerator, stage.network, stage.objective, stage.optimizer, train, transform, train_cfg.batch_size,
+            stage.seed, epoch, start=progress.within if epoch == progress.epoch else None,
+            nonfinite=train_cfg.nonfinite, check_every=train_cfg.log_every_steps,
+            save_every=train_cfg.save_every_steps, on_save=lambda within, epoch=epoch: save_state(epoch, within),
+        )
+        predictions = predict_split(accelerator, stage.network, spec, val, train_cfg.eval_batch_size)
+        val_metrics = score(predictions, eval_cfg.bins)
+        improved = is_better(stage.selection_metric, val_metrics["mean"][stage.selection_metric], best)
+        if improved:
+            best, best_epoch = val_metrics["mean"][stage.selection_metric], epoch
+        log_epoch(accelerator, stage, tracker, epoch, stats, lrs, val_metrics, best_epoch)
+        if hooks.on_epoch_end is not None:
+            hooks.on_epoch_end(EpochEnd(stage.name, epoch, stats["loss"], val_metrics, predictions, stage.model,
+                                        improved, best_epoch, accelerator.is_main_process))
+        stage.scheduler.step()
+        stopping = stage.patience is not None and epoch - best_epoch >= stage.patience
+        # Order matters for resuming (mtl_cog/runs/training_state.py): metrics line, then state, then best model.
+        save_state(stage.epochs + 1 if stopping else epoch + 1, state.EpochProgress())
+        if improved and accelerator.is_main_process:
+            save_model(stage.files.best_model, stage.model, metadata={"epoch": str(epoch)})
+        if stopping:
+            accelerator.print(f"{stage.name}: no better validation {stage.selection_metric} for "
+                              f"{stage.patience} epochs, stopping.")
+            break
+    accelerator.wait_for_everyone()
+    return best_epoch
+
+
+def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, epoch: int, stats: dict, lrs: dict,
+              val_metrics: dict, best_epoch: int) -> None:
+    """One line of the stage's metrics file (stage one also to W&B) and one console line."""
+    mean = val_metrics["mean"]
+    if tracker is not None:
+        record = {"train_loss": stats["loss"], "lr": lrs, "val": mean, "best_epoch": best_epoch,
+                  "nonfinite_skipped": stats["skipped"]}
+        flat = {"train/loss": stats["loss"], **{f"lr/{k}": v for k, v in lrs.items()},
+                **flatten_metrics("val", val_metrics)}
+        tracker.log_epoch(epoch, {**record, "val_tasks": val_metrics["tasks"]}, flat)
+        prefix = f"epoch {epoch:3d}/{stage.epochs}"
+    else:
+        if accelerator.is_main_process:
+            append_jsonl(stage.files.metrics, {"epoch": epoch, "train_loss": stats["loss"], "val_nll": mean["nll"],
+                                               "best": best_epoch == epoch, "lr": lrs, "val": mean})
+        prefix = f"stage two epoch {epoch:3d}/{stage.epochs}"
+    accelerator.print(
+        f"{prefix}  loss {stats['loss']:.4f}  val acc {mean['accuracy']:.4f}  nll {mean['nll']:.4f}"
+        f"  brier {mean['brier']:.4f}  ece@15 {mean['ece@15']:.4f}{'  *' if best_epoch == epoch else ''}"
+    )
+
+
+def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, objective: nn.Module,
+                     spec: TaskSpec, train: SplitData, val: SplitData, run_dir: Path,
+                     hooks: Hooks | None = None) -> nn.Module:
+    """TST / V-TST: train a new head on ``network``'s frozen backbone; return the prepared best network.
+
+    ``network`` is the unwrapped stage-one model with its best checkpoint loaded. It is kept as
+    ``stage_one_model.safetensors``; the best two-stage network replaces ``best_model.safetensors``.
+    """
+    stage_one_path = run_dir / rundir.STAGE_ONE_MODEL
+    if accelerator.is_main_process and not stage_one_path.exists():
+        best_path = run_dir / rundir.BEST_MODEL
+        save_model(stage_one_path, network, metadata=read_metadata(best_path) if best_path.exists() else None)
+    accelerator.wait_for_everyone()
+    two = cfg.two_stage
+    model = attach_second_stage_head(network, two, spec.layout)
+    counts = parameter_counts(model)
+    accelerator.print(f"two-stage ({two.head} head, Z={two.latent_dim}): trainable parameters {counts}")
+    if accelerator.is_main_process:
+        atomic_write_json(run_dir / rundir.STAGE_TWO_PARAMS, {"counts": counts, "trained": ["heads"]})
+    optimizer = torch.optim.Adam([{"name": "heads", "params": list(model.heads.parameters())}], lr=two.lr,
+                                 weight_decay=two.weight_decay)
+    constant = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=1.0)  # stage two: a constant rate
+    loss = WithAuxiliaryLoss(objective, model.heads, two.kl_weight)
+    prepared, optimizer = accelerator.prepare(model, optimizer)
+    stage = Stage(
+        "stage_two", prepared, model, loss, optimizer, constant, two.epochs,
+        cfg.seed + 1,  # other shuffles than stage one's
+        "nll",  # TST / V-TST select their head on validation NLL
+        state.StageFiles(run_dir / rundir.STAGE_TWO_STATE, run_dir / rundir.STAGE_TWO_METRICS,
+                         run_dir / rundir.BEST_MODEL),
+        patience=two.patience,
+    )
+    run_stage(accelerator, stage, spec, train, val, cfg.train, cfg.eval, None, hooks or Hooks())
+    load_model(stage.files.best_model, model)
+    return prepared

@@ -1,0 +1,51 @@
+"""Optimiser with explicit parameter ownership: the follower group and the leader group.
+
+COG (paper Sec. 3) updates both groups from the same gradient of the same loss, in the same
+step; the only difference is the learning rate: theta_f -= lr_f * grad_f, theta_c -= lr_c * grad_c
+with lr_c < lr_f. Ownership is by module name (``method.leader``): every trainable parameter
+lands in exactly one group, which ``tests/test_optim.py`` checks for every method.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mtl_cog.config import OptimConfig
+
+
+def split_parameters(network: nn.Module, leader_modules: list[str]) -> dict[str, list[nn.Parameter]]:
+    """{"follower": [...], "leader": [...]}: every trainable parameter exactly once."""
+    for name in leader_modules:
+        if not hasattr(network, name):
+            raise ValueError(f"method.leader names {name!r}, which the network does not have.")
+    groups: dict[str, list[nn.Parameter]] = {"follower": [], "leader": []}
+    for name, param in network.named_parameters():
+        if not param.requires_grad:
+            continue
+        owner = "leader" if name.split(".", 1)[0] in leader_modules else "follower"
+        groups[owner].append(param)
+    return groups
+
+
+def build_optimizer(network: nn.Module, leader_modules: list[str], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """Adam with named groups; an empty leader group is left out (standard training)."""
+    groups = split_parameters(network, leader_modules)
+    param_groups = [{"name": "follower", "params": groups["follower"], "lr": cfg.follower_lr}]
+    if groups["leader"]:
+        param_groups.append({"name": "leader", "params": groups["leader"], "lr": cfg.leader_lr})
+    return torch.optim.Adam(param_groups, weight_decay=cfg.weight_decay)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.optim.lr_scheduler.StepLR:
+    """Step schedule (lr * gamma every N epochs) for both groups.
+
+    Stepped once per epoch by the training loop and deliberately *not* passed through
+    ``accelerator.prepare``: Accelerate's wrapper steps it once per process, which would decay
+    N times too fast on N processes (docs/architecture.md, "Pitfalls").
+    """
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_step_epochs, gamma=cfg.lr_gamma)
+
+
+def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    return {group["name"]: group["lr"] for group in optimizer.param_groups}

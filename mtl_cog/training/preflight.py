@@ -1,0 +1,34 @@
+"""Checks that need the registries (higher layers than ``mtl_cog.config``), run before anything trains.
+
+``mtl_cog.config`` validates values that make sense on their own; whether ``model.head``,
+``two_stage.head``, ``method.calibrator``, ``method.loss`` and ``data.task`` name something
+registered is only known once the models, objectives and tasks are imported. Checking them
+here, first, means a misspelt second-stage head fails at once, not after stage one trained.
+"""
+
+from __future__ import annotations
+
+import tasks  # noqa: F401  (registers the built-in data sets)
+from mtl_cog.config import Config
+from mtl_cog.data.task_api import TASKS
+from mtl_cog.errors import ConfigError, UnknownNameError
+from mtl_cog.models.calibrators import CALIBRATORS
+from mtl_cog.models.heads import HEADS
+from mtl_cog.objectives import OBJECTIVES
+from mtl_cog.registry import Registry
+
+
+def check_registered_names(cfg: Config) -> None:
+    """Raise ``ConfigError`` naming the key if a config names an unregistered part."""
+    checks: list[tuple[str, str, Registry]] = [
+        ("data.task", cfg.data.task, TASKS),
+        ("model.head", cfg.model.head, HEADS),
+        ("method.calibrator", cfg.method.calibrator, CALIBRATORS),
+        ("method.loss", cfg.method.loss, OBJECTIVES),
+        ("two_stage.head", cfg.two_stage.head, HEADS),
+    ]
+    for key, name, registry in checks:
+        try:
+            registry.get(name)
+        except UnknownNameError as err:  # its message suggests close matches and lists the options
+            raise ConfigError(f"{key}: {err}") from None

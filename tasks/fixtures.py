@@ -1,0 +1,165 @@
+"""Tiny data sets written in exactly the official on-disk formats (described in docs/data.md).
+
+Helpers, not tests: each writes under ``root`` the files a task module reads and returns what a
+test needs to check the result (paths and the labels written).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.io
+from PIL import Image
+
+CELEBA_ATTRIBUTES = (  # the 40 names of line 2 of list_attr_celeba.txt, in order
+    "5_o_Clock_Shadow",
+    "Arched_Eyebrows",
+    "Attractive",
+    "Bags_Under_Eyes",
+    "Bald",
+    "Bangs",
+    "Big_Lips",
+    "Big_Nose",
+    "Black_Hair",
+    "Blond_Hair",
+    "Blurry",
+    "Brown_Hair",
+    "Bushy_Eyebrows",
+    "Chubby",
+    "Double_Chin",
+    "Eyeglasses",
+    "Goatee",
+    "Gray_Hair",
+    "Heavy_Makeup",
+    "High_Cheekbones",
+    "Male",
+    "Mouth_Slightly_Open",
+    "Mustache",
+    "Narrow_Eyes",
+    "No_Beard",
+    "Oval_Face",
+    "Pale_Skin",
+    "Pointy_Nose",
+    "Receding_Hairline",
+    "Rosy_Cheeks",
+    "Sideburns",
+    "Smiling",
+    "Straight_Hair",
+    "Wavy_Hair",
+    "Wearing_Earrings",
+    "Wearing_Hat",
+    "Wearing_Lipstick",
+    "Wearing_Necklace",
+    "Wearing_Necktie",
+    "Young",
+)
+
+
+@dataclass
+class CelebAFixture:
+    folder: Path  # <root>/celeba
+    attr_file: Path
+    partition_file: Path
+    image_dir: Path
+    names: list[str]  # image file names, in file order
+    values: np.ndarray  # (n, 40) of +-1, as written
+    partition: np.ndarray  # (n,) of 0/1/2
+    split_names: dict[str, list[str]] = field(default_factory=dict)  # split -> image names in order
+
+
+def write_celeba(root: Path, n: int = 60, image_size: tuple[int, int] = (178, 218), seed: int = 0) -> CelebAFixture:
+    """``<root>/celeba/``: ``n`` random JPEGs (width x height = image_size) and the two text files.
+
+    The partition interleaves the splits (0,0,0,1,2, ...): every split is non-empty and, unlike
+    the real file (contiguous blocks), a split's n-th image is not the file's n-th image.
+    """
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "celeba"
+    image_dir = folder / "img_align_celeba"
+    image_dir.mkdir(parents=True, exist_ok=True)
+    names = [f"{i:06d}.jpg" for i in range(1, n + 1)]
+    width, height = image_size
+    for name in names:
+        pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(image_dir / name, quality=90)
+
+    values = rng.choice(np.array([-1, 1]), size=(n, len(CELEBA_ATTRIBUTES)))
+    # the official file pads single-digit values with two spaces ("  1" / " -1")
+    lines = [str(n), " ".join(CELEBA_ATTRIBUTES)]
+    lines += [name + "".join(f" {v:2d}" for v in row) for name, row in zip(names, values)]
+    attr_file = folder / "list_attr_celeba.txt"
+    attr_file.write_text("\n".join(lines) + "\n")
+
+    partition = np.array([0, 0, 0, 1, 2] * (n // 5 + 1))[:n]  # 60 % / 20 % / 20 %
+    partition_file = folder / "list_eval_partition.txt"
+    partition_file.write_text("".join(f"{name} {p}\n" for name, p in zip(names, partition)))
+
+    split_names = {s: [nm for nm, p in zip(names, partition) if p == c] for c, s in enumerate(("train", "val", "test"))}
+    return CelebAFixture(folder, attr_file, partition_file, image_dir, names, values, partition, split_names)
+
+
+def _pickle(path: Path, obj: dict) -> None:
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=2)  # the official files are Python 2 pickles
+
+
+def _cifar_batch(rng: np.random.Generator, n: int, num_classes: int, label_key: bytes) -> dict:
+    return {
+        b"batch_label": b"fixture",
+        b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+        label_key: [int(v) for v in rng.integers(0, num_classes, size=n)],  # a list, as official
+        b"filenames": [f"img_{i}.png".encode() for i in range(n)],
+    }
+
+
+def write_cifar10(root: Path, n_train_per_batch: int = 20, n_test: int = 30, seed: int = 0) -> Path:
+    """``<root>/cifar-10-batches-py/``: data_batch_1..5, test_batch, batches.meta. Returns the folder."""
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 6):
+        _pickle(folder / f"data_batch_{i}", _cifar_batch(rng, n_train_per_batch, 10, b"labels"))
+    _pickle(folder / "test_batch", _cifar_batch(rng, n_test, 10, b"labels"))
+    classes = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+    names = [s.encode() for s in classes]
+    _pickle(folder / "batches.meta", {b"label_names": names, b"num_cases_per_batch": n_train_per_batch})
+    return folder
+
+
+def write_cifar100(root: Path, n_train: int = 100, n_test: int = 30, seed: int = 0) -> Path:
+    """``<root>/cifar-100-python/``: train, test, meta (fine and coarse labels). Returns the folder."""
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "cifar-100-python"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train", n_train), ("test", n_test)):
+        batch = _cifar_batch(rng, n, 100, b"fine_labels")
+        batch[b"coarse_labels"] = [int(v) for v in rng.integers(0, 20, size=n)]
+        _pickle(folder / name, batch)
+    meta = {
+        b"fine_label_names": [f"class{i}".encode() for i in range(100)],
+        b"coarse_label_names": [f"super{i}".encode() for i in range(20)],
+    }
+    _pickle(folder / "meta", meta)
+    return folder
+
+
+def write_svhn(
+    root: Path, n_train: int = 50, n_test: int = 20, subfolder: bool = True, seed: int = 0
+) -> dict[str, Path]:
+    """``train_32x32.mat`` / ``test_32x32.mat`` in ``<root>/svhn/`` (or ``<root>/`` if not subfolder).
+
+    Labels cycle through 1..10 so label 10 (digit 0) is always present. Returns split -> path.
+    """
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "svhn" if subfolder else Path(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        x = rng.integers(0, 256, size=(32, 32, 3, n), dtype=np.uint8)
+        y = (np.arange(n) % 10 + 1).astype(np.uint8).reshape(n, 1)  # official y is uint8, N x 1
+        paths[split] = folder / f"{split}_32x32.mat"
+        scipy.io.savemat(str(paths[split]), {"X": x, "y": y})
+    return paths
