@@ -22,6 +22,7 @@ TASK_SPEC = "task_spec.json"  # the data set's spec (tasks, classes, normalisati
 RELIABILITY_PNG = "reliability_test.png"  # end-of-run reliability diagram (mtl_cog.reporting.run_report)
 TRUTH_METRICS = "test_truth_metrics.csv"  # noise-free metrics, where the data set knows p*
 DONE = "DONE"  # written last: its presence marks a finished run
+RESUMES = "resumes.jsonl"  # one line per --resume that changed settings: when, which keys, old -> new
 # Files added by the two-stage methods and the post-hoc calibrators.
 STAGE_ONE_MODEL = "stage_one_model.safetensors"  # TST / V-TST: the first-stage network, kept
 STAGE_TWO_METRICS = "two_stage_metrics.jsonl"  # one line per second-stage epoch

@@ -26,7 +26,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 
 import tasks  # noqa: F401  (registers the built-in data sets)
-from mtl_cog.config import Config, EvalConfig, TrainConfig, save_config
+from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import SplitData, TaskSpec
@@ -44,7 +44,9 @@ from mtl_cog.runs import training_state as state
 from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
 from mtl_cog.runs.task_spec import save_task_spec
 from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
+from mtl_cog.training import resume_settings
 from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.calibrator_view import CalibratorRecord, calibrator_record, flag_identity_calibrator
 from mtl_cog.training.optim import build_optimizer, build_scheduler, learning_rates
 from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.speed import apply_speed_options
@@ -126,6 +128,9 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
     accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision)
     set_seed(cfg.seed)
     run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite)
+    saved_cfg = load_config(run_dir / rundir.CONFIG) if resume_dir is not None else None
+    if saved_cfg is not None:  # refused changes stop here, before config.yaml is rewritten
+        resume_settings.check_changes(resume_settings.changed_settings(saved_cfg, cfg))
     accelerator.print(f"run folder: {run_dir}")
 
     with accelerator.main_process_first():  # the main process builds any data cache first
@@ -161,11 +166,15 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         state.StageFiles(run_dir / rundir.STATE, run_dir / rundir.METRICS,
                          stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL),
     )
-    best_epoch = run_stage(accelerator, stage_one, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
+    progress = restore_stage(accelerator, stage_one)
+    if saved_cfg is not None:
+        apply_resumed_settings(accelerator, saved_cfg, cfg, stage_one, progress, run_dir)
+    best_epoch = run_stage(accelerator, stage_one, progress, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
 
     # The best checkpoint (validation Brier by default), on every process.
     accelerator.wait_for_everyone()
     load_model(stage_one.files.best_model, model)
+    calibrator_at_identity = flag_identity_calibrator(accelerator, model)
     if cfg.two_stage.enabled:  # TST / V-TST: a new head on the frozen backbone, trained by the same loop
         prepared = run_second_stage(accelerator, cfg, model, objective, spec, train, val, run_dir, hooks)
 
@@ -177,7 +186,8 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
     tracker.log_epoch(
         cfg.train.epochs + 1,
-        {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"]},
+        {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
+         "calibrator_at_identity": calibrator_at_identity},
         flatten_metrics("test", results["test"]),
     )
     report = None
@@ -197,15 +207,20 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
     return RunResult(run_dir, best_epoch, results)
 
 
-def run_stage(accelerator: Accelerator, stage: Stage, spec: TaskSpec, train: SplitData, val: SplitData,
-              train_cfg: TrainConfig, eval_cfg: EvalConfig, tracker: Tracker | None, hooks: Hooks) -> int:
-    """Train ``stage`` from its last saved state to its last epoch; return the best epoch.
+def restore_stage(accelerator: Accelerator, stage: Stage) -> state.Progress:
+    """The stage's last saved state loaded into its model, optimiser and scheduler (fresh if none)."""
+    return state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler, accelerator.is_main_process)
 
-    One epoch = train, validate, log, keep the best checkpoint, save the resumable state.
-    ``tracker`` receives stage one's epochs (stage two writes only its own metrics file).
+
+def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, spec: TaskSpec, train: SplitData,
+              val: SplitData, train_cfg: TrainConfig, eval_cfg: EvalConfig, tracker: Tracker | None,
+              hooks: Hooks) -> int:
+    """Train ``stage`` from ``progress`` (see ``restore_stage``) to its last epoch; return the best epoch.
+
+    One epoch = train, validate, let adaptive parts see the validation predictions, log, keep the
+    best checkpoint, save the resumable state. ``tracker`` receives stage one's epochs (stage two
+    writes only its own metrics file).
     """
-    progress = state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler,
-                                 accelerator.is_main_process)
     best, best_epoch = progress.best, progress.best_epoch
     if progress.epoch > 1 or progress.within.step:
         accelerator.print(f"{stage.name}: resumed at epoch {progress.epoch}, step {progress.within.step} "
@@ -231,10 +246,12 @@ def run_stage(accelerator: Accelerator, stage: Stage, spec: TaskSpec, train: Spl
         improved = is_better(stage.selection_metric, val_metrics["mean"][stage.selection_metric], best)
         if improved:
             best, best_epoch = val_metrics["mean"][stage.selection_metric], epoch
-        log_epoch(accelerator, stage, tracker, epoch, stats, lrs, val_metrics, best_epoch)
+        calibrator = calibrator_record(stage.model, spec) if stage.name == "stage_one" else None
+        log_epoch(accelerator, stage, tracker, epoch, stats, lrs, val_metrics, best_epoch, calibrator)
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(EpochEnd(stage.name, epoch, stats["loss"], val_metrics, predictions, stage.model,
                                         improved, best_epoch, accelerator.is_main_process))
+        notify_validation_end(stage, predictions)  # before the save: an adapted part is saved with the state
         stage.scheduler.step()
         stopping = stage.patience is not None and epoch - best_epoch >= stage.patience
         # Order matters for resuming (mtl_cog/runs/training_state.py): metrics line, then state, then best model.
@@ -249,15 +266,45 @@ def run_stage(accelerator: Accelerator, stage: Stage, spec: TaskSpec, train: Spl
     return best_epoch
 
 
+def apply_resumed_settings(accelerator: Accelerator, saved: Config, cfg: Config, stage: Stage,
+                           progress: state.Progress, run_dir: Path) -> None:
+    """Apply the settings changed on ``--resume`` to the restored optimiser and record them (see resume_settings)."""
+    changes = resume_settings.changed_settings(saved, cfg)
+    if not changes:
+        return
+    resume_settings.check_changes(changes, progress.epoch)
+    resume_settings.apply_to_optimizer(cfg, changes, stage.optimizer, stage.scheduler)
+    if accelerator.is_main_process:
+        resume_settings.record_resume(run_dir / rundir.RESUMES, progress.epoch, progress.within.step, changes)
+    accelerator.print("resumed with " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
+
+
+def notify_validation_end(stage: Stage, predictions: Predictions) -> None:
+    """Parts that adapt between epochs see the validation predictions (``on_validation_end(predictions)``).
+
+    Any sub-module of the network or the objective may define the method (for example a layer
+    whose scale is moved toward the value at which the network is calibrated); it runs on every
+    process with the same gathered predictions, so all processes stay identical.
+    """
+    for root in (stage.model, stage.objective):
+        for module in root.modules():
+            hook = getattr(module, "on_validation_end", None)
+            if callable(hook):
+                hook(predictions)
+
+
 def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, epoch: int, stats: dict, lrs: dict,
-              val_metrics: dict, best_epoch: int) -> None:
-    """One line of the stage's metrics file (stage one also to W&B) and one console line."""
+              val_metrics: dict, best_epoch: int, calibrator: CalibratorRecord | None = None) -> None:
+    """One line of the stage's metrics file (stage one also to W&B) and one console line (two with a calibrator)."""
     mean = val_metrics["mean"]
     if tracker is not None:
         record = {"train_loss": stats["loss"], "lr": lrs, "val": mean, "best_epoch": best_epoch,
                   "nonfinite_skipped": stats["skipped"]}
         flat = {"train/loss": stats["loss"], **{f"lr/{k}": v for k, v in lrs.items()},
                 **flatten_metrics("val", val_metrics)}
+        if calibrator is not None:
+            record["calibrator"] = {"summary": calibrator.summary, "tasks": calibrator.by_task}
+            flat.update(calibrator.wandb_values())
         tracker.log_epoch(epoch, {**record, "val_tasks": val_metrics["tasks"]}, flat)
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
     else:
@@ -269,6 +316,8 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
         f"{prefix}  loss {stats['loss']:.4f}  val acc {mean['accuracy']:.4f}  nll {mean['nll']:.4f}"
         f"  brier {mean['brier']:.4f}  ece@15 {mean['ece@15']:.4f}{'  *' if best_epoch == epoch else ''}"
     )
+    if calibrator is not None:
+        accelerator.print(f"           calibrator: {calibrator.one_line()}")
 
 
 def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, objective: nn.Module,
@@ -303,6 +352,7 @@ def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, 
                          run_dir / rundir.BEST_MODEL),
         patience=two.patience,
     )
-    run_stage(accelerator, stage, spec, train, val, cfg.train, cfg.eval, None, hooks or Hooks())
+    run_stage(accelerator, stage, restore_stage(accelerator, stage), spec, train, val, cfg.train, cfg.eval, None,
+              hooks or Hooks())
     load_model(stage.files.best_model, model)
     return prepared
