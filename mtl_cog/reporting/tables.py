@@ -43,8 +43,7 @@ from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.runs import rundir
 
 RANK_METRICS = ("accuracy", "nll", "brier")
-POSTHOC_METRICS = "posthoc_metrics.csv"
-POSTHOC_PREFIX = "predictions_test_"
+POSTHOC_PREFIX = rundir.posthoc_predictions_file("test", "")[: -len(".npz")]  # "predictions_test_"
 ID_COLUMNS = ["dataset", "method", "seed", "run", "task"]
 # Keys that do not change what a run computes; differences elsewhere between runs grouped together warn.
 _IRRELEVANT_KEYS = {"seed", "run_name", "output_dir", "tracking", "wandb_project", "data.root", "data.cache_dir",
@@ -139,7 +138,7 @@ def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
     for path in sorted(run_dir.glob(f"{POSTHOC_PREFIX}*.npz")):
         name = path.stem[len(POSTHOC_PREFIX):]
         variants[name] = Variant(f"{method}+{name}", predictions=path)
-    csv = run_dir / POSTHOC_METRICS
+    csv = run_dir / rundir.POSTHOC_METRICS
     if csv.is_file():
         frame = _read_metrics_csv(csv)
         column = next((c for c in ("posthoc", "calibrator", "method") if c in frame.columns), None)
