@@ -85,8 +85,8 @@ def test_user_error_is_one_line_without_traceback(tmp_path):
     assert "error: train.epochs must be an integer" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_calibration_drift_script_reports_fitted_temperatures():
-    result = subprocess.run([sys.executable, "scripts/calibration_drift.py",
+def test_calibration_drift_script_reports_fitted_temperatures(tmp_path):
+    result = subprocess.run([sys.executable, "scripts/calibration_drift.py", f"output_dir={tmp_path}",
                              "--config", "configs/synthetic/baseline.yaml", "--every", "1", "train.epochs=2",
                              "model.backbone=cog_cnn_tiny",
                              "data.synthetic.train_size=96", "data.synthetic.num_attributes=3"],
