@@ -128,6 +128,26 @@ def test_mlp_head_parameter_count_is_the_tst_stack_per_task():
     assert sum(p.numel() for p in heads.parameters()) == 4 * per_task + LAYOUT.total * (z + 1)
 
 
+def test_variational_head_parameter_count_is_two_stacks_per_task():
+    """V-TST (Jordahn & Olmos): a mean stack and a log-variance stack per task, then Linear(Z, K)."""
+    d, z = 6, 4
+    heads = HEADS.get("variational")(d, LAYOUT, latent_dim=z)
+    stack = (d * 3 * z + 3 * z) + (3 * z * z + z)
+    assert sum(p.numel() for p in heads.parameters()) == 4 * 2 * stack + LAYOUT.total * (z + 1)
+
+
+def test_resnet101_celeba_two_stage_head_counts():
+    """The table of scripts/parameter_counts.py: TST and V-TST heads at the authors' Z = 10 on ResNet-101 (D = 2048)."""
+    layout = LogitLayout((2,) * 40)
+    stack = 2048 * 30 + 30 + 30 * 10 + 10  # Linear(2048, 3Z) -> ReLU -> Linear(3Z, Z), Z = 10
+    output = 40 * (10 + 1)  # Linear(Z, 1) per binary attribute
+    for method, expected in (("tst", 40 * stack + output), ("vtst", 40 * 2 * stack + output)):
+        cfg = load_config(REPO / "configs" / "celeba" / f"{method}.yaml")
+        network = build_network(cfg.model, cfg.method, layout)
+        second = parameter_counts(attach_second_stage_head(network, cfg.two_stage, layout))
+        assert second["heads"] == expected and second["backbone"] == 0, method
+
+
 def test_cog_ts_with_leader_lr_zero_matches_the_baseline_step_for_step():
     torch.manual_seed(3)
     baseline = build_network(ModelConfig(backbone="cog_cnn_tiny"), MethodConfig(calibrator="identity", leader=[]),
