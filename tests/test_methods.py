@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, load_config
+from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, SyntheticConfig, load_config
+from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
@@ -183,3 +184,13 @@ def test_resnet101_celeba_parameter_counts():
     base = counts["baseline"]["total"]
     assert counts["baseline"]["heads"] == 40 * (2048 + 1)
     assert [counts[m]["total"] - base for m in ("ts", "vs", "ms")] == [40, 80, 80]
+
+
+def test_synthetic_demo_validation_is_a_fifth_of_the_training_set(tmp_path):
+    """Post-hoc calibrators fit on validation while COG uses the training set: 20% of train, as CIFAR-10/SVHN."""
+    default = SyntheticConfig()
+    assert (default.train_size, default.val_size, default.test_size) == (1000, 200, 2000)
+    cfg = load_config(REPO / "configs" / "synthetic" / "baseline.yaml",
+                      [f"data.root={tmp_path}", "data.image_size=8", "data.synthetic.num_attributes=3"])
+    sizes = {name: len(split) for name, split in load_task(cfg.data).splits.items()}
+    assert sizes == {"train": 1000, "val": 200, "test": 2000}

@@ -14,17 +14,16 @@ import torch
 
 from mtl_cog.config import Config, MethodConfig, ModelConfig, TrainConfig, TwoStageConfig, load_config
 from mtl_cog.data.batches import BatchTransform
-from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.data.task_api import LogitLayout, SplitData, TaskSpec
+from mtl_cog.errors import ConfigError
 from mtl_cog.evaluation.inference import predict, predict_split
 from mtl_cog.evaluation.scoring import score
-from mtl_cog.models.network import build_network
-from mtl_cog.data.task_api import LogitLayout
-from mtl_cog.errors import ConfigError
 from mtl_cog.models.heads import VariationalHeads, gaussian_kl
+from mtl_cog.models.network import build_network
 from mtl_cog.models.two_stage import attach_second_stage_head, mean_probability_logits
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
-from mtl_cog.runs.checkpoint import read_metadata
 from mtl_cog.runs import rundir
+from mtl_cog.runs.checkpoint import read_metadata
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.loop import run_second_stage
 from mtl_cog.training.preflight import check_registered_names
@@ -137,8 +136,6 @@ def test_tst_run_end_to_end_and_reevaluation(tiny_overrides, tmp_path):
 
 
 def test_unknown_second_stage_head_is_refused_before_training():
-    from mtl_cog.errors import ConfigError
-
     with pytest.raises(ConfigError, match="two_stage.head"):
         check_registered_names(load_config(REPO / "configs" / "digits" / "tst.yaml", ["two_stage.head=mlpp"]))
 

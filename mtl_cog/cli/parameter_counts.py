@@ -6,7 +6,8 @@
 Builds the network of each configs/<dataset>/<method>.yaml (no data needed: ``--classes`` gives
 the tasks' class counts, e.g. ``2x40`` for 40 binary attributes, ``10``, or ``2,2,10``) and
 prints a Markdown table. Two-stage methods also list their second-stage head (trained alone on
-the frozen backbone; V-TST's has two stacks per task, for the latent's mean and log-variance). The same counts are printed and saved (parameters.json) by every run.
+the frozen backbone; V-TST's has two stacks per task, for the latent's mean and log-variance).
+The same counts are printed and saved (parameters.json) by every run.
 """
 
 from __future__ import annotations
