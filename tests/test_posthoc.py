@@ -94,11 +94,12 @@ def test_every_posthoc_method_improves_a_miscalibrated_model(method):
         assert after["bin"]["nll"] < before["bin"]["nll"]
 
 
-def _two_valued(optimal_t: float, n: int = 1000) -> Predictions:
-    """A binary task whose exact temperature-scaling optimum is known: logits +a and -a, right 80% of
-    the time. The NLL of z / T is minimised where sigmoid(a / T) = 0.8, i.e. T* = a / log(4)."""
-    a = optimal_t * np.log(4.0)
-    right = int(0.8 * n)
+def _two_valued(optimal_t: float, n: int = 1000, accuracy: float = 0.8) -> Predictions:
+    """A binary task whose exact temperature-scaling optimum is known: logits +a and -a, right a fraction
+    ``accuracy`` of the time. The NLL of z / T is minimised where sigmoid(a / T) = accuracy, i.e.
+    T* = a / logit(accuracy) (= a / log(4) at 80%)."""
+    a = optimal_t * np.log(accuracy / (1 - accuracy))
+    right = int(round(accuracy * n))
     z = np.concatenate([np.full(n, a), np.full(n, -a)]).astype(np.float32)
     y = np.concatenate([np.ones(right), np.zeros(n - right), np.zeros(right), np.ones(n - right)]).astype(np.int64)
     return Predictions(["bin"], [z], [y])
@@ -124,6 +125,17 @@ def test_guo_recipe_makes_an_underconfident_task_worse():
     nll = {m: compute_metrics(["bin"], p.logits, p.labels, [15])["mean"]["nll"]
            for m, p in (("none", val), ("ts", calibrate("ts", val, val)), ("ts_guo", calibrate("ts_guo", val, val)))}
     assert nll["ts"] < nll["none"] < nll["ts_guo"]
+
+
+def test_guo_recipe_can_end_at_a_negative_temperature_which_is_kept_with_a_warning():
+    """90% right with T* = 0.9: at T = 1.5 the NLL is nearly linear in T, the curvature estimate of
+    L-BFGS without line search is ~0 and its fixed-lr step jumps below 0 (the published code does too)."""
+    val = _two_valued(0.9, accuracy=0.9)
+    assert _fitted_temperature("ts", val) == pytest.approx(0.9, abs=1e-3)
+    with pytest.warns(UserWarning, match="negative temperature on 1 task.*bin"):
+        out = calibrate("ts_guo", val, val)
+    assert float(val.logits[0][0] / out.logits[0][0]) < 0  # reversed, as the recipe leaves it
+    assert compute_metrics(["bin"], out.logits, out.labels, [15])["mean"]["accuracy"] == pytest.approx(0.1)
 
 
 def test_guo_recipe_fits_each_task_alone():

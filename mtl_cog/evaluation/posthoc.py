@@ -13,9 +13,11 @@ One calibrator per task (tasks never share calibration parameters). Three famili
   the one the COG paper used (App. B): T starts at 1.5 and L-BFGS with a fixed step (lr 0.01, no
   line search) runs 50 iterations on the mean validation NLL. It stops far from the optimum when
   the optimum is far from 1.5: a binary task with logits +-3.65 right 80% of the time (optimal
-  T = 2.63) ends at T = 1.71, and with optimal T = 0.6 it ends at T = 1.47, worse than no
-  calibration (tests/test_posthoc.py). It is a weaker baseline than ``ts``; reports name the two
-  apart (``baseline+ts`` vs ``baseline+ts_guo``), see docs/baselines.md.
+  T = 2.63) ends at T = 1.71, with optimal T = 0.6 it ends at T = 1.47, worse than no
+  calibration, and where the NLL is nearly linear in T it can jump to a negative temperature
+  (kept, with a warning; see ``_fit_guo`` and tests/test_posthoc.py). It is a weaker baseline
+  than ``ts``; reports name the two apart (``baseline+ts`` vs ``baseline+ts_guo``), see
+  docs/baselines.md.
 - ``svs``, ``sms`` (regularised vector / matrix scaling; Berta et al., 2025), ``isotonic``
   (Zadrozny & Elkan, 2002) and ``histogram`` binning (Zadrozny & Elkan, 2001) come from
   probmetrics (``probmetrics.calibrators``), fitted per task. Multi-class histogram binning is
@@ -26,6 +28,8 @@ it is reported as is, ``sms`` is its regularised counterpart.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import torch
@@ -115,19 +119,34 @@ def _fit_guo(val: Predictions, test: Predictions) -> list[np.ndarray]:
 
     Alone, not jointly: L-BFGS's curvature estimate mixes every parameter it optimises, so a
     joint fit of several tasks' temperatures would not follow the single-model recipe.
+
+    Without a line search, L-BFGS can jump to a *negative* temperature where the NLL is nearly
+    linear in T (a curvature estimate near 0 gives a huge step): e.g. a binary task right 90% of
+    the time with optimal T = 0.9 ends at T = -15, which reverses the task's predictions. The
+    published code does exactly this, so the result is kept (this is the recipe's baseline, not
+    a repaired one) and a warning names the tasks; a temperature of 0 or a non-finite one gives
+    no usable logits and is refused.
     """
-    out = []
+    out, reversed_tasks = [], []
     for name, z, y, z_test in zip(val.task_names, val.logits, val.labels, test.logits):
         logits = torch.as_tensor(z, dtype=torch.float32)  # the recipe runs on the float32 logits of a network
         if logits.ndim == 1:  # binary: softmax of [0, z / T] is sigmoid(z / T)
             logits = torch.stack([torch.zeros_like(logits), logits], 1)
         temperature = guo_temperature(logits, torch.as_tensor(y, dtype=torch.long))
-        if not np.isfinite(temperature) or temperature <= 0:
+        if not np.isfinite(temperature) or temperature == 0:
             raise PosthocError(
                 f"post-hoc {GUO_TEMPERATURE_SCALING!r} on task {name!r} ended at temperature {temperature}: Guo et "
                 f"al.'s fixed-step recipe diverged on these logits. Use 'ts' (the exact optimum) instead."
             )
+        if temperature < 0:
+            reversed_tasks.append(f"{name} (T = {temperature:.3g})")
         out.append((np.asarray(z_test, dtype=np.float64) / temperature).astype(np.float32))
+    if reversed_tasks:
+        warnings.warn(
+            f"post-hoc {GUO_TEMPERATURE_SCALING!r}: Guo et al.'s recipe ended at a negative temperature on "
+            f"{len(reversed_tasks)} task(s), which reverses their predictions, as the published code would: "
+            f"{', '.join(reversed_tasks)}. 'ts' fits the exact optimum.", stacklevel=3,
+        )
     return out
 
 
