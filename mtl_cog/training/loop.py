@@ -336,7 +336,9 @@ def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, 
     two = cfg.two_stage
     model = attach_second_stage_head(network, two, spec.layout)
     counts = parameter_counts(model)
-    accelerator.print(f"two-stage ({two.head} head, Z={two.latent_dim}): trainable parameters {counts}")
+    accelerator.print(f"two-stage ({two.head} head, Z={two.latent_dim}): trainable parameters {counts}; Adam lr "
+                      f"{two.lr:g}, {two.epochs} epochs, best validation NLL kept, "
+                      + ("no early stopping" if two.patience is None else f"patience {two.patience}"))
     if accelerator.is_main_process:
         atomic_write_json(run_dir / rundir.STAGE_TWO_PARAMS, {"counts": counts, "trained": ["heads"]})
     optimizer = torch.optim.Adam([{"name": "heads", "params": list(model.heads.parameters())}], lr=two.lr,
