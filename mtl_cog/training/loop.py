@@ -175,8 +175,11 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
     accelerator.wait_for_everyone()
     load_model(stage_one.files.best_model, model)
     calibrator_at_identity = flag_identity_calibrator(accelerator, model)
+    selected = f"epoch {best_epoch}, by validation {cfg.eval.selection_metric}"
     if cfg.two_stage.enabled:  # TST / V-TST: a new head on the frozen backbone, trained by the same loop
         prepared = run_second_stage(accelerator, cfg, model, objective, spec, train, val, run_dir, hooks)
+        head_epoch = read_metadata(run_dir / rundir.BEST_MODEL).get("epoch")
+        selected = f"stage one epoch {best_epoch}, stage-two head epoch {head_epoch} by validation nll"
 
     results = {}
     for split_name, split in (("val", val), ("test", test)):
@@ -198,9 +201,7 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
     publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
     tracker.finish()
-    accelerator.print(
-        f"\ntest metrics of the best checkpoint (epoch {best_epoch}, by validation {cfg.eval.selection_metric}):"
-    )
+    accelerator.print(f"\ntest metrics of the best checkpoint ({selected}):")
     accelerator.print(format_table(results["test"]))
     accelerator.print(f"run folder: {run_dir}")
     accelerator.print(str(run_dir))
