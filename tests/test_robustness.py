@@ -46,9 +46,10 @@ def tiny(tmp: Path, *extra: str) -> list[str]:
 
 
 def run_dir_with(tmp: Path, *files: str) -> Path:
-    """A run folder holding a valid config.yaml and the given (empty) files."""
+    """A run folder (its marker and a valid config.yaml) holding the given (empty) files."""
     run = tmp / "runs" / "r"
     run.mkdir(parents=True)
+    rundir.write_marker(run)
     save_config(load_config(None, tiny(tmp)), run / rundir.CONFIG)
     for name in files:
         (run / name).write_text("")
@@ -175,7 +176,7 @@ TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
                                ["no --config or --overwrite with it"]),
     "new run over a finished run": (lambda t: over(t, rundir.DONE), ["already holds a finished run", "--overwrite"]),
     "new run over an unfinished run": (lambda t: over(t), ["holds an unfinished run", "--resume"]),
-    "new run over a folder that is not a run": (lambda t: over(t, config=False), ["is not a run folder"]),
+    "new run over a folder that is not a run": (lambda t: over(t, config=False), ["is not an mtl_cog run folder"]),
 }
 
 EVALUATE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
@@ -320,10 +321,33 @@ def test_nonfinite_skip_agrees_across_processes():
     assert lines == ["0 6 2 True True", "1 6 2 True True"]  # 8 batches: 6 trained, 2 skipped on both
 
 
-def test_nonfinite_loss_stops_the_script(tmp_path, capsys):
-    err = user_error("train_mtl", tiny(tmp_path, "optim.follower_lr=1e30", "optim.leader_lr=1e29",
-                                       "train.log_every_steps=1"), capsys)
-    assert "non-finite training loss at epoch 1, step" in err and "--resume" in err
+def test_nonfinite_loss_stops_the_script(tmp_path, capsys, monkeypatch):
+    """A loss that turns NaN at its second batch (learning rates that diverge are refused by the config now)."""
+    import mtl_cog.training.loop as loop
+
+    build = loop.build_objective
+
+    def nan_from_second_batch(layout, method_cfg):
+        objective, calls = build(layout, method_cfg), []
+
+        def loss(logits, labels):
+            calls.append(1)
+            value = objective(logits, labels)
+            return value * float("nan") if len(calls) >= 2 else value
+        return loss
+
+    monkeypatch.setattr(loop, "build_objective", lambda *a: _AsModule(nan_from_second_batch(*a)))
+    err = user_error("train_mtl", tiny(tmp_path, "train.log_every_steps=1"), capsys)
+    assert "non-finite training loss at epoch 1, step 2" in err and "--resume" in err
+
+
+class _AsModule(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, logits, labels):
+        return self.function(logits, labels)
 
 
 # ------------------------------------------------------------------------------ W&B trouble
