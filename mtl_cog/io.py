@@ -70,6 +70,24 @@ def _likely_cause(folder: Path) -> int | None:
     return None
 
 
+def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
+    """Refuse, before any work, a ``path`` that cannot be written: a file (``folder=True``: a folder)
+    that is a folder (a file), or whose nearest existing ancestor is a file or not writable.
+    ``what`` names the setting in the message (``output_dir``, ``--out``)."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        kind = "a file, not a folder" if folder else "a folder, not a file"
+        raise StorageError(f"{what} {path} is {kind}; choose another path.")
+    existing = path if folder and path.exists() else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StorageError(f"{what} {path}: {existing} is a file, not a folder; choose another path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StorageError(f"{what} {path}: {existing} is not writable (read-only, or owned by someone else); "
+                           "choose a writable folder.")
+
+
 def make_folder(folder: str | Path) -> Path:
     """``mkdir -p`` whose failure (a file in the way, a read-only parent) is a ``StorageError``."""
     folder = Path(folder)

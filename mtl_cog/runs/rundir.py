@@ -14,7 +14,6 @@ so nothing a user put there is lost. While a run is in progress its folder is lo
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import RunFolderError, UserError
-from mtl_cog.io import atomic_write_json, make_folder, remove_temp_files, storage_error
+from mtl_cog.io import atomic_write_json, check_writable, make_folder, remove_temp_files
 from mtl_cog.runs import lock
 from mtl_cog.runs.checkpoint import read_metadata
 
@@ -213,10 +212,4 @@ def open_for_resume(run_dir: Path) -> lock.RunLock:
 
 def check_output_dir(output_dir: Path) -> None:
     """Refuse an ``output_dir`` that cannot hold run folders (a file, or read-only) before any work starts."""
-    existing = output_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise RunFolderError(f"output_dir {output_dir}: {existing} is a file, not a folder; choose another output_dir.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise storage_error(output_dir, PermissionError(13, "Permission denied"), "cannot create run folders in")
+    check_writable(output_dir, "output_dir", folder=True)
