@@ -184,6 +184,11 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
         raise storage_error(path, err) from None
 
 
+def is_temp_file_name(name: str) -> bool:
+    """Whether ``name`` is the name of an ``atomic_write`` temporary file."""
+    return bool(_TEMP_NAME.match(name))
+
+
 def remove_temp_files(folder: str | Path) -> list[Path]:
     """Delete the temporary files that killed ``atomic_write`` calls left in ``folder``; return them.
 
@@ -191,7 +196,7 @@ def remove_temp_files(folder: str | Path) -> list[Path]:
     """
     removed = []
     for entry in Path(folder).iterdir():
-        if _TEMP_NAME.match(entry.name) and entry.is_file():
+        if is_temp_file_name(entry.name) and entry.is_file():
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed

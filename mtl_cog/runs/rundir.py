@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import RunFolderError, UserError
-from mtl_cog.io import atomic_write_json, check_writable, make_folder, remove_temp_files
+from mtl_cog.io import atomic_write_json, check_writable, is_temp_file_name, make_folder, remove_temp_files
 from mtl_cog.runs import lock
 from mtl_cog.runs.checkpoint import read_metadata
 
@@ -78,7 +78,7 @@ def written_by_a_run(name: str) -> bool:
              DONE, STAGE_ONE_MODEL, STAGE_TWO_METRICS, STAGE_TWO_PARAMS, STAGE_TWO_STATE, POSTHOC_METRICS,
              POSTHOC_JSON, RUN_MARKER, LOCK, WANDB_ID, WANDB_DIR}
     return (name in fixed or (name.startswith("predictions_") and name.endswith(".npz"))
-            or (name.startswith(".") and name.endswith(".tmp")))  # left by a killed atomic write
+            or is_temp_file_name(name))  # left by a killed atomic write
 
 
 def write_marker(run_dir: Path) -> None:
