@@ -72,9 +72,8 @@ class PeerLostError(UserError, RuntimeError):
 # GPUs). Only these become a PeerLostError: any other distributed failure is a bug and keeps its traceback.
 PEER_LOST_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
                      "NCCL communicator was aborted", "Connection refused")
-# A process other than the main one waits this long before printing a user error (see run_cli).
-NON_MAIN_GRACE_S = 3.0
-
+# A process other than the main one waits this long before printing a user error (see _print_error).
+NON_MAIN_GRACE_S = 10.0
 
 def peer_lost(err: BaseException) -> PeerLostError | None:
     """``err`` as a ``PeerLostError`` if it is a multi-process run losing one of its processes, else None."""
@@ -95,11 +94,20 @@ def peer_lost(err: BaseException) -> PeerLostError | None:
 
 
 def _print_error(message: str) -> None:
-    # Under a multi-process launch every process usually hits the same user error (a bad config is
-    # read by each). The launcher stops all processes as soon as one fails, so a non-main process
-    # waits a moment: if the main process reports the same error, this one is stopped before it
-    # prints, and the user sees the message once; an error only this process hit is still printed.
+    """Print ``error: message`` once per launch, however many processes hit the same error.
+
+    Under a multi-process launch every process usually hits the same user error. Before the
+    processes have connected (argument and config errors) they all read the same files, so only
+    the first process of each machine (LOCAL_RANK 0) prints it. Later, a process other than the
+    main one waits a moment first: the launcher stops every process as soon as one fails, so if the
+    main process reports the same error this one is stopped before it prints, while an error only
+    this process hit is still printed.
+    """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("RANK", "0") != "0":
+        distributed = sys.modules.get("torch.distributed")
+        connected = distributed is not None and distributed.is_available() and distributed.is_initialized()
+        if not connected and os.environ.get("LOCAL_RANK", "0") != "0":
+            return
         time.sleep(NON_MAIN_GRACE_S)
     print(f"error: {message}", file=sys.stderr, flush=True)
 
