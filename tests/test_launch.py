@@ -14,7 +14,8 @@ from mtl_cog.evaluation.predictions import load_predictions
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 # the README's launch lines: a shipped config gives every launcher value, --quiet keeps failures to one line
-CONFIGS = {1: REPO / "configs" / "accelerate" / "default.yaml", 2: REPO / "configs" / "accelerate" / "multi_process.yaml"}
+CONFIGS = {1: REPO / "configs" / "accelerate" / "default.yaml",
+           2: REPO / "configs" / "accelerate" / "multi_process.yaml"}
 
 
 def _launch(processes: int, script: str, *args: str) -> str:
