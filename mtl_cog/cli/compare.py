@@ -21,10 +21,11 @@ import argparse
 import re
 from pathlib import Path
 
+from mtl_cog.config.schema import check_bins
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
-from mtl_cog.errors import UserError, run_cli
+from mtl_cog.errors import run_cli
 from mtl_cog.evaluation.truth import FLOOR_METRICS, MODEL_METRICS
-from mtl_cog.io import atomic_write, atomic_write_text
+from mtl_cog.io import atomic_write, atomic_write_text, check_writable, make_folder
 from mtl_cog.reporting import plots
 from mtl_cog.reporting.tables import (
     calibration_error_table,
@@ -82,8 +83,9 @@ def write_figures(records, summary, errors, per_task, out: Path, bins: int) -> l
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
-    if any(b <= 0 for b in args.bins) or args.summary_bins <= 0:
-        raise UserError(f"--bins and --summary-bins must be positive. Got {args.bins} and {args.summary_bins}.")
+    check_bins(args.bins, "--bins")
+    check_bins([args.summary_bins], "--summary-bins")
+    check_writable(args.out, "--out", folder=True)  # before the work, not after it
     bins = sorted(set(args.bins) | {args.summary_bins})
     records = load_runs(args.runs)
     print(f"{len(records)} run(s): " + ", ".join(sorted({f'{r.dataset}/{r.method}' for r in records})))
@@ -91,8 +93,7 @@ def main(argv: list[str] | None = None) -> Path:
     summary = summary_table(scores)
     errors = calibration_error_table(scores)
     per_task = per_task_table(scores)
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_folder(args.out)
     _write_csv(summary, out / "summary.csv")
     _write_csv(errors, out / "calibration_errors.csv")
     _write_csv(per_task, out / "per_task.csv")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 import tasks  # noqa: F401  (registers the data sets)
+from mtl_cog.config.schema import check_bins
 from mtl_cog.constants import DEFAULT_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.errors import UserError, run_cli
@@ -29,7 +30,7 @@ from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
 from mtl_cog.evaluation.predictions import load_predictions, save_predictions
 from mtl_cog.evaluation.scoring import score
-from mtl_cog.io import atomic_write, atomic_write_json
+from mtl_cog.io import atomic_write, atomic_write_json, check_writable
 from mtl_cog.runs import rundir
 from mtl_cog.runs.trained import load_network
 from mtl_cog.training.accelerator import create_accelerator
@@ -51,8 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.bins is not None and any(b <= 0 for b in args.bins):
-        raise UserError(f"--bins must be positive integers. Got {args.bins}.")
+    if args.bins is not None:
+        check_bins(args.bins, "--bins")
+    if args.out is not None:
+        check_writable(args.out, "--out")  # before the work, not after it
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")

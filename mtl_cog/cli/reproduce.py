@@ -29,7 +29,9 @@ from tqdm import tqdm
 from mtl_cog.cli import compare
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import load_config
+from mtl_cog.config.schema import check_seed
 from mtl_cog.errors import UserError, run_cli
+from mtl_cog.io import check_writable
 from mtl_cog.runs import rundir
 
 DATASETS = ("digits", "synthetic")
@@ -127,6 +129,9 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     if args.jobs < 1 or (args.epochs is not None and args.epochs < 1):
         raise UserError(f"--jobs and --epochs must be >= 1. Got {args.jobs} and {args.epochs}.")
+    for seed in args.seeds:  # refused now, not by every one of the training runs
+        check_seed(seed, "--seeds")
+    check_writable(args.out, "--out", folder=True)
     runs_dir, report_dir = args.out / "runs", args.out / "report"
     jobs = plan(args.datasets, args.methods, args.seeds, runs_dir)
     print(f"{len(jobs)} runs ({', '.join(args.datasets)} × {len({j.method for j in jobs})} methods × "

@@ -28,7 +28,7 @@ import yaml
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import ConfigError, UserError, run_cli
 from mtl_cog.experiments.sweep import best_index, combinations, parse_grid, validation_scores
-from mtl_cog.io import atomic_write, atomic_write_text
+from mtl_cog.io import atomic_write, atomic_write_text, make_folder
 from mtl_cog.runs import rundir
 
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> Path:
         commands.append(None if finished_with(out / f"run_{i:02d}", resolved) else
                         [sys.executable, "-m", "mtl_cog.cli.train", "--config", str(args.config), *overrides])
         logs.append(out / f"run_{i:02d}.log")
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)  # a file or a read-only folder: one error line
     print(f"sweep of {len(combos)} runs in {out}", flush=True)
     codes = run_all(commands, logs, args.parallel)
 

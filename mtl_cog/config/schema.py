@@ -12,11 +12,63 @@ the whole ``Config``.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from mtl_cog.constants import DEFAULT_BINS
 from mtl_cog.errors import ConfigError
+
+# Adam (the optimiser of every method) moves each weight by about lr per step: above this a run can
+# only diverge, and a typo (1e3 for 1e-3) should be refused before hours of training.
+MAX_LEARNING_RATE = 10.0
+MAX_SEED = 2**32 - 1  # numpy's and Python's seeding take [0, 2**32 - 1]
+# Calibration errors with more bins than test samples measure noise; the paper reports 5..50.
+# The bound keeps the per-bin arrays small however the count is given (config, --bins).
+MAX_BINS = 10_000
+MAX_HEAD_LATENT_DIM = 1 << 16  # the mlp head is Linear(D, 3Z): larger Z only exhausts memory
+
+
+def check_seed(value: int, key: str) -> None:
+    if not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{key} must be an integer in [0, {MAX_SEED}] (2**32 - 1). Got {value}.")
+
+
+def check_bins(bins: list[int], key: str) -> None:
+    """A non-empty list of bin counts in [1, MAX_BINS]; used by ``eval.bins`` and the CLIs' ``--bins``."""
+    if not bins or any(not 1 <= b <= MAX_BINS for b in bins):
+        raise ConfigError(f"{key} must be a non-empty list of integers in [1, {MAX_BINS}]. Got {bins}.")
+
+
+def check_learning_rate(value: float, key: str, zero_allowed: bool = False) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number. Got {value}.")
+    if value < 0 or (value == 0 and not zero_allowed):
+        raise ConfigError(f"{key} must be {'>= 0' if zero_allowed else '> 0'}. Got {value}.")
+    if value > MAX_LEARNING_RATE:
+        raise ConfigError(f"{key} must be <= {MAX_LEARNING_RATE} (Adam moves every weight by about that much "
+                          f"per step). Got {value}.")
+
+
+def check_folder_name(value: str, key: str) -> None:
+    """``value`` names one folder inside its parent: no separator, not '.' or '..', printable, not too long."""
+    problem = None
+    if value in ("", ".", ".."):
+        problem = "it must name a folder"
+    elif "/" in value or (os.altsep and os.altsep in value) or os.sep in value:
+        problem = "it must be a single folder name, without '/' (put the parent folder in output_dir)"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+        problem = "it must not contain control characters (newlines, tabs, NUL)"
+    elif len(value.encode()) > 255:
+        problem = "it is longer than the 255 bytes a folder name may have"
+    if problem:
+        raise ConfigError(f"{key} {value!r} is not usable: {problem}.")
+
+
+def check_path_text(value: str | None, key: str) -> None:
+    if value is not None and "\0" in value:
+        raise ConfigError(f"{key} must not contain a NUL character. Got {value!r}.")
 
 
 @dataclass
@@ -60,7 +112,10 @@ class DataConfig:
             raise ConfigError(f"data.max_samples must be a positive integer or null. Got {self.max_samples}.")
         if self.image_size < 8 or self.image_size > 512:
             raise ConfigError(f"data.image_size must be in [8, 512]. Got {self.image_size}.")
+        check_path_text(self.root, "data.root")
+        check_path_text(self.cache_dir, "data.cache_dir")
         self.synthetic.validate()
+        check_seed(self.synthetic.seed, "data.synthetic.seed")
 
 
 @dataclass
@@ -78,8 +133,12 @@ class ModelConfig:
             raise ConfigError("model.backbone must name a timm model.")
         if not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"model.drop_rate must be in [0, 1). Got {self.drop_rate}.")
-        if self.head_latent_dim < 0:
-            raise ConfigError(f"model.head_latent_dim must be >= 0. Got {self.head_latent_dim}.")
+        if not 0 <= self.head_latent_dim <= MAX_HEAD_LATENT_DIM:
+            raise ConfigError(
+                f"model.head_latent_dim must be in [0, {MAX_HEAD_LATENT_DIM}]. Got {self.head_latent_dim}."
+            )
+        if any(not isinstance(key, str) for key in self.timm_kwargs):
+            raise ConfigError(f"model.timm_kwargs keys must be argument names (strings). Got {self.timm_kwargs}.")
 
 
 @dataclass
@@ -122,10 +181,8 @@ class OptimConfig:
     lr_gamma: float = 0.1
 
     def validate(self, has_leader: bool) -> None:
-        for key in ("follower_lr", "leader_lr"):
-            value = getattr(self, key)
-            if value < 0 or (key == "follower_lr" and value == 0):
-                raise ConfigError(f"optim.{key} must be > 0. Got {value}.")
+        check_learning_rate(self.follower_lr, "optim.follower_lr")
+        check_learning_rate(self.leader_lr, "optim.leader_lr", zero_allowed=True)  # 0 = a frozen leader
         if has_leader and self.leader_lr >= self.follower_lr and not self.allow_leader_lr_geq_follower:
             raise ConfigError(
                 f"optim.leader_lr ({self.leader_lr}) must be smaller than optim.follower_lr "
@@ -178,8 +235,7 @@ class EvalConfig:
     selection_metric: str = "brier"  # mean over tasks on validation; lower is better
 
     def validate(self) -> None:
-        if not self.bins or any(b <= 0 for b in self.bins):
-            raise ConfigError(f"eval.bins must be a non-empty list of positive integers. Got {self.bins}.")
+        check_bins(self.bins, "eval.bins")
         if self.selection_metric not in ("brier", "nll", "accuracy"):
             raise ConfigError(
                 f"eval.selection_metric must be one of brier, nll, accuracy. Got {self.selection_metric!r}."
@@ -245,6 +301,10 @@ class Config:
             raise ConfigError(f"tracking must be 'wandb' or 'none'. Got {self.tracking!r}.")
         if not self.output_dir:
             raise ConfigError("output_dir must not be empty.")
+        check_path_text(self.output_dir, "output_dir")
+        if self.run_name is not None:  # a single folder name: a run never writes outside output_dir
+            check_folder_name(self.run_name, "run_name")
+        check_seed(self.seed, "seed")
         self.data.validate()
         self.model.validate()
         self.method.validate()

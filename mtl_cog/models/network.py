@@ -22,6 +22,10 @@ def create_backbone(cfg: ModelConfig) -> nn.Module:
         close = difflib.get_close_matches(cfg.backbone, timm.list_models(), n=5, cutoff=0.6)
         hint = f" Close matches: {', '.join(close)}." if close else " See timm.list_models()."
         raise ConfigError(f"model.backbone: unknown timm model {cfg.backbone!r}.{hint}")
+    if cfg.pretrained and not timm.is_model_pretrained(cfg.backbone):
+        # timm would only warn and go on with random weights: a setting that did not take effect
+        raise ConfigError(f"model.pretrained=true: timm has no pretrained weights for {cfg.backbone!r}. Set "
+                          "model.pretrained=false, or choose a model from timm.list_models(pretrained=True).")
     kwargs = dict(cfg.timm_kwargs)
     if cfg.drop_rate:
         kwargs["drop_rate"] = cfg.drop_rate
@@ -29,6 +33,15 @@ def create_backbone(cfg: ModelConfig) -> nn.Module:
         backbone = timm.create_model(cfg.backbone, pretrained=cfg.pretrained, num_classes=0, **kwargs)
     except TypeError as err:
         raise ConfigError(f"model.timm_kwargs {cfg.timm_kwargs} not accepted by {cfg.backbone!r}: {err}") from None
+    except Exception as err:  # noqa: BLE001  (downloads fail in many ways: offline, hub errors, a damaged cache)
+        if not cfg.pretrained:
+            raise
+        raise ConfigError(
+            f"model.pretrained=true: the pretrained weights of {cfg.backbone!r} could not be loaded "
+            f"({type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}). "
+            "Without network access, download them once on a machine that has it (they are kept in the "
+            "Hugging Face cache, HF_HOME) and set HF_HUB_OFFLINE=1; or set model.pretrained=false."
+        ) from None
     if cfg.cifar_stem:
         _apply_cifar_stem(backbone, cfg.backbone)
     return backbone

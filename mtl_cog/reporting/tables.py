@@ -33,14 +33,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy.stats import rankdata
 
-from mtl_cog.errors import ReportError
+from mtl_cog.config.loader import load_yaml
+from mtl_cog.errors import ConfigError, ReportError
 from mtl_cog.evaluation.metrics import BASE_METRICS, NORMS, compute_metrics, lower_is_better
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.runs import rundir
+from mtl_cog.runs.task_spec import load_task_spec
 
 RANK_METRICS = ("accuracy", "nll", "brier")
 POSTHOC_PREFIX = rundir.posthoc_predictions_file("test", "")[: -len(".npz")]  # "predictions_test_"
@@ -111,9 +112,9 @@ def _read_config(run_dir: Path) -> dict:
     # written by an older or newer version of the config schema.
     path = run_dir / rundir.CONFIG
     try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ReportError(f"{path} is not valid YAML: {err}") from None
+        config = load_yaml(path.read_text(), str(path))  # refuses alias bombs (mtl_cog.config.loader)
+    except (ConfigError, OSError, UnicodeDecodeError) as err:
+        raise ReportError(str(err) if isinstance(err, ConfigError) else f"{path} cannot be read: {err}") from None
     for key in ("data.task", "method.name", "seed"):
         node = config
         for part in key.split("."):
@@ -123,14 +124,36 @@ def _read_config(run_dir: Path) -> dict:
     return config
 
 
-def _read_metrics_csv(path: Path) -> pd.DataFrame:
+def _read_metrics_csv(path: Path, expected_tasks: list[str] | None = None) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
+        complete = path.read_bytes().endswith(b"\n")
     except Exception as err:  # noqa: BLE001  (pandas raises many parser error types)
         raise ReportError(f"{path} is not a readable CSV: {err}") from None
     if "task" not in frame.columns:
         raise ReportError(f"{path}: missing column 'task' (columns: {', '.join(frame.columns)}).")
+    if not complete:  # every CSV we write ends with a newline: this one was cut short (a partial copy)
+        raise ReportError(f"{path} does not end with a newline: it was cut short. Copy it again, or re-evaluate.")
+    if expected_tasks is not None:
+        _check_complete_run_metrics(path, frame, expected_tasks)
     return frame
+
+
+def _check_complete_run_metrics(path: Path, frame: pd.DataFrame, expected_tasks: list[str]) -> None:
+    """A run's test_metrics.csv: one row per task of its task_spec.json, whose mean is its ``mean`` row."""
+    tasks = [str(t) for t in frame["task"] if t != "mean"]
+    numeric = frame.drop(columns=["task"]).select_dtypes("number")
+    problem = None
+    if sorted(tasks) != sorted(expected_tasks) or "mean" not in set(frame["task"]):
+        problem = f"it has rows for {len(tasks)} of the run's {len(expected_tasks)} tasks (and the mean)"
+    elif numeric.isna().any(axis=None):
+        problem = "it has empty cells"
+    elif not np.allclose(numeric[frame["task"] == "mean"].iloc[0], numeric[frame["task"] != "mean"].mean(),
+                         rtol=1e-6, atol=1e-9):
+        problem = "its mean row is not the mean of its task rows"
+    if problem:
+        raise ReportError(f"{path} is incomplete or damaged: {problem}. Re-create it with scripts/evaluate.py "
+                          f"--run {path.parent}, or copy the run again.")
 
 
 def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
@@ -160,7 +183,9 @@ def load_run_record(run_dir: str | Path) -> RunRecord:
     if test_predictions.is_file():
         record.variants.append(Variant(method, predictions=test_predictions))
     else:
-        record.variants.append(Variant(method, metrics=_read_metrics_csv(run_dir / rundir.TEST_METRICS)))
+        spec = run_dir / rundir.TASK_SPEC  # runs before task_spec.json existed are checked less
+        tasks = list(load_task_spec(spec).task_names) if spec.is_file() else None
+        record.variants.append(Variant(method, metrics=_read_metrics_csv(run_dir / rundir.TEST_METRICS, tasks)))
     record.variants.extend(_posthoc_variants(run_dir, method))
     return record
 

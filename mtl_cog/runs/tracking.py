@@ -18,9 +18,7 @@ from typing import Any
 from accelerate import Accelerator
 
 from mtl_cog.io import append_jsonl, atomic_write_text
-from mtl_cog.runs import rundir
-
-WANDB_ID = "wandb_run_id"  # file in the run folder: the W&B run id, reused on --resume
+from mtl_cog.runs.rundir import METRICS, WANDB_ID
 
 
 def wandb_has_credentials() -> bool:
@@ -95,7 +93,7 @@ class Tracker:
 
     def log_epoch(self, epoch: int, record: dict[str, Any], flat_metrics: dict[str, float]) -> None:
         if self.accelerator.is_main_process:
-            append_jsonl(self.run_dir / rundir.METRICS, {"epoch": epoch, **record})
+            append_jsonl(self.run_dir / METRICS, {"epoch": epoch, **record})
         if self.enabled:
             try:
                 self.accelerator.log(flat_metrics, step=epoch)

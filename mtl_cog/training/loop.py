@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_co
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.errors import RunFolderError, UserError
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
@@ -105,29 +107,55 @@ def is_better(metric: str, value: float, best: float | None) -> bool:
     return value > best if metric == "accuracy" else value < best
 
 
-def open_run_folder(cfg: Config, accelerator: Accelerator, resume_dir: Path | None, overwrite: bool) -> Path:
-    """The run folder: the one being resumed, or a new one (never silently over a previous run)."""
+def open_run_folder(cfg: Config, accelerator: Accelerator, resume_dir: Path | None, overwrite: bool,
+                    held: ExitStack) -> Path:
+    """The run folder: the one being resumed (locked now, into ``held``), or a new one's path (never
+    silently over a previous run; created and locked by ``rundir.create_run_folder`` once the run starts)."""
     if resume_dir is not None:
+        on_main_process(accelerator, lambda: held.enter_context(rundir.open_for_resume(resume_dir)))
         return resume_dir
     # One run name for all processes (timestamps differ between them).
     name = [cfg.run_name or rundir.default_run_name(cfg.data.task, cfg.method.name, cfg.seed)]
     run_name = broadcast_object_list(name)[0] if accelerator.num_processes > 1 else name[0]
     run_dir = Path(cfg.output_dir) / run_name
+    rundir.check_output_dir(Path(cfg.output_dir))
     rundir.check_new_run(run_dir, overwrite)  # on every process, so all stop together
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process and overwrite:
-        rundir.clear_run(run_dir)
     return run_dir
+
+
+def on_main_process(accelerator: Accelerator, action: Callable[[], object]) -> None:
+    """Run ``action`` on the main process only; a ``UserError`` there stops every process with its message."""
+    error = None
+    if accelerator.is_main_process:
+        try:
+            action()
+        except UserError as err:
+            error = err
+    message = str(error) if error is not None else None
+    if accelerator.num_processes > 1:
+        message = broadcast_object_list([message])[0]
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RunFolderError(message)
 
 
 def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         hooks: Hooks | None = None) -> RunResult:
-    """Train, select, evaluate and save one run described by ``cfg``; see the module docstring."""
-    hooks = hooks or Hooks()
+    """Train, select, evaluate and save one run described by ``cfg``; see the module docstring.
+
+    The run folder is locked (``mtl_cog.runs.lock``) while ``fit`` writes into it, and unlocked
+    however ``fit`` ends (a killed run leaves a stale lock, which the next ``--resume`` takes over).
+    """
+    with ExitStack() as held:
+        return _fit(cfg, resume_dir, overwrite, hooks or Hooks(), held)
+
+
+def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, held: ExitStack) -> RunResult:
     check_registered_names(cfg)  # a misspelt head or loss fails now, not after hours of stage one
     accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision)
     set_seed(cfg.seed)
-    run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite)
+    run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite, held)
     saved_cfg = load_config(run_dir / rundir.CONFIG) if resume_dir is not None else None
     if saved_cfg is not None:  # refused changes stop here, before config.yaml is rewritten
         resume_settings.check_changes(resume_settings.changed_settings(saved_cfg, cfg))
@@ -149,8 +177,9 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
     optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
     prepared, optimizer = accelerator.prepare(network, optimizer)
-    if accelerator.is_main_process:  # only now: bad data or a bad model name leave no half-made run folder
-        run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_dir is None:  # only now: bad data or a bad model name leave no half-made run folder
+        on_main_process(accelerator, lambda: held.enter_context(rundir.create_run_folder(run_dir, overwrite)))
+    if accelerator.is_main_process:
         save_config(cfg, run_dir / rundir.CONFIG)
         save_task_spec(spec, run_dir / rundir.TASK_SPEC)
         atomic_write_json(run_dir / rundir.PARAMS, {"counts": counts, "leader": cfg.method.leader})
