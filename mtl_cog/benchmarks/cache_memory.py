@@ -1,7 +1,7 @@
 """Resident memory of a CelebA-sized cache read for a whole epoch, above the model's own. Target <= 1 GiB.
 
 The cache is memory-mapped: an epoch touches every page of 202,599 x 3 x 32 x 32 uint8 images
-(~597 MiB), but the kernel may drop clean pages again, so training should never hold the data
+(~594 MiB), but the kernel may drop clean pages again, so training should never hold the data
 set in private memory. Three fresh processes (peak RSS is per process and only grows):
 
 - ``build``: writes the cache (``mtl_cog.data.cache.write_cache``) from random images;
