@@ -107,6 +107,8 @@ def test_step_ratio_builds_each_method_from_its_config():
     (["--cache-images", "2"], "--cache-images must be >= 3"),
     (["--image-size", "4"], r"--image-size must be in \[8, 512\]"),
     (["--profile", "-1"], "--profile must be >= 0"),
+    (["--backbone", "resnet_5000"], "--backbone: unknown timm model 'resnet_5000'"),
+    (["--throughput-backbones", "resnet18,resnt50"], "--throughput-backbones: unknown timm model 'resnt50'"),
 ])
 def test_bad_requests_are_refused_before_measuring(monkeypatch, argv, message):
     def must_not_run(*args, **kwargs):

@@ -8,6 +8,7 @@ library's step, the one ``train_one_epoch`` runs) are timed on.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import resource
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import timm
 import torch
 from accelerate import Accelerator
 
@@ -25,6 +27,7 @@ from mtl_cog.models.network import build_network
 from mtl_cog.objectives import build_objective
 from mtl_cog.training import step as training_step
 from mtl_cog.training.optim import build_optimizer
+from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.speed import apply_speed_options
 
 NUM_TASKS = 40  # CelebA's attributes: the multi-task setting the speed targets are stated for
@@ -53,6 +56,14 @@ class Workload:
         return dataclasses.asdict(self)
 
 
+def check_backbone(name: str, flag: str) -> None:
+    """Refuse a backbone timm does not know before anything runs (``create_backbone`` would, but later)."""
+    if name not in timm.list_models():
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+        hint = f" Close matches: {', '.join(close)}." if close else " See timm.list_models()."
+        raise ConfigError(f"{flag}: unknown timm model {name!r}.{hint}")
+
+
 def available_methods(methods_dir: Path) -> list[str]:
     return sorted(p.stem for p in methods_dir.glob("*.yaml"))
 
@@ -77,6 +88,7 @@ def method_config(methods_dir: Path, name: str, workload: Workload, overrides: l
                                   channels_last=workload.channels_last, compile=workload.compile),
     )
     cfg.validate()  # the workload's values pass the same checks as a config file's
+    check_registered_names(cfg)  # an unregistered loss, head or calibrator fails before anything is timed
     return cfg
 
 

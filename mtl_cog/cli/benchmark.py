@@ -39,7 +39,7 @@ import torch
 
 from mtl_cog.benchmarks.cache_memory import celeba_proportions, measure_cache_memory
 from mtl_cog.benchmarks.calibrated_time import measure_calibrated_time
-from mtl_cog.benchmarks.common import CELEBA_SPLITS, Workload, method_config, peak_rss_bytes
+from mtl_cog.benchmarks.common import CELEBA_SPLITS, Workload, check_backbone, method_config, peak_rss_bytes
 from mtl_cog.benchmarks.epoch_check import epoch_check
 from mtl_cog.benchmarks.eval_cost import measure_eval
 from mtl_cog.benchmarks.loader import MIN_JPEG_IMAGES, measure_loader
@@ -159,6 +159,10 @@ def check_request(args: argparse.Namespace, workload: Workload) -> None:
         raise ConfigError(f"--profile must be >= 0 (steps to profile). Got {args.profile}.")
     if args.jpeg_images is not None and args.jpeg_images < MIN_JPEG_IMAGES:
         raise ConfigError(f"--jpeg-images must be >= {MIN_JPEG_IMAGES} (80/10/10 partition). Got {args.jpeg_images}.")
+    check_backbone(workload.backbone, "--backbone")
+    if not args.epoch_check and "throughput" not in args.skip:
+        for backbone in throughput_backbones(args):
+            check_backbone(backbone, "--throughput-backbones")
     if args.cache_images is not None:
         celeba_proportions(args.cache_images)  # refuses fewer images than splits
     if not args.epoch_check and "steps" not in args.skip:
@@ -172,17 +176,20 @@ def check_request(args: argparse.Namespace, workload: Workload) -> None:
             raise ConfigError(f"--out {args.out}: the folder {folder} does not exist or is not writable.")
 
 
+def throughput_backbones(args: argparse.Namespace) -> list[str]:
+    if args.throughput_backbones is not None:
+        return args.throughput_backbones
+    return ["cog_cnn_tiny"] if args.quick else ["resnet18"]
+
+
 def sections(args: argparse.Namespace, workload: Workload, work: Path) -> dict[str, Callable[[], dict]]:
     sizes = QUICK if args.quick else FULL
-    extra_backbones = args.throughput_backbones
-    if extra_backbones is None:
-        extra_backbones = ["cog_cnn_tiny"] if args.quick else ["resnet18"]
     return {
         "steps": lambda: measure_step_ratios(workload, METHODS_DIR, args.methods, args.steps or sizes.steps,
                                              sizes.warmup, args.profile),
         "throughput": lambda: {"throughput": [
             measure_throughput(workload.with_backbone(b), METHODS_DIR, sizes.throughput_steps)
-            for b in extra_backbones]},
+            for b in throughput_backbones(args)]},
         "loader": lambda: measure_loader(work, args.jpeg_images or sizes.jpeg_images, workload.image_size,
                                          workload.batch_size, sizes.torchvision_epochs, sizes.cached_seconds),
         "calibrated": lambda: measure_calibrated_time(workload, METHODS_DIR, work / "calibrated", sizes.cal_train,
