@@ -56,6 +56,9 @@ def test_quick_benchmark_writes_every_figure(tmp_path, capsys):
     # the ratio is what it says: COG-FC over baseline + post-hoc TS + TST's second stage
     parts = result["baseline_train_seconds"] + result["posthoc_ts_seconds"] + result["tst_second_stage_seconds"]
     assert result["calibrated_model_time_ratio"] == pytest.approx(result["cog_fc_seconds"] / parts)
+    cpu = result["cpu_seconds"]  # the same parts in CPU seconds (on the CPU)
+    assert result["calibrated_model_cpu_time_ratio"] == pytest.approx(
+        cpu["cog_fc"] / (cpu["baseline"] + cpu["posthoc_ts"] + cpu["tst_second_stage"]))
     # TST's second stage is the registered mlp head (Z = 64 from configs/methods/tst.yaml) on the frozen backbone
     tst = result["tst_second_stage"]
     assert tst["head"] == "MLPHeads" and tst["registry_name"] == "mlp" and tst["latent_dim"] == 64
