@@ -220,6 +220,8 @@ class Config:
     run_name: str | None = None  # default: <task>-<method>-seed<seed>-<timestamp>
     tracking: str = "wandb"  # wandb (offline when no credentials) | none
     wandb_project: str = "mtl_cog"
+    wandb_group: str | None = None  # W&B group: the runs of one sweep / reproduction share it (docs/tracking.md)
+    wandb_job_type: str | None = None  # W&B job_type, e.g. "sweep" or "reproduce"; None = W&B's default
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
@@ -233,6 +235,10 @@ class Config:
             raise ConfigError(f"tracking must be 'wandb' or 'none'. Got {self.tracking!r}.")
         if not self.output_dir:
             raise ConfigError("output_dir must not be empty.")
+        for key in ("wandb_group", "wandb_job_type"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ConfigError(f"{key} must be a non-empty string or null. Got {value!r}.")
         self.data.validate()
         self.model.validate()
         self.method.validate()
