@@ -129,7 +129,11 @@ class Tracker:
             return
         init = {"name": run_name, "dir": str(run_dir), "id": self._run_id(), "resume": "allow", "group": group,
                 "job_type": job_type}
-        reason = offline_reason() if accelerator.is_main_process else None  # only the main process starts W&B
+        try:
+            reason = offline_reason() if accelerator.is_main_process else None  # only the main process starts W&B
+        except Exception as err:  # noqa: BLE001  (e.g. a malformed W&B setting: W&B's own start will say it)
+            warnings.warn(f"could not check W&B's settings ({err}); trying to start W&B anyway.", stacklevel=2)
+            reason = None
         if reason is not None:
             accelerator.print(f"W&B offline: {reason}. Upload later with `wandb sync {run_dir / 'wandb'}`.")
             init["mode"] = "offline"
