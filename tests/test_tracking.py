@@ -112,7 +112,7 @@ def test_a_failed_online_start_writes_a_real_offline_run_with_the_same_id(tmp_pa
     finally:
         server.close()
     assert out["enabled"]
-    assert any("W&B could not start" in w and "logging offline" in w for w in out["warnings"]), out["warnings"]
+    assert any("W&B could not start" in w and "retrying offline" in w for w in out["warnings"]), out["warnings"]
     assert not any("in use" in w for w in out["warnings"])
     _assert_one_complete_offline_run(tmp_path / "run")
 

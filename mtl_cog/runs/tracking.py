@@ -135,7 +135,7 @@ class Tracker:
             warnings.warn(f"could not check W&B's settings ({err}); trying to start W&B anyway.", stacklevel=2)
             reason = None
         if reason is not None:
-            accelerator.print(f"W&B offline: {reason}. Upload later with `wandb sync {run_dir / 'wandb'}`.")
+            accelerator.print(f"W&B offline: {reason}. Upload later with `wandb sync {run_dir / 'wandb'}/offline-run-*`.")
             init["mode"] = "offline"
         try:
             accelerator.init_trackers(project, config=config, init_kwargs={"wandb": init})
@@ -152,8 +152,8 @@ class Tracker:
     def _start_offline(self, project: str, config: dict[str, Any], init: dict[str, Any], err: Exception) -> bool:
         import wandb
 
-        warnings.warn(f"W&B could not start ({err}); logging offline instead (upload later with "
-                      f"`wandb sync {self.run_dir / 'wandb'}`).", stacklevel=3)
+        warnings.warn(f"W&B could not start ({err}); retrying offline (upload later with "
+                      f"`wandb sync {self.run_dir / 'wandb'}/offline-run-*`).", stacklevel=3)
         self.accelerator.trackers = []
         # The failed start keeps the run id registered in W&B's service process, so a retry in
         # the same process fails with "run ID ... is in use": shut the service down first.
