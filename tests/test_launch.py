@@ -89,8 +89,9 @@ def test_user_error_is_one_line_without_traceback(tmp_path):
 
 
 def test_calibration_drift_script_reports_fitted_temperatures(tmp_path):
-    result = subprocess.run([sys.executable, "scripts/calibration_drift.py", f"output_dir={tmp_path}",
-                             "--config", "configs/synthetic/baseline.yaml", "--every", "1", "train.epochs=2",
+    result = subprocess.run([sys.executable, "scripts/calibration_drift.py",
+                             "--config", "configs/synthetic/baseline.yaml", "--every", "1", f"output_dir={tmp_path}",
+                             "train.epochs=2",
                              "model.backbone=cog_cnn_tiny",
                              "data.synthetic.train_size=96", "data.synthetic.num_attributes=3"],
                             cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -453,7 +453,7 @@ def test_wandb_failure_falls_back_to_offline(tmp_path, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tracker = Tracker(accelerator, tmp_path, "p", "r", {})
-    assert tracker.enabled and calls == [("online", None), ("offline", "offline")]
+    assert tracker.enabled and calls == [("online", None), ("online", "offline")]  # the retry asks W&B for offline
     assert any("retrying offline" in str(w.message) for w in caught)
     run_id = (tmp_path / "wandb_run_id").read_text()
     assert Tracker(accelerator, tmp_path, "p", "r", {}) and (tmp_path / "wandb_run_id").read_text() == run_id

@@ -288,6 +288,8 @@ class Config:
     run_name: str | None = None  # default: <task>-<method>-seed<seed>-<timestamp>
     tracking: str = "wandb"  # wandb (offline when no credentials) | none
     wandb_project: str = "mtl_cog"
+    wandb_group: str | None = None  # W&B group: the runs of one sweep / reproduction share it (docs/tracking.md)
+    wandb_job_type: str | None = None  # W&B job_type, e.g. "sweep" or "reproduce"; None = W&B's default
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
@@ -305,6 +307,10 @@ class Config:
         if self.run_name is not None:  # a single folder name: a run never writes outside output_dir
             check_folder_name(self.run_name, "run_name")
         check_seed(self.seed, "seed")
+        for key in ("wandb_group", "wandb_job_type"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ConfigError(f"{key} must be a non-empty string or null. Got {value!r}.")
         self.data.validate()
         self.model.validate()
         self.method.validate()

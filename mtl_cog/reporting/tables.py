@@ -47,8 +47,8 @@ RANK_METRICS = ("accuracy", "nll", "brier")
 POSTHOC_PREFIX = rundir.posthoc_predictions_file("test", "")[: -len(".npz")]  # "predictions_test_"
 ID_COLUMNS = ["dataset", "method", "seed", "run", "task"]
 # Keys that do not change what a run computes; differences elsewhere between runs grouped together warn.
-_IRRELEVANT_KEYS = {"seed", "run_name", "output_dir", "tracking", "wandb_project", "data.root", "data.cache_dir",
-                    "data.download", "train.eval_batch_size", "train.log_every_steps"}
+_IRRELEVANT_KEYS = {"seed", "run_name", "output_dir", "tracking", "wandb_project", "wandb_group", "wandb_job_type",
+                    "data.root", "data.cache_dir", "data.download", "train.eval_batch_size", "train.log_every_steps"}
 
 
 @dataclass

@@ -16,6 +16,7 @@ the spec from the data set under ``data.root``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,8 +42,12 @@ ImageBatch = np.ndarray | torch.Tensor | Image.Image | Sequence[Image.Image]
 
 
 def load_network(cfg: Config, spec: TaskSpec, run_dir: Path) -> torch.nn.Module:
-    """The run's best network (for two-stage methods: with its second-stage head), on the CPU, eval mode."""
-    network = build_network(cfg.model, cfg.method, spec.layout)
+    """The run's best network (for two-stage methods: with its second-stage head), on the CPU, eval mode.
+
+    Built with ``pretrained=False``: the checkpoint holds every weight, so a run that started from
+    pretrained weights opens offline without fetching them again.
+    """
+    network = build_network(dataclasses.replace(cfg.model, pretrained=False), cfg.method, spec.layout)
     if cfg.two_stage.enabled:  # TST / V-TST: the checkpoint holds the second-stage head
         network = attach_second_stage_head(network, cfg.two_stage, spec.layout)
     load_model(run_dir / rundir.BEST_MODEL, network)

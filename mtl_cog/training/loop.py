@@ -15,6 +15,7 @@ at any moment; the data flow of one step and of one evaluation is in ``docs/arch
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -184,7 +185,8 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         save_task_spec(spec, run_dir / rundir.TASK_SPEC)
         atomic_write_json(run_dir / rundir.PARAMS, {"counts": counts, "leader": cfg.method.leader})
     accelerator.wait_for_everyone()
-    tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict())
+    tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict(), group=cfg.wandb_group,
+                      job_type=cfg.wandb_job_type)
     model = accelerator.unwrap_model(prepared)
 
     stage_one_best = run_dir / rundir.STAGE_ONE_MODEL
@@ -196,6 +198,8 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
                          stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL),
     )
     progress = restore_stage(accelerator, stage_one)
+    if accelerator.is_main_process:
+        replay_to_tracker(tracker, stage_one.files.metrics)
     if saved_cfg is not None:
         apply_resumed_settings(accelerator, saved_cfg, cfg, stage_one, progress, run_dir)
     best_epoch = run_stage(accelerator, stage_one, progress, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
@@ -216,11 +220,13 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         results[split_name] = score(predictions, cfg.eval.bins)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
-    tracker.log_epoch(
-        cfg.train.epochs + 1,
-        {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
+    # The best network's numbers: one value per key, in the W&B run summary (never a one-point
+    # chart at an invented step); metrics.jsonl keeps its final line.
+    tracker.log_final(
+        {"epoch": cfg.train.epochs + 1, "final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
          "calibrator_at_identity": calibrator_at_identity},
-        flatten_metrics("test", results["test"]),
+        {**flatten_metrics("val", results["val"]), **flatten_metrics("test", results["test"]),
+         "best_epoch": best_epoch, "calibrator_at_identity": calibrator_at_identity},
     )
     report = None
     if accelerator.is_main_process:
@@ -330,12 +336,10 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
     if tracker is not None:
         record = {"train_loss": stats["loss"], "lr": lrs, "val": mean, "best_epoch": best_epoch,
                   "nonfinite_skipped": stats["skipped"]}
-        flat = {"train/loss": stats["loss"], **{f"lr/{k}": v for k, v in lrs.items()},
-                **flatten_metrics("val", val_metrics)}
         if calibrator is not None:
             record["calibrator"] = {"summary": calibrator.summary, "tasks": calibrator.by_task}
-            flat.update(calibrator.wandb_values())
-        tracker.log_epoch(epoch, {**record, "val_tasks": val_metrics["tasks"]}, flat)
+        record["val_tasks"] = val_metrics["tasks"]
+        tracker.log_epoch(epoch, record, wandb_row(record))
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
     else:
         if accelerator.is_main_process:
@@ -348,6 +352,22 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
     )
     if calibrator is not None:
         accelerator.print(f"           calibrator: {calibrator.one_line()}")
+
+
+def wandb_row(record: dict) -> dict[str, float]:
+    """The W&B history row of one stage-one ``metrics.jsonl`` line: the same row live and on ``--resume``."""
+    row = {"train/loss": record["train_loss"], **{f"lr/{k}": v for k, v in record["lr"].items()},
+           **flatten_metrics("val", {"tasks": record.get("val_tasks", {}), "mean": record["val"]})}
+    if "calibrator" in record:
+        row.update(CalibratorRecord(record["calibrator"]["tasks"], record["calibrator"]["summary"]).wandb_values())
+    return row
+
+
+def replay_to_tracker(tracker: Tracker, metrics_path: Path) -> None:
+    """The epochs of ``metrics.jsonl`` (as repaired by ``restore_stage``) that W&B lacks, on ``--resume``."""
+    if tracker.enabled and metrics_path.exists():
+        lines = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        tracker.replay({line["epoch"]: wandb_row(line) for line in lines if not line.get("final")})
 
 
 def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, objective: nn.Module,

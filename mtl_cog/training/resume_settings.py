@@ -27,7 +27,7 @@ APPLIED = {
     "optim.allow_leader_lr_geq_follower",
     "train.epochs", "train.save_every_steps", "train.log_every_steps", "train.nonfinite", "train.eval_batch_size",
     "train.precision", "train.channels_last", "train.compile", "train.images_on_device",
-    "tracking", "wandb_project",
+    "tracking", "wandb_project", "wandb_group", "wandb_job_type",
 }
 
 
