@@ -135,7 +135,8 @@ class Tracker:
             warnings.warn(f"could not check W&B's settings ({err}); trying to start W&B anyway.", stacklevel=2)
             reason = None
         if reason is not None:
-            accelerator.print(f"W&B offline: {reason}. Upload later with `wandb sync {run_dir / 'wandb'}/offline-run-*`.")
+            accelerator.print(f"W&B offline: {reason}. "
+                              f"Upload later with `wandb sync {run_dir / 'wandb'}/offline-run-*`.")
             init["mode"] = "offline"
         try:
             accelerator.init_trackers(project, config=config, init_kwargs={"wandb": init})
