@@ -19,7 +19,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from mtl_cog.errors import DataError, UserError
 from mtl_cog.registry import Registry
 
 

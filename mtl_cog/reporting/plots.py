@@ -413,7 +413,8 @@ def truth_figure(summary: pd.DataFrame, dataset: str, bins: int = 15) -> Figure:
 IDENTITY = {"temperature": 1.0, "scale": 1.0, "bias": 0.0}
 
 
-def calibrator_figure(trajectories: pd.DataFrame, dataset: str, identity_flags: dict[str, bool] | None = None) -> Figure:
+def calibrator_figure(trajectories: pd.DataFrame, dataset: str,
+                      identity_flags: dict[str, bool] | None = None) -> Figure:
     """Per calibrator parameter (a row): the last epoch's value per task, and the values over epochs.
 
     ``trajectories``: columns method, seed, epoch, parameter, task, value (mtl_cog.reporting.trajectories).

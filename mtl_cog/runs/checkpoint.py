@@ -8,7 +8,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from mtl_cog.errors import CheckpointError, UserError
+from mtl_cog.errors import CheckpointError
 from mtl_cog.io import atomic_write
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from mtl_cog.config import Config, load_config
-from mtl_cog.errors import RunFolderError, UserError
+from mtl_cog.errors import RunFolderError
 
 CONFIG = "config.yaml"  # the resolved config (what ran)
 METRICS = "metrics.jsonl"  # one line per epoch, then one final line
