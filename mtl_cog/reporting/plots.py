@@ -483,6 +483,7 @@ def worst_tasks_figure(per_task: pd.DataFrame, dataset: str, metric: str = "ece@
         ax.barh(y, mine[metric], xerr=None if std is None else std.fillna(0), color=colors[method],
                 ecolor="0.35", capsize=1.5, height=0.7)
         ax.set_yticks(y, mine["task"], fontsize=8)
+        ax.tick_params(labelbottom=True)  # a shared axis, but every panel is read on its own
         ax.set_title(method, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     for ax in axes.reshape(-1)[len(methods):]:

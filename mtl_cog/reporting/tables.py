@@ -40,6 +40,7 @@ from mtl_cog.errors import ReportError
 from mtl_cog.evaluation.metrics import BASE_METRICS, NORMS, compute_metrics, lower_is_better
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.evaluation.truth import truth_metrics
+from mtl_cog.progress import track
 from mtl_cog.runs import rundir
 
 RANK_METRICS = ("accuracy", "nll", "brier")
@@ -279,7 +280,7 @@ def score_variant(variant: Variant, bins: list[int]) -> pd.DataFrame:
 
 def score_runs(records: list[RunRecord], bins: list[int]) -> pd.DataFrame:
     frames = []
-    for record in records:
+    for record in track(records, "compare: scoring runs"):
         for variant in record.variants:
             frame = score_variant(variant, bins)
             frame.insert(0, "run", str(record.run_dir))
