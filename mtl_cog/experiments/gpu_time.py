@@ -18,7 +18,8 @@ The throughput (training images/s of one run) comes from, in this order:
    applies to runs of the same backbone; another image size is scaled by the pixel count
    (a conv net's FLOPs per image are proportional to H x W);
 2. otherwise the stated defaults below: ResNet-101 training on **one H100-class GPU** (bf16
-   autocast, channels_last, images on the GPU), which are estimates, not measurements;
+   autocast, channels_last, images on the GPU), which are estimates, not measurements; a run
+   with ``train.precision=no`` (fp32, the shipped configs' setting) is assumed half as fast;
 3. the CPU-scale runs of ``scripts/reproduce.py`` (tiny CNN, 16 px): a rate measured on this
    project's 2-core development machine with one torch thread per run.
 
@@ -51,7 +52,10 @@ DEFAULT_GPU_RATES = {  # (image size, cifar_stem) -> training images/s of ResNet
     (64, True): 1600.0,
     (224, False): 2500.0,
 }
-DEFAULT_GPU = "ResNet-101, one H100-class GPU, bf16 (stated default, not measured)"
+DEFAULT_GPU = "ResNet-101, one H100-class GPU (stated default, not measured)"
+# Relative speed by train.precision: fp32 matmuls run as TF32 on such GPUs, about half the bf16
+# rate for ResNets (assumed). Applied to the defaults, and to a measurement of another precision.
+PRECISION_SPEED = {"bf16": 1.0, "fp16": 1.0, "no": 0.5}
 # Measured: scripts/reproduce.py runs (cog_cnn_tiny, 16 px, batch 64, one torch thread, 2-core
 # machine shared with other jobs, load ~9): digits COG-TS 15 epochs 31.5 s, synthetic COG-TS 30 epochs 76.4 s wall.
 CPU_TINY_RATE = 600.0  # training images/s, cog_cnn_tiny at 16 px, one CPU core (fitted to the two runs below)
@@ -65,6 +69,7 @@ class Throughput:
     backbone: str
     image_size: int
     source: str
+    precision: str = "bf16"  # the train.precision it was measured with
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ class RunEstimate:
 
 
 def read_gpu_check(path: Path) -> Throughput | None:
-    """The throughput in a gpu_check.json, or None if the file lacks a usable one."""
+    """The throughput in a gpu_check.json, or None if the file lacks a usable one (see the module docstring)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -92,7 +97,8 @@ def read_gpu_check(path: Path) -> Throughput | None:
     if not isinstance(backbone, str) or not isinstance(size, int) or size <= 0:
         return None
     where = ", ".join(str(data[k]) for k in ("device", "precision") if data.get(k))
-    return Throughput(float(rate), backbone, size, f"measured in {path}" + (f" ({where})" if where else ""))
+    precision = data.get("precision") if data.get("precision") in PRECISION_SPEED else "bf16"
+    return Throughput(float(rate), backbone, size, f"measured in {path}" + (f" ({where})" if where else ""), precision)
 
 
 def find_gpu_check(given: Path | None, clone: Path) -> Throughput | None:
@@ -112,17 +118,21 @@ def find_gpu_check(given: Path | None, clone: Path) -> Throughput | None:
 def training_rate(cfg: Config, measured: Throughput | None) -> tuple[float, str, bool]:
     """-> (training images/s for this run, where that number comes from, whether it is a CPU rate)."""
     size, backbone = cfg.data.image_size, cfg.model.backbone
+    speed = PRECISION_SPEED.get(cfg.train.precision, 1.0)
     if measured is not None and measured.backbone == backbone:
-        rate = measured.images_per_s * (measured.image_size / size) ** 2
+        rate = measured.images_per_s * (measured.image_size / size) ** 2 * speed / PRECISION_SPEED[measured.precision]
         scaled = "" if measured.image_size == size else f", scaled from {measured.image_size} px by pixel count"
+        if cfg.train.precision != measured.precision:
+            scaled += f", x{speed / PRECISION_SPEED[measured.precision]:g} for precision {cfg.train.precision}"
         return rate, f"{measured.source}{scaled}", False
     if backbone in CPU_BACKBONES:
         base = CPU_TINY_RATE * (1.0 if backbone == "cog_cnn_tiny" else CPU_SMALL_FACTOR)
         rate = base * (CPU_BACKBONES[backbone] / size) ** 2
         return rate, f"{backbone}, one CPU core (measured on the 2-core development machine)", True
     key = min(DEFAULT_GPU_RATES, key=lambda k: (k[1] != cfg.model.cifar_stem, abs(math.log(k[0] / size))))
-    rate = DEFAULT_GPU_RATES[key] * (key[0] / size) ** 2
+    rate = DEFAULT_GPU_RATES[key] * (key[0] / size) ** 2 * speed
     note = DEFAULT_GPU if backbone == "resnet101" else f"{DEFAULT_GPU}; no rate known for {backbone}, ResNet-101's used"
+    note += f", precision {cfg.train.precision}" + (" (TF32: x0.5 of bf16, assumed)" if speed != 1.0 else "")
     if key[0] != size:
         note += f", scaled from {key[0]} px by pixel count"
     return rate, note, False

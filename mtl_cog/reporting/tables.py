@@ -36,6 +36,7 @@ import pandas as pd
 import yaml
 from scipy.stats import rankdata
 
+from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.errors import ReportError
 from mtl_cog.evaluation.metrics import BASE_METRICS, NORMS, compute_metrics, lower_is_better
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
@@ -480,6 +481,18 @@ def summary_latex(summary: pd.DataFrame, bins: int) -> str:
                   f"(mean over tasks), average rank over accuracy, NLL and Brier; bold: top-ranked.}}",
                   body.rstrip(), "\\end{table}", ""]
     return "\n".join(parts)
+
+
+WORST_TASKS_SHOWN = 5
+
+
+def worst_tasks_line(task_metrics: dict[str, dict[str, float]], bins: list[int], k: int = WORST_TASKS_SHOWN) -> str:
+    """The console line after training: the ``k`` worst-calibrated tasks by ECE; "" for a single task."""
+    if len(task_metrics) < 2:
+        return ""
+    n_bins = SUMMARY_BINS if SUMMARY_BINS in bins else bins[0]
+    worst = worst_tasks(task_metrics, f"ece@{n_bins}", k)
+    return f"worst-calibrated tasks (test ECE@{n_bins}): " + ", ".join(f"{task} {value:.4f}" for task, value in worst)
 
 
 def worst_tasks(task_metrics: dict[str, dict[str, float]], metric: str, k: int) -> list[tuple[str, float]]:
