@@ -8,7 +8,7 @@ and return the exit codes in order, printing one line per start and per end (rea
   (``CUDA_VISIBLE_DEVICES``), so two runs never share a GPU whatever order they finish in.
 - ``SubmititLauncher(executor)``: one job per run through submitit (https://github.com/facebookincubator/submitit),
   an existing engine for Slurm (``submitit.AutoExecutor(cluster="slurm")``) that also has a local
-  executor (used by the tests). Each job runs the same command in a subprocess, in the user's
+  executor (used by the tests). Each job runs the same command (``shell_command``) in the user's
   working directory; with ``--gpus-per-run N > 1`` that command is an ``accelerate launch`` with N
   processes of its own. We write no scheduler: submitit submits, polls and cancels.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -63,23 +64,18 @@ def python_module_command(module: str, args: list[str], processes: int = 1, port
             "--main_process_port", str(port), "-m", module, *args]
 
 
-class RunCommand:
-    """The callable a submitit job executes: the run's command in a subprocess, output to its log.
+def shell_command(job: RunJob) -> list[str]:
+    """``job`` as one ``sh -c`` line: cd to the user's folder, set the variables, append all output to the log.
 
-    Module-level and made of plain data so submitit can pickle it; returns the exit code instead of
-    raising, so a failed run is a number in the table, not a lost job.
+    What a submitit job executes (``subprocess.call`` on it, which returns the exit code): only
+    the standard library is unpickled on the node, so a job starts without importing mtl_cog or
+    torch twice, and it keeps the node's own environment (Slurm's GPU and task variables) and
+    adds only ours.
     """
-
-    def __init__(self, job: RunJob) -> None:
-        self.job = job
-
-    def __call__(self) -> int:
-        env = {**os.environ, **dict(self.job.env)}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
-        self.job.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.job.log, "a") as log:
-            return subprocess.run(list(self.job.command), cwd=self.job.cwd, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT).returncode
+    exports = "".join(f"export {key}={shlex.quote(value)}; " for key, value in job.env)
+    script = (f'export PYTHONPATH="$0${{PYTHONPATH:+:$PYTHONPATH}}"; {exports}'
+              f'cd {shlex.quote(str(job.cwd))} && exec "$@" >> {shlex.quote(str(job.log))} 2>&1')
+    return ["/bin/sh", "-c", script, PACKAGE_PARENT, *job.command]
 
 
 class Launcher(Protocol):
@@ -172,8 +168,10 @@ class SubmititLauncher:
 
         if not jobs:
             return []
+        for job in jobs:
+            job.log.parent.mkdir(parents=True, exist_ok=True)
         with self.executor.batch():  # one Slurm job array
-            handles = [self.executor.submit(RunCommand(job)) for job in jobs]
+            handles = [self.executor.submit(subprocess.call, shell_command(job)) for job in jobs]
         index = {id(h): i for i, h in enumerate(handles)}
         start = time.monotonic()
         for i, (job, handle) in enumerate(zip(jobs, handles)):

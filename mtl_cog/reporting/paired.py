@@ -50,8 +50,10 @@ def crossed_bootstrap(differences: np.ndarray, n_resamples: int = N_RESAMPLES, c
     replicates = np.einsum("bs,st,bt->b", w, d, v) / (n_seeds * n_tasks)
     alpha = (1 - confidence) / 2
     low, high = np.quantile(replicates, [alpha, 1 - alpha])
-    mean = float(d.mean())
-    # Rounding can put a constant matrix's quantiles an ulp off its mean: clamp to contain it.
+    # A resampled mean lies within [min, max] of the differences; clipping removes the rounding of
+    # the weighted sums (a constant matrix gets exactly the zero-width interval it has).
+    low, high = np.clip([low, high], d.min(), d.max())
+    mean = float(np.clip(d.mean(), d.min(), d.max()))
     return mean, float(min(low, mean)), float(max(high, mean))
 
 
