@@ -243,3 +243,16 @@ def test_train_dry_run_writes_nothing(capsys, tmp_path, monkeypatch):
     assert "train 7 epochs" in text and "data sizes train/val/test 1,000/1,000/2,000" in text
     assert "estimated time:" in text and "nothing written" in text
     assert list(tmp_path.iterdir()) == []
+
+
+def test_per_class_and_matrix_calibrators_are_read_too(tmp_path):
+    from mtl_cog.reporting.trajectories import calibrator_trajectory
+
+    run = tmp_path / "ms"
+    run.mkdir()
+    line = {"epoch": 1, "val": {"nll": 0.5}, "calibrator": {"summary": {}, "tasks": {
+        "matrix": {"digit": [[1.2, 0.1], [0.0, 0.8]], "attr": [[1.5]]}, "bias": {"digit": [0.1, -0.1], "attr": 0.2}}}}
+    (run / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    table = calibrator_trajectory(run).set_index(["parameter", "task"])["value"]
+    assert table[("matrix (diagonal)", "digit[0]")] == 1.2 and table[("matrix (diagonal)", "digit[1]")] == 0.8
+    assert table[("matrix", "attr")] == 1.5 and table[("bias", "digit[1]")] == -0.1 and table[("bias", "attr")] == 0.2

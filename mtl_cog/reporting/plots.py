@@ -410,7 +410,7 @@ def truth_figure(summary: pd.DataFrame, dataset: str, bins: int = 15) -> Figure:
 # ---------------------------------------------------------------------------------------------
 # The learned calibrator, and the worst-calibrated tasks
 
-IDENTITY = {"temperature": 1.0, "scale": 1.0, "bias": 0.0}
+IDENTITY = {"temperature": 1.0, "scale": 1.0, "bias": 0.0, "matrix": 1.0, "matrix (diagonal)": 1.0}
 
 
 def calibrator_figure(trajectories: pd.DataFrame, dataset: str,

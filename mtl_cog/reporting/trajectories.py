@@ -4,8 +4,8 @@ Every epoch line of stage one carries ``"calibrator": {"summary": ..., "tasks": 
 (written by ``mtl_cog.training.calibrator_view``) and the final line ``"calibrator_at_identity"``.
 A report shows from them
 
-- ``calibrator_table``: per run and task, the learned value of each per-task scalar (temperature,
-  or the scale/bias of a binary task) at the first and last epoch, and whether the run's
+- ``calibrator_table``: per run and task, the learned value of each calibrator parameter
+  (temperature; scale/bias per class; a matrix's diagonal) at the first and last epoch, and whether the run's
   calibrator never left the identity (``calibrator_at_identity``; for runs written before that
   flag existed, recomputed with the same tolerance from the last epoch's values);
 - ``convergence``: whether stage one settled, so that "trained long enough" is checked, not
@@ -26,7 +26,7 @@ import pandas as pd
 from mtl_cog.runs import rundir
 
 IDENTITY_TOLERANCE = 0.01  # as mtl_cog.training.calibrator_view (a higher layer): every value within 0.01 of identity
-IDENTITY_VALUES = {"temperature": 1.0, "scale": 1.0, "bias": 0.0}
+IDENTITY_VALUES = {"temperature": 1.0, "scale": 1.0, "bias": 0.0, "matrix": 1.0, "matrix (diagonal)": 1.0}
 LAST_FRACTION = 0.2
 NLL_PLATEAU = 0.01
 CALIBRATOR_SETTLED = 0.1
@@ -55,9 +55,24 @@ def calibrator_trajectory(run_dir: Path) -> pd.DataFrame:
     for line in epochs:
         for name, per_task in ((line.get("calibrator") or {}).get("tasks") or {}).items():
             for task, value in per_task.items():
-                if isinstance(value, (int, float)):
-                    rows.append({"epoch": line["epoch"], "parameter": name, "task": task, "value": float(value)})
+                for label, parameter, number in _scalars(name, task, value):
+                    rows.append({"epoch": line["epoch"], "parameter": parameter, "task": label, "value": number})
     return pd.DataFrame(rows, columns=["epoch", "parameter", "task", "value"])
+
+
+def _scalars(name: str, task: str, value) -> list[tuple[str, str, float]]:
+    """(task label, parameter, value) of one task's calibrator value: a number, a per-class list
+    (``task[k]``), or a K x K matrix, of which the diagonal is shown (``matrix (diagonal)``)."""
+    array = np.asarray(value, dtype=float)
+    if array.ndim == 0:
+        return [(task, name, float(array))]
+    if array.ndim == 1:
+        return [(f"{task}[{k}]", name, float(v)) for k, v in enumerate(array)] if len(array) > 1 else \
+            [(task, name, float(array[0]))]
+    diagonal = np.diagonal(array)
+    if len(diagonal) == 1:
+        return [(task, name, float(diagonal[0]))]
+    return [(f"{task}[{k}]", f"{name} (diagonal)", float(v)) for k, v in enumerate(diagonal)]
 
 
 def at_identity(run_dir: Path) -> bool | None:
