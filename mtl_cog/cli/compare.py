@@ -138,9 +138,10 @@ def extra_sections(notes: list[str], paired: pd.DataFrame, spread: pd.DataFrame,
                   "| data set | variant | counterpart | metric | difference [95% interval] | seeds × tasks | better |",
                   "|---|---|---|---|---|---|---|"]
         for row in paired.itertuples():
+            interval = "(one seed: no interval)" if pd.isna(row.ci_low) else \
+                f"[{row.ci_low:+.4f}, {row.ci_high:+.4f}]"
             lines.append(f"| {row.dataset} | {row.variant} | {row.counterpart} | {row.metric} | "
-                         f"{row.mean_difference:+.4f} [{row.ci_low:+.4f}, {row.ci_high:+.4f}] | "
-                         f"{row.n_seeds} × {row.n_tasks} | {row.better} |")
+                         f"{row.mean_difference:+.4f} {interval} | {row.n_seeds} × {row.n_tasks} | {row.better} |")
         lines.append("")
     if not spread.empty and (spread["n_seeds"] > 1).any():
         lines += ["## Average rank per seed", "", "The average rank computed on each seed separately (seeds every "

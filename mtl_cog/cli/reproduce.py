@@ -62,7 +62,7 @@ DATASETS = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10
 # Epochs: long enough for the tuned COG variants to settle; every report checks it per run
 # (convergence.csv, mtl_cog/reporting/trajectories.py) instead of assuming it.
 CPU_SCALE = {
-    "digits": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=30"],
+    "digits": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=50"],
     "synthetic": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=40",
                   "data.synthetic.train_size=1000", "data.synthetic.val_size=500", "data.synthetic.test_size=1000"],
 }
@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", default=None, help="only these configs (default: all in configs/<ds>/)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=None, help="override every run's train.epochs")
-    parser.add_argument("--budget", type=int, default=4, help="fair: tuning runs per method and data set (default 4)")
+    parser.add_argument("--budget", type=int, default=3, help="fair: tuning runs per method and data set (default 3)")
     parser.add_argument("--posthoc-on", nargs="+", default=["baseline"], metavar="METHOD",
                         help="methods whose runs get the post-hoc calibrators (default: baseline, as the paper)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the estimated time, run nothing")

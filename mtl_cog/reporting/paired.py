@@ -77,7 +77,9 @@ def paired_differences(scores: pd.DataFrame, pairs: dict[str, str], metrics: tup
     """One row per (data set, variant, metric): mean difference to the counterpart and its 95 % interval.
 
     ``better`` says which side the interval excludes zero for (``variant``/``counterpart``), or
-    ``unclear``. Pairs whose counterpart is missing, or that share no seed, are left out.
+    ``unclear``. With a single shared seed there is no interval (NaN) and no verdict: the
+    seed-to-seed variation, usually the larger part, is not measured. Pairs whose counterpart is
+    missing, or that share no seed, are left out.
     """
     rows = []
     for dataset in dict.fromkeys(scores["dataset"]):
@@ -99,6 +101,8 @@ def paired_differences(scores: pd.DataFrame, pairs: dict[str, str], metrics: tup
                 sign = -1 if lower_is_better(metric) else 1  # sign * difference > 0: the variant is better
                 excludes_zero = low > 0 or high < 0
                 better = ("variant" if sign * mean > 0 else "counterpart") if excludes_zero else "unclear"
+                if len(seeds) < 2:  # no seed-to-seed variation measured: no interval, no verdict
+                    low, high, better = np.nan, np.nan, "n/a (one seed)"
                 rows.append({"dataset": dataset, "variant": method, "counterpart": counterpart, "metric": metric,
                              "mean_difference": mean, "ci_low": low, "ci_high": high, "n_seeds": len(seeds),
                              "n_tasks": len(tasks), "better": better})
