@@ -172,3 +172,26 @@ def test_submitit_sweep_from_the_users_folder_then_interrupted_and_resumed(tiny_
     assert "continues from its last saved state" in finished.stdout
     assert "resumed at epoch" in (tmp_path / "sweeps" / "b" / "run_00.log").read_text()
     assert (tmp_path / "sweeps" / "b" / "best_config.yaml").is_file()
+
+
+def test_slurm_options_become_the_sbatch_header(tmp_path, monkeypatch):
+    import argparse
+    import shutil
+
+    from mtl_cog.experiments import launcher
+
+    parser = argparse.ArgumentParser()
+    launcher.add_launcher_arguments(parser)
+    args = parser.parse_args(["--launcher", "slurm", "--partition", "gpu", "--gpus-per-run", "2", "--time-limit", "90",
+                              "--slurm-setup", "module load cuda", "--slurm-args", "account=proj", "qos=high"])
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(UserError, match="sbatch"):
+        launcher.slurm_executor(args, tmp_path)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    header = launcher.slurm_executor(args, tmp_path)._executor._make_submission_file_text("python -m x", "uid")
+    for line in ("--partition=gpu", "--gpus-per-node=2", "--ntasks-per-node=1", "--time=90", "--account=proj",
+                 "--qos=high", "--job-name=mtl_cog", "--cpus-per-task=6", "--mem=16GB"):
+        assert f"#SBATCH {line}" in header, line
+    assert "module load cuda" in header
+    with pytest.raises(UserError, match="key=value"):
+        launcher.slurm_executor(parser.parse_args(["--launcher", "slurm", "--slurm-args", "account"]), tmp_path)

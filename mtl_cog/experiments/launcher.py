@@ -250,7 +250,7 @@ def slurm_executor(args: argparse.Namespace, log_folder: Path):
         extra[key.replace("-", "_")] = value
     executor = submitit.AutoExecutor(folder=log_folder / "%j", cluster="slurm")
     executor.update_parameters(
-        timeout_min=args.time_limit, nodes=1, tasks_per_node=1, gpus_per_node=processes_per_run(args),
+        name="mtl_cog", timeout_min=args.time_limit, nodes=1, tasks_per_node=1, gpus_per_node=processes_per_run(args),
         cpus_per_task=args.cpus_per_run, slurm_mem=args.mem_per_run, slurm_setup=list(args.slurm_setup),
         **({"slurm_partition": args.partition} if args.partition else {}),
         **({"slurm_additional_parameters": extra} if extra else {}),
