@@ -49,7 +49,8 @@ def test_backbone_and_image_size_are_part_of_the_protocol_but_learning_rates_are
     a, b, c = (write_run(tmp_path, name, "baseline", seed) for name, seed in (("a", 0), ("b", 1), ("c", 2)))
     _set(b, "optim.follower_lr", 0.5)  # tuned per method: still comparable
     _set(c, "model.backbone", "resnet18")
-    records = load_runs([tmp_path])
+    with pytest.warns(UserWarning, match="also differ in optim.follower_lr"):  # said, but not set apart
+        records = load_runs([tmp_path])
     labels = {r.run_dir.name: r.dataset for r in records}
     assert labels["a"] == labels["b"] != labels["c"] and "backbone=resnet18" in labels["c"]
 
