@@ -58,7 +58,7 @@ DEFAULT_GPU = "ResNet-101, one H100-class GPU (stated default, not measured)"
 PRECISION_SPEED = {"bf16": 1.0, "fp16": 1.0, "no": 0.5}
 # Measured: scripts/reproduce.py runs (cog_cnn_tiny, 16 px, batch 64, one torch thread, 2-core
 # machine shared with other jobs, load ~9): digits COG-TS 15 epochs 31.5 s, synthetic COG-TS 30 epochs 76.4 s wall.
-CPU_TINY_RATE = 600.0  # training images/s, cog_cnn_tiny at 16 px, one CPU core (fitted to the two runs below)
+CPU_TINY_RATE = 600.0  # training images/s, cog_cnn_tiny at 16 px, one CPU core (fitted to the two runs above)
 CPU_BACKBONES = {"cog_cnn_tiny": 16, "cog_cnn_small": 32}  # -> the image size CPU_TINY_RATE is for
 CPU_SMALL_FACTOR = 0.25  # cog_cnn_small is about 4x slower per image than the tiny one
 
