@@ -31,6 +31,7 @@ from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
 from mtl_cog.evaluation.predictions import load_predictions, save_predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import atomic_write, atomic_write_json, check_writable
+from mtl_cog.progress import track
 from mtl_cog.runs import rundir
 from mtl_cog.runs.trained import load_network
 from mtl_cog.training.accelerator import create_accelerator
@@ -90,7 +91,7 @@ def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: 
     val = load_predictions(run_dir / rundir.predictions_file("val"))
     test = load_predictions(run_dir / rundir.predictions_file("test"))
     results = {"none": score(test, bins)}
-    for method in methods:
+    for method in track(methods, f"post-hoc calibrators of {run_dir.name}", every=1):
         calibrated = calibrate(method, val, test)
         save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
         results[method] = score(calibrated, bins)

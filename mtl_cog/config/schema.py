@@ -155,6 +155,9 @@ class MethodConfig:
     loss: str = "ce"  # registry in mtl_cog/objectives.py
     label_smoothing: float = 0.1  # used by loss "ls"
     focal_gamma: float = 2.0  # used by loss "focal"
+    # The method this one is paired with in reports (the COG paper's Tab. 1: cog_ts vs baseline+ts,
+    # i.e. post-hoc TS on the baseline); compare.py reports the paired differences. None = no pair.
+    counterpart: str | None = None
 
     def validate(self) -> None:
         allowed = {"heads", "calibrator"}

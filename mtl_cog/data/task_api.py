@@ -127,5 +127,13 @@ class Task(Protocol):
 
     def source_files(self, data_cfg) -> list[Path]: ...
 
+    # Optional: ``split_sizes(data_cfg) -> {"train": n, "val": n, "test": n}`` without loading
+    # anything (dry runs estimate run times from it); see ``capped_sizes``.
+
+
+def capped_sizes(sizes: dict[str, int], max_samples: int | None) -> dict[str, int]:
+    """Split sizes after ``data.max_samples`` (the first N of each split)."""
+    return {split: n if max_samples is None else min(n, max_samples) for split, n in sizes.items()}
+
 
 TASKS: Registry[Task] = Registry("task")

@@ -42,6 +42,7 @@ from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
+from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
 from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
@@ -238,6 +239,8 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     tracker.finish()
     accelerator.print(f"\ntest metrics of the best checkpoint ({selected}):")
     accelerator.print(format_table(results["test"]))
+    if worst := worst_tasks_line(results["test"]["tasks"], cfg.eval.bins):  # multi-task: where to look first
+        accelerator.print(worst)
     accelerator.print(f"run folder: {run_dir}")
     accelerator.print(str(run_dir))
     return RunResult(run_dir, best_epoch, results)
