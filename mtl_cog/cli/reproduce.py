@@ -65,9 +65,9 @@ DATASETS = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10
 CPU_SCALE = {
     "digits": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=50"],
     "synthetic": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=40",
-                  "data.synthetic.train_size=1000", "data.synthetic.val_size=500", "data.synthetic.test_size=1000"],
+                  "data.synthetic.train_size=1000", "data.synthetic.val_size=200", "data.synthetic.test_size=1000"],
 }
-POSTHOC = ["ts", "vs", "ms", "svs", "sms", "isotonic", "histogram"]
+POSTHOC = ["ts", "ts_guo", "vs", "ms", "svs", "sms", "isotonic", "histogram"]
 # --protocol configs only: the head-leader methods (cog_fc, cog_ls, cog_tst) update their whole
 # classifier at the leader rate; in short CPU runs the configs' 1e-4 leaves them underconfident.
 # These rates came from a sweep of cog_fc alone, so this protocol favours those methods; the fair
@@ -110,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--posthoc-on", nargs="+", default=["baseline"], metavar="METHOD",
                         help="methods whose runs get the post-hoc calibrators (default: baseline, as the paper)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the estimated time, run nothing")
+    parser.add_argument("--tracking", choices=["none", "wandb"], default="none",
+                        help="W&B for every run (one group per reproduction, job types tuning/reproduce); default none")
     parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser, parallel_flag="--jobs")
@@ -153,7 +155,10 @@ def scale_overrides(job: Job, args: argparse.Namespace) -> list[str]:
 
 
 def run_overrides(job: Job, args: argparse.Namespace) -> list[str]:
-    return [f"output_dir={job.run_dir.parent}", f"run_name={job.run_dir.name}", f"seed={job.seed}", "tracking=none",
+    # one W&B group per reproduction (tracking=wandb): its runs sit together, tuning and final runs apart
+    return [f"output_dir={job.run_dir.parent}", f"run_name={job.run_dir.name}", f"seed={job.seed}",
+            f"tracking={args.tracking}", f"wandb_group=reproduce-{args.out.resolve().name}",
+            f"wandb_job_type={'tuning' if job.run_dir.parent.name != 'runs' else 'reproduce'}",
             *scale_overrides(job, args)]
 
 

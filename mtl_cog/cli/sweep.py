@@ -99,7 +99,9 @@ def plan_runs(args: argparse.Namespace, out: Path) -> tuple[list[dict[str, str]]
 
 
 def run_overrides(args: argparse.Namespace, combo: dict[str, str], out: Path, i: int) -> list[str]:
-    return [*args.overrides, *(f"{k}={v}" for k, v in combo.items()), f"output_dir={out}", f"run_name=run_{i:02d}"]
+    # the sweep's runs share one W&B group (when tracking=wandb); the user's overrides come after and win
+    return [f"wandb_group=sweep-{out.resolve().name}", "wandb_job_type=sweep", *args.overrides,
+            *(f"{k}={v}" for k, v in combo.items()), f"output_dir={out}", f"run_name=run_{i:02d}"]
 
 
 def train_job(args: argparse.Namespace, combo: dict[str, str], out: Path, i: int, state: str) -> RunJob:

@@ -76,6 +76,13 @@ def best_index(nlls: list[float]) -> int | None:
 DONE, UNFINISHED, NEW = "done", "unfinished", "new"
 
 
+TRACKING_KEYS = ("tracking", "wandb_project", "wandb_group", "wandb_job_type")  # where a run reports, not what it is
+
+
+def _settings(cfg: Config) -> dict:
+    return {k: v for k, v in cfg.to_dict().items() if k not in TRACKING_KEYS}
+
+
 def run_state(run_dir: Path, resolved: Config) -> str:
     """What a re-run sweep or reproduction does with ``run_dir``: reuse it, resume it, or start it.
 
@@ -86,7 +93,7 @@ def run_state(run_dir: Path, resolved: Config) -> str:
     """
     if not (run_dir / rundir.CONFIG).is_file():
         return NEW
-    if rundir.load_run_config(run_dir).to_dict() != resolved.to_dict():
+    if _settings(rundir.load_run_config(run_dir)) != _settings(resolved):
         raise UserError(f"{run_dir} holds a run with other settings than this one's; choose another --out "
                         "(or delete that folder).")
     return DONE if (run_dir / rundir.DONE).exists() else UNFINISHED
