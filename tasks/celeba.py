@@ -9,28 +9,33 @@ Layout (``<data.root>/celeba/``, where ``torchvision.datasets.CelebA`` also puts
 
 Labels map +1 -> 1 and -1 -> 0. Images are resized like torchvision's ``Resize(S)`` followed by
 ``CenterCrop(S)`` (shorter side to S, then the central S x S square) and stored as uint8. Only the
-images that survive ``data.max_samples`` (the first N of each split, in file order) are decoded.
+images are decoded block by block (``image_blocks``), so memory does not grow with the data set;
+``data.max_samples`` takes the first N of each split, in file order. An image whose header claims
+more than ``MAX_PIXELS`` pixels (a decompression bomb) is refused before it is decoded.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
-from tqdm import tqdm
 
 from mtl_cog.data.images import resize_center_crop
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, ReadBlocks, SplitSource, TaskSource, TaskSpec, block_ranges
 from mtl_cog.errors import DataError
 
 ATTR_FILE = "list_attr_celeba.txt"
 PARTITION_FILE = "list_eval_partition.txt"
 IMAGE_DIR = "img_align_celeba"
 SPLITS = ("train", "val", "test")  # partition codes 0, 1, 2
+# Aligned CelebA images are 178 x 218 (38,804 pixels). PIL's own bomb limit (89 million pixels,
+# a warning below twice that) would let 16 decoding threads allocate gigabytes; a face crop
+# 430 times the official size is not a CelebA image.
+MAX_PIXELS = 4096 * 4096
 
 # Per-channel statistics of aligned CelebA on the [0, 1] scale (the values commonly used).
 MEAN = (0.5063, 0.4258, 0.3832)
@@ -139,47 +144,56 @@ def load_image(path: Path, size: int) -> np.ndarray:
     """Decode one JPEG as torchvision's Resize(size) + CenterCrop(size) would -> (size, size, 3) uint8."""
     try:
         with Image.open(path) as img:
+            # Image.open reads only the header: refuse a decompression bomb before decoding it.
+            width, height = img.size
+            if width * height > MAX_PIXELS:
+                raise _error(
+                    f"image {path} claims {width} x {height} pixels, more than the {MAX_PIXELS:,} allowed "
+                    "for a CelebA face crop (178 x 218): a decompression bomb or not an aligned CelebA "
+                    "image. Replace it with the official file."
+                )
             return resize_center_crop(img, size)
     except FileNotFoundError:
         raise _error(f"missing image {path} (listed in {ATTR_FILE}).") from None
+    except Image.DecompressionBombError as err:  # PIL's own limit, should ours ever be raised above it
+        raise _error(f"image {path} is a decompression bomb ({err}). Replace it with the official file.") from None
     except (OSError, SyntaxError, ValueError) as err:  # PIL's truncated/corrupt-file errors
         raise _error(f"cannot decode image {path} (truncated or corrupt JPEG: {err}).") from None
 
 
-def load_images(paths: list[Path], size: int, desc: str) -> torch.Tensor:
-    """Decode many images into a (N, 3, size, size) uint8 tensor.
+def image_blocks(paths: list[Path], size: int) -> ReadBlocks:
+    """``read_blocks`` over ``paths``: each block decoded by a thread pool into one (n, 3, S, S) array.
 
-    Threads give real parallelism here because PIL releases the GIL while decoding and
-    resizing; each worker writes its own row of one preallocated array (no list of arrays).
+    Threads give real parallelism here because PIL releases the GIL while decoding and resizing;
+    each worker writes its own row of the block (no list of arrays). Memory is one block.
     """
-    out = np.empty((len(paths), size, size, 3), dtype=np.uint8)
-    if not paths:
-        return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
-    def work(i: int) -> None:
-        out[i] = load_image(paths[i], size)
+    def read_blocks(stop: int) -> Iterator[np.ndarray]:
+        pool = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1))
+        try:
+            for start, end in block_ranges(min(stop, len(paths)), size):
+                block = np.empty((end - start, 3, size, size), dtype=np.uint8)
 
-    pool = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1))
-    try:
-        # chunks bound the number of queued futures and let an error stop the rest quickly
-        chunk = 2048
-        with tqdm(total=len(paths), desc=desc, unit="img", disable=len(paths) < 5000) as bar:
-            for start in range(0, len(paths), chunk):
-                for _ in pool.map(work, range(start, min(start + chunk, len(paths)))):
-                    bar.update()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
+                def work(i: int, block=block, start=start) -> None:
+                    block[i] = load_image(paths[start + i], size).transpose(2, 0, 1)
+
+                list(pool.map(work, range(end - start)))  # list(): re-raises the first error
+                yield block
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return read_blocks
 
 
 class CelebATask:
     def source_files(self, data_cfg) -> list[Path]:
         # The two text files, plus the image folder (its mtime changes if images are added or
-        # removed); listing 202,599 JPEGs for a fingerprint would cost more than it saves.
+        # removed); listing 202,599 JPEGs for a fingerprint would cost more than it saves. A
+        # damaged cache is caught by its checksums (mtl_cog/data/cache.py), not by this.
         folder = _folder(data_cfg)
         return [folder / ATTR_FILE, folder / PARTITION_FILE, folder / IMAGE_DIR]
 
-    def load(self, data_cfg) -> TaskData:
+    def open(self, data_cfg) -> TaskSource:
         folder = _folder(data_cfg)
         if _missing(folder) and data_cfg.download:
             _download(Path(data_cfg.root))
@@ -194,11 +208,8 @@ class CelebATask:
         splits = {}
         for code, split in enumerate(SPLITS):
             index = np.flatnonzero(split_codes == code)  # file order
-            if data_cfg.max_samples is not None:
-                index = index[: data_cfg.max_samples]
             paths = [folder / IMAGE_DIR / names[i] for i in index]
-            images = load_images(paths, data_cfg.image_size, desc=f"celeba {split}")
-            splits[split] = SplitData(images=images, labels=torch.from_numpy(labels[index]))
+            splits[split] = SplitSource(labels=labels[index], read_blocks=image_blocks(paths, data_cfg.image_size))
 
         spec = TaskSpec(
             dataset="celeba",
@@ -209,7 +220,7 @@ class CelebATask:
             pad_crop=0,  # aligned faces: the alignment is information, shifting would blur it
             hflip=True,  # faces are left-right symmetric and no attribute names a side
         )
-        return TaskData(spec=spec, splits=splits)
+        return TaskSource(spec, data_cfg.image_size, splits)
 
 
 TASKS.register("celeba")(CelebATask())

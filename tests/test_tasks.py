@@ -29,6 +29,11 @@ def cfg(task: str, root, **kw) -> DataConfig:
     return DataConfig(task=task, root=str(root), image_size=kw.pop("image_size", 32), **kw)
 
 
+def read(task: str, data_cfg: DataConfig):
+    """What ``load_task`` returns without a cache: the task's source decoded, capped by max_samples."""
+    return TASKS.get(task).open(data_cfg).decode(data_cfg.max_samples)
+
+
 def check_split(split, size: int, image_size: int = 32) -> None:
     assert split.images.dtype == torch.uint8
     assert tuple(split.images.shape) == (len(split), 3, image_size, image_size)
@@ -46,7 +51,7 @@ def test_all_tasks_registered():
 
 def test_celeba_reads_fixture(tmp_path):
     fx = write_celeba(tmp_path, n=60)
-    data = TASKS.get("celeba").load(cfg("celeba", tmp_path))
+    data = read("celeba", cfg("celeba", tmp_path))
     assert data.spec.task_names == tuple(CELEBA_ATTRIBUTES)
     assert data.spec.num_classes == (2,) * 40
     assert data.spec.hflip and data.spec.pad_crop == 0
@@ -77,7 +82,7 @@ def test_celeba_resize_matches_torchvision(tmp_path):
 def test_celeba_max_samples_decodes_only_kept_images(tmp_path):
     fx = write_celeba(tmp_path, n=60)
     (fx.image_dir / fx.split_names["train"][-1]).unlink()  # beyond the cap: must not be read
-    data = TASKS.get("celeba").load(cfg("celeba", tmp_path, max_samples=5))
+    data = read("celeba", cfg("celeba", tmp_path, max_samples=5))
     order = {name: i for i, name in enumerate(fx.names)}
     for split in ("train", "val", "test"):
         check_split(data.splits[split], 5)
@@ -93,7 +98,7 @@ def _rewrite_line(path, line_index: int, edit) -> None:
 
 def _load_error(task: str, root, **kw) -> str:
     with pytest.raises(DataError) as info:
-        TASKS.get(task).load(cfg(task, root, **kw))
+        read(task, cfg(task, root, **kw))
     return str(info.value)
 
 
@@ -174,7 +179,7 @@ def test_carve_validation_is_fixed_disjoint_and_complete():
 
 def test_cifar10_reads_fixture(tmp_path):
     folder = write_cifar10(tmp_path, n_train_per_batch=20, n_test=30)
-    data = TASKS.get("cifar10").load(cfg("cifar10", tmp_path))
+    data = read("cifar10", cfg("cifar10", tmp_path))
     assert data.spec.task_names == ("class",) and data.spec.num_classes == (10,)
     assert data.spec.pad_crop == 4 and data.spec.hflip
     for split, size in (("train", 80), ("val", 20), ("test", 30)):  # 20 % of 100 is validation
@@ -190,11 +195,11 @@ def test_cifar10_reads_fixture(tmp_path):
 
 def test_cifar100_reads_fixture_resized_and_capped(tmp_path):
     write_cifar100(tmp_path, n_train=100, n_test=30)
-    data = TASKS.get("cifar100").load(cfg("cifar100", tmp_path))
+    data = read("cifar100", cfg("cifar100", tmp_path))
     assert data.spec.num_classes == (100,)
     for split, size in (("train", 95), ("val", 5), ("test", 30)):  # 5 % of 100 is validation
         check_split(data.splits[split], size)
-    small = TASKS.get("cifar100").load(cfg("cifar100", tmp_path, image_size=16, max_samples=7))
+    small = read("cifar100", cfg("cifar100", tmp_path, image_size=16, max_samples=7))
     for split, size in (("train", 7), ("val", 5), ("test", 7)):
         check_split(small.splits[split], size, image_size=16)
         assert torch.equal(small.splits[split].labels, data.splits[split].labels[:size])
@@ -223,7 +228,7 @@ def test_cifar_batch_missing_labels(tmp_path):
 @pytest.mark.parametrize("subfolder", [True, False])
 def test_svhn_reads_fixture(tmp_path, subfolder):
     paths = write_svhn(tmp_path, n_train=50, n_test=20, subfolder=subfolder)
-    data = TASKS.get("svhn").load(cfg("svhn", tmp_path))
+    data = read("svhn", cfg("svhn", tmp_path))
     assert data.spec.task_names == ("digit",) and not data.spec.hflip
     for split, size in (("train", 40), ("val", 10), ("test", 20)):
         check_split(data.splits[split], size)
@@ -233,7 +238,7 @@ def test_svhn_reads_fixture(tmp_path, subfolder):
     expected = mat["y"][:, 0].astype(np.int64) % 10  # 10 -> 0, 1..9 unchanged
     assert (mat["y"] == 10).any() and np.array_equal(data.splits["test"].labels[:, 0].numpy(), expected)
     assert np.array_equal(data.splits["test"].images[3].numpy(), mat["X"][..., 3].transpose(2, 0, 1))
-    capped = TASKS.get("svhn").load(cfg("svhn", tmp_path, max_samples=3))
+    capped = read("svhn", cfg("svhn", tmp_path, max_samples=3))
     assert [len(s) for s in capped.splits.values()] == [3, 3, 3]
 
 
@@ -253,15 +258,15 @@ def test_svhn_mat_missing_y(tmp_path):
 
 
 def test_digits_loads():
-    data = TASKS.get("digits").load(DataConfig(task="digits", image_size=32))
+    data = read("digits", DataConfig(task="digits", image_size=32))
     assert data.spec.pad_crop == 4 and not data.spec.hflip
     for split, size in (("train", 1078), ("val", 359), ("test", 360)):
         check_split(data.splits[split], size)
         assert 0 <= data.splits[split].labels.min() and data.splits[split].labels.max() <= 9
     images = data.splits["train"].images
     assert torch.equal(images[:, 0], images[:, 1]) and images.max() > 200
-    capped = TASKS.get("digits").load(DataConfig(task="digits", image_size=16, max_samples=10))
+    capped = read("digits", DataConfig(task="digits", image_size=16, max_samples=10))
     check_split(capped.splits["val"], 10, image_size=16)
     assert capped.spec.mean == pytest.approx(
-        TASKS.get("digits").load(DataConfig(task="digits", image_size=16)).spec.mean
+        read("digits", DataConfig(task="digits", image_size=16)).spec.mean
     )
