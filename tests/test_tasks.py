@@ -11,13 +11,15 @@ import torch
 from PIL import Image
 
 import tasks  # noqa: F401  (registers every task)
-from mtl_cog.config import DataConfig
-from mtl_cog.data.task_api import TASKS
+from mtl_cog.config import DataConfig, SyntheticConfig
+from mtl_cog.data import task_api
+from mtl_cog.data.task_api import TASKS, TaskSpec, block_length, check_labels
 from mtl_cog.errors import DataError
-from tasks.celeba import load_image
+from tasks.celeba import MAX_PIXELS, load_image
 from tasks.cifar import carve_validation
 from tasks.fixtures import (
     CELEBA_ATTRIBUTES,
+    write_bomb_jpeg,
     write_celeba,
     write_cifar10,
     write_cifar100,
@@ -156,6 +158,22 @@ def test_celeba_truncated_jpeg(tmp_path):
     assert str(path) in msg and "truncated" in msg
 
 
+@pytest.mark.parametrize("size", [(5000, 6000), (60_000, 60_000)], ids=["over our limit", "over PIL's limit"])
+def test_celeba_decompression_bomb_is_refused_unread(tmp_path, size):
+    fx = write_celeba(tmp_path, n=10)
+    path = write_bomb_jpeg(fx.image_dir / fx.names[4], *size)
+    assert path.stat().st_size < 2000 and size[0] * size[1] > MAX_PIXELS
+    msg = _load_error("celeba", tmp_path)
+    assert str(path) in msg and "decompression bomb" in msg
+
+
+def test_celeba_distinct_images_fixture_links_the_rest(tmp_path):
+    fx = write_celeba(tmp_path, n=12, distinct_images=5)
+    assert len(list(fx.image_dir.iterdir())) == 12
+    assert (fx.image_dir / fx.names[7]).read_bytes() == (fx.image_dir / fx.names[2]).read_bytes()
+    check_split(read("celeba", cfg("celeba", tmp_path)).splits["train"], 8)
+
+
 def test_celeba_download_failure_is_data_error(tmp_path, monkeypatch):
     import torchvision
 
@@ -270,3 +288,73 @@ def test_digits_loads():
     assert capped.spec.mean == pytest.approx(
         read("digits", DataConfig(task="digits", image_size=16)).spec.mean
     )
+
+
+# ------------------------------------------------------------------------------ the task contract
+
+
+def fixture_for(name: str, root) -> DataConfig:
+    """A config for each task with its fixture written (image size 16)."""
+    if name == "celeba":
+        write_celeba(root, n=30)
+    elif name == "cifar10":
+        write_cifar10(root, n_train_per_batch=8, n_test=12)
+    elif name == "cifar100":
+        write_cifar100(root, n_train=40, n_test=12)
+    elif name == "svhn":
+        write_svhn(root, n_train=30, n_test=12)
+    synthetic = SyntheticConfig(num_attributes=3, train_size=25, val_size=9, test_size=11)
+    return DataConfig(task=name, root=str(root), image_size=16, synthetic=synthetic)
+
+
+@pytest.mark.parametrize("name", ["celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic"])
+def test_every_task_streams_blocks_whose_images_do_not_depend_on_stop(tmp_path, monkeypatch, name):
+    """The contract the cache relies on: bounded blocks, consecutive rows, a capped read is a prefix."""
+    data_cfg = fixture_for(name, tmp_path)
+    whole = TASKS.get(name).open(data_cfg).decode()
+    monkeypatch.setattr(task_api, "IMAGE_BLOCK_BYTES", 4 * 3 * 16 * 16)  # 4 images per block
+    source = TASKS.get(name).open(data_cfg)
+    for split_name, split in source.splits.items():
+        n = len(split)
+        blocks = list(split.read_blocks(n))
+        assert all(b.dtype == np.uint8 and b.shape[1:] == (3, 16, 16) for b in blocks)
+        assert [len(b) for b in blocks] == [min(4, n - start) for start in range(0, n, 4)]
+        assert np.array_equal(np.concatenate(blocks), whole.splits[split_name].images.numpy())
+        for stop in (1, 5, n - 1):
+            prefix = np.concatenate(list(split.read_blocks(stop)))
+            assert np.array_equal(prefix, whole.splits[split_name].images[:stop].numpy())
+        assert np.array_equal(split.labels, whole.splits[split_name].labels.numpy())
+
+
+def test_block_length_bounds_memory_at_every_image_size():
+    for size in (8, 32, 64, 128, 512):
+        assert block_length(size) * 3 * size * size <= task_api.IMAGE_BLOCK_BYTES
+    assert block_length(128) == 682
+
+
+def test_check_labels_names_task_row_value_and_range():
+    spec = TaskSpec("toy", ("smile", "digit"), (2, 10), (0.5,) * 3, (0.2,) * 3)
+    check_labels(spec, np.array([[0, 9], [1, 0]]), "here")  # in range: nothing happens
+    with pytest.raises(DataError, match=r"here: task 'smile' has label 5 at row 1; its labels must lie in 0\.\.1"):
+        check_labels(spec, np.array([[0, 9], [5, 0]]), "here")
+    with pytest.raises(DataError, match=r"task 'digit' has label -3 at row 0.*unknown value"):
+        check_labels(spec, np.array([[0, -3], [1, 0]]), "here")
+    with pytest.raises(DataError, match="must be integers"):
+        check_labels(spec, np.zeros((2, 2), np.float32), "here")
+    with pytest.raises(DataError, match=r"\(N, 2\) matrix"):
+        check_labels(spec, np.zeros((2, 3), np.int64), "here")
+
+
+def test_out_of_range_labels_from_a_reader_stop_before_decoding(tmp_path, monkeypatch):
+    """The check sits in the contract (TaskSource), so it holds for every task, present and future."""
+    data_cfg = fixture_for("synthetic", tmp_path)
+    real = task_api.SplitSource
+
+    def with_bad_label(labels, read_blocks, true_probs=None):
+        labels = labels.copy()
+        labels[3, 1] = 2
+        return real(labels, read_blocks, true_probs)
+
+    monkeypatch.setattr("tasks.synthetic.SplitSource", with_bad_label)
+    with pytest.raises(DataError, match=r"split 'train'.*'attr01' has label 2 at row 3"):
+        TASKS.get("synthetic").open(data_cfg)
