@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -344,8 +345,8 @@ def test_full_disk_is_one_error_naming_folder_and_space(tmp_path, monkeypatch):
     with pytest.raises(CacheError) as info:
         load_cached(task, cfg, show_progress=False)
     message = str(info.value)
-    assert str(cache_dir(cfg)) in message and "No space left" in message and "GiB" in message
-    assert "free" in message and "data.cache_dir" in message
+    assert str(cache_dir(cfg)) in message and "No space left" in message and "data.cache_dir" in message
+    assert re.search(r"it needs \d+\.\d MiB \(\d+\.\d\d GiB free\)", message), message
     assert leftovers(tmp_path / ".mtl_cog_cache") == [] and not cache_dir(cfg).exists()
 
 
@@ -455,6 +456,21 @@ def test_cache_dir_on_a_read_only_file_system_names_it(tmp_path):
     with pytest.raises(CacheError) as info:
         load_task(cfg)
     assert "/proc/mtl_cog_cache" in str(info.value) and "writable" in str(info.value)
+
+
+def test_file_system_without_locks_is_one_error(tmp_path, monkeypatch):
+    write_celeba(tmp_path, n=10)
+
+    class NoLocks:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def acquire(self, timeout=None):
+            raise NotImplementedError("FileSystem does not appear to support flock")
+
+    monkeypatch.setattr(cache.filelock, "FileLock", NoLocks)
+    with pytest.raises(CacheError, match=r"\.lock to build the data cache .*does not appear to support flock"):
+        load_task(celeba_cfg(tmp_path))
 
 
 def test_use_cache_false_writes_nothing(tmp_path):

@@ -406,23 +406,23 @@ def _disk_error_message(folder: Path, err: OSError, needed: int) -> str:
     what = err.strerror or str(err)
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         try:
-            free = f"{_gib(shutil.disk_usage(folder.parent).free)} free"
+            free = f"{_size(shutil.disk_usage(folder.parent).free)} free"
         except OSError:
             free = "free space unknown"
-        advice = f"it needs {_gib(needed)} ({free}). Free space there"
+        advice = f"it needs {_size(needed)} ({free}). Free space there"
     elif err.errno == errno.EFBIG:
-        advice = (f"it needs {_gib(needed)} and a file-size limit stopped it (`ulimit -f`, or the file "
+        advice = (f"it needs {_size(needed)} and a file-size limit stopped it (`ulimit -f`, or the file "
                   "system's largest file). Raise the limit")
     elif err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         advice = "the folder is not writable. Build it where it is writable"
     else:
-        advice = f"it needs {_gib(needed)}. Check that file system"
+        advice = f"it needs {_size(needed)}. Check that file system"
     return (f"cannot write the data cache {folder}: {what}; {advice}, or set data.cache_dir to another "
             "folder, or data.use_cache=false. Nothing was left behind.")
 
 
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _make_temp_folder(folder: Path) -> Path:
@@ -483,11 +483,17 @@ def _build_lock(folder: Path, problem: str, show_progress: bool) -> Iterator[Non
         try:
             lock.acquire(timeout=LOCK_WAIT_MESSAGE_EVERY if waited else 0)
             break
-        except filelock.Timeout:
+        except filelock.Timeout:  # (a TimeoutError, itself an OSError: caught first)
             if show_progress:
                 print(f"mtl_cog: waiting for another process to finish building {folder} (lock {path}) ...",
                       file=sys.stderr)
             waited = True
+        except (NotImplementedError, OSError) as err:  # a file system without working locks
+            raise CacheError(
+                f"cannot lock {path} to build the data cache {folder}: {err}. The file system may not support "
+                "file locks (e.g. Lustre mounted without -o flock): set data.cache_dir to a folder on another "
+                "file system, or build the cache once with scripts/prepare_data.py before starting the jobs."
+            ) from None
     try:
         yield
     finally:
