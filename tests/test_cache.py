@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import tasks  # noqa: F401  (registers every task)
+from mtl_cog.benchmarks import cache_build
 from mtl_cog.cli import train as train_cli
 from mtl_cog.config import DataConfig, SyntheticConfig
 from mtl_cog.data import cache, task_api
@@ -346,7 +347,7 @@ def test_full_disk_is_one_error_naming_folder_and_space(tmp_path, monkeypatch):
         load_cached(task, cfg, show_progress=False)
     message = str(info.value)
     assert str(cache_dir(cfg)) in message and "No space left" in message and "data.cache_dir" in message
-    assert re.search(r"it needs \d+\.\d MiB \(\d+\.\d\d GiB free\)", message), message
+    assert re.search(r"it needs \d+\.\d+ MiB \(\d+\.\d+ [MG]iB free\)", message), message
     assert leftovers(tmp_path / ".mtl_cog_cache") == [] and not cache_dir(cfg).exists()
 
 
@@ -583,3 +584,16 @@ def test_small_blocks_give_the_same_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(task_api, "IMAGE_BLOCK_BYTES", 7 * 3 * 16 * 16)
     other = dataclasses.replace(cfg, cache_dir=str(tmp_path / "small_blocks"))
     assert_same(load_cached(CountingTask("celeba"), other, show_progress=False), whole)
+
+
+@pytest.mark.slow
+def test_cache_build_benchmark_runs_and_reports_its_targets(tmp_path):
+    """The measurement script (docs/data.md) on a tiny scale: numbers present and plausible."""
+    result = cache_build.main(["--work", str(tmp_path), "--images", "40", "80", "--sizes", "8", "--distinct", "5",
+                               "--verify-images", "600", "--epoch-steps", "1", "--repeats", "1",
+                               "--out", str(tmp_path / "r.json")])
+    assert [b["images"] for b in result["build"]] == [40, 80]
+    assert all(0 < b["peak_above_interpreter_bytes"] < 2**30 and b["within_1GiB"] for b in result["build"])
+    verify = result["verify"]
+    assert verify["images"] == 600 and verify["verify_warm_seconds"] > 0 and verify["epoch"]["epoch_seconds"] > 0
+    assert json.loads((tmp_path / "r.json").read_text())["verify"]["splits"] == verify["splits"]

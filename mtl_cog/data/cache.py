@@ -196,6 +196,9 @@ def inspect_cache(folder: Path, expected_fingerprint: dict[str, Any] | None) -> 
             problem = _verify_file(folder / name, expected)
             if problem:
                 return None, f"damaged: {name} {problem}"
+        unverified = {f for files in meta["splits"].values() for f in files.values()} - set(meta["files"])
+        if unverified:
+            return None, f"damaged: {META} lists {sorted(unverified)} without a checksum"
         spec = _spec_from_dict(meta["spec"])
         splits = {name: _read_split(folder, name, spec, files) for name, files in meta["splits"].items()}
     except (KeyError, TypeError, ValueError, OSError, DataError) as err:
