@@ -503,6 +503,8 @@ def test_reader_that_breaks_the_block_contract_is_refused(tmp_path, monkeypatch)
     source.splits["train"].read_blocks = lambda stop: iter([np.zeros((4, 3, 9, 9), np.uint8)])
     with pytest.raises(DataError, match=r"train.images.npy.*\(4, 3, 9, 9\)"):
         cache.write_source(tmp_path / "c", source, {}, show_progress=False)
+    with pytest.raises(DataError, match=r"synthetic train: .*\(4, 3, 9, 9\)"):
+        source.decode()  # the path without a cache checks the same
     source.splits["train"].read_blocks = lambda stop: iter([np.zeros((4, 3, 8, 8), np.uint8)])
     with pytest.raises(DataError, match="produced 4 rows, its labels say 10"):
         cache.write_source(tmp_path / "c", source, {}, show_progress=False)

@@ -180,6 +180,9 @@ class SplitSource:
         filled = 0
         with tqdm(total=n, desc=desc or "decoding", unit="img", disable=n < 5000, leave=False) as bar:
             for block in self.read_blocks(n):
+                if filled + len(block) > n or tuple(block.shape[1:]) != images.shape[1:]:
+                    raise DataError(f"{desc or 'a split'}: the reader produced a block of shape {block.shape} "
+                                    f"after {filled} images; expected {n} images of shape {images.shape[1:]}.")
                 images[filled : filled + len(block)] = block
                 filled += len(block)
                 bar.update(len(block))
