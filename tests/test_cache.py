@@ -22,6 +22,7 @@ import torch
 
 import tasks  # noqa: F401  (registers every task)
 from mtl_cog.benchmarks import cache_build
+from mtl_cog.cli import prepare_data
 from mtl_cog.cli import train as train_cli
 from mtl_cog.config import DataConfig, SyntheticConfig
 from mtl_cog.data import cache, task_api
@@ -559,7 +560,7 @@ def test_two_concurrent_builders_build_once_and_both_read_it(tmp_path):
 # ------------------------------------------------------------------------------------ the command
 
 
-def test_prepare_data_script_builds_then_reuses(tmp_path):
+def test_prepare_data_script_builds_then_reuses(tmp_path, capsys):
     write_celeba(tmp_path, n=10)
     command = [sys.executable, str(REPO / "scripts" / "prepare_data.py"), "--task", "celeba", "--data-root",
                str(tmp_path), "--image-size", "16", "--cache-dir", str(tmp_path / "c")]
@@ -571,8 +572,8 @@ def test_prepare_data_script_builds_then_reuses(tmp_path):
     second = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120, env=CHILD_ENV)
     assert second.returncode == 0 and "building" not in second.stderr
     assert second.stdout.strip().splitlines()[-1] == str(folder)
-    forced = subprocess.run([*command, "--rebuild"], capture_output=True, text=True, timeout=120, env=CHILD_ENV)
-    assert forced.returncode == 0 and "rebuild requested" in forced.stderr
+    assert prepare_data.main([*command[2:], "--rebuild"]) == folder  # in-process: one interpreter start less
+    assert "rebuild requested" in capsys.readouterr().err
     bad = subprocess.run([*command[:5], str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120,
                          env=CHILD_ENV)
     assert bad.returncode == 2 and "CelebA not found" in bad.stderr and "Traceback" not in bad.stderr
@@ -595,7 +596,7 @@ def test_cache_build_benchmark_runs_and_reports_its_targets(tmp_path):
                                "--verify-images", "600", "--epoch-steps", "1", "--repeats", "1",
                                "--out", str(tmp_path / "r.json")])
     assert [b["images"] for b in result["build"]] == [40, 80]
-    assert all(0 < b["peak_above_interpreter_bytes"] < 2**30 and b["within_1GiB"] for b in result["build"])
+    assert all(0 <= b["peak_above_interpreter_bytes"] < 2**30 and b["within_1GiB"] for b in result["build"])
     verify = result["verify"]
     assert verify["images"] == 600 and verify["verify_warm_seconds"] > 0 and verify["epoch"]["epoch_seconds"] > 0
     assert json.loads((tmp_path / "r.json").read_text())["verify"]["splits"] == verify["splits"]

@@ -162,6 +162,7 @@ def _build(task: Task, data_cfg, folder: Path, problem: str, show_progress: bool
             source = task.open(data_cfg)
             # A download during open() creates the sources: fingerprint what was actually read.
             write_source(folder, source, fingerprint(task, data_cfg), show_progress=show_progress)
+            del source  # its labels are in the files now: do not hold them twice while reading back
         except DataError as err:
             if problem.startswith("damaged"):  # say both: why a rebuild was needed and why it failed
                 raise DataError(f"the cache {folder} is {problem}, and rebuilding it failed: {err}") from None
