@@ -9,28 +9,33 @@ Layout (``<data.root>/celeba/``, where ``torchvision.datasets.CelebA`` also puts
 
 Labels map +1 -> 1 and -1 -> 0. Images are resized like torchvision's ``Resize(S)`` followed by
 ``CenterCrop(S)`` (shorter side to S, then the central S x S square) and stored as uint8. Only the
-images that survive ``data.max_samples`` (the first N of each split, in file order) are decoded.
+images are decoded block by block (``image_blocks``), so memory does not grow with the data set;
+``data.max_samples`` takes the first N of each split, in file order. An image whose header claims
+more than ``MAX_PIXELS`` pixels (a decompression bomb) is refused before it is decoded.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
-from tqdm import tqdm
 
 from mtl_cog.data.images import resize_center_crop
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
+from mtl_cog.data.task_api import TASKS, ReadBlocks, SplitSource, TaskSource, TaskSpec, block_ranges, capped_sizes
 from mtl_cog.errors import DataError
 
 ATTR_FILE = "list_attr_celeba.txt"
 PARTITION_FILE = "list_eval_partition.txt"
 IMAGE_DIR = "img_align_celeba"
 SPLITS = ("train", "val", "test")  # partition codes 0, 1, 2
+# Aligned CelebA images are 178 x 218 (38,804 pixels). PIL's own bomb limit (89 million pixels,
+# a warning below twice that) would let 16 decoding threads allocate gigabytes; a face crop
+# 430 times the official size is not a CelebA image.
+MAX_PIXELS = 4096 * 4096
 
 # Per-channel statistics of aligned CelebA on the [0, 1] scale (the values commonly used).
 MEAN = (0.5063, 0.4258, 0.3832)
@@ -66,47 +71,51 @@ def _download(root: Path) -> None:
         raise _error(f"data.download=true but downloading CelebA into {root / 'celeba'} failed: {err!r}") from err
 
 
-def read_attributes(path: Path) -> tuple[list[str], list[str], np.ndarray]:
-    """Parse ``list_attr_celeba.txt`` -> (image names, attribute names, (N, A) int64 0/1 labels)."""
-    lines = path.read_text().splitlines()
-    if len(lines) < 2:
-        raise _error(f"{path}: expected an image count on line 1 and attribute names on line 2.")
-    try:
-        count = int(lines[0].strip())
-    except ValueError:
-        raise _error(f"{path}, line 1: expected the image count, got {lines[0][:60]!r}.") from None
-    attr_names = lines[1].split()
-    if not attr_names:
-        raise _error(f"{path}, line 2: expected the attribute names, found none.")
+VALUE = {"1": 1, "-1": 0}  # list_attr_celeba.txt value -> label
 
-    names: list[str] = []
-    rows: list[list[str]] = []
-    line_numbers: list[int] = []
-    for number, line in enumerate(lines[2:], start=3):
-        parts = line.split()  # split() absorbs the double spaces of the official file
-        if not parts:
-            continue  # tolerate blank lines (e.g. a trailing newline)
-        if len(parts) != len(attr_names) + 1:
-            raise _error(
-                f"{path}, line {number}: expected an image name and {len(attr_names)} values "
-                f"({len(attr_names) + 1} columns), got {len(parts)} columns."
-            )
-        names.append(parts[0])
-        rows.append(parts[1:])
-        line_numbers.append(number)
+
+def read_attributes(path: Path) -> tuple[list[str], list[str], np.ndarray]:
+    """Parse ``list_attr_celeba.txt`` -> (image names, attribute names, (N, A) int64 0/1 labels).
+
+    Line by line into a preallocated int8 matrix: the 8 million values never exist as Python
+    strings at once (that took 530 MB for the official file; this needs the labels and names).
+    """
+    with open(path) as handle:
+        first, second = handle.readline(), handle.readline()
+        if not second:
+            raise _error(f"{path}: expected an image count on line 1 and attribute names on line 2.")
+        try:
+            count = int(first.strip())
+        except ValueError:
+            raise _error(f"{path}, line 1: expected the image count, got {first.strip()[:60]!r}.") from None
+        attr_names = second.split()
+        if not attr_names:
+            raise _error(f"{path}, line 2: expected the attribute names, found none.")
+        values = np.zeros((max(count, 0), len(attr_names)), dtype=np.int8)
+        names: list[str] = []
+        for number, line in enumerate(handle, start=3):
+            parts = line.split()  # split() absorbs the double spaces of the official file
+            if not parts:
+                continue  # tolerate blank lines (e.g. a trailing newline)
+            if len(parts) != len(attr_names) + 1:
+                raise _error(
+                    f"{path}, line {number}: expected an image name and {len(attr_names)} values "
+                    f"({len(attr_names) + 1} columns), got {len(parts)} columns."
+                )
+            try:
+                row = [VALUE[v] for v in parts[1:]]
+            except KeyError:
+                c = next(i for i, v in enumerate(parts[1:]) if v not in VALUE)
+                raise _error(
+                    f"{path}, line {number}: attribute {attr_names[c]!r} has value {parts[1 + c]!r}; "
+                    "CelebA attributes must be 1 or -1."
+                ) from None
+            if len(names) < len(values):
+                values[len(names)] = row
+            names.append(parts[0])
     if len(names) != count:
         raise _error(f"{path}: line 1 announces {count} images but the file lists {len(names)}.")
-
-    # Validate all values at once: string compare on a numpy array is fast on 8 million cells.
-    values = np.array(rows, dtype=str).reshape(len(rows), len(attr_names))
-    bad = ~np.isin(values, ("1", "-1"))
-    if bad.any():
-        r, c = (int(i) for i in np.argwhere(bad)[0])
-        raise _error(
-            f"{path}, line {line_numbers[r]}: attribute {attr_names[c]!r} has value {str(values[r, c])!r}; "
-            "CelebA attributes must be 1 or -1."
-        )
-    return names, attr_names, (values == "1").astype(np.int64)
+    return names, attr_names, values.astype(np.int64)
 
 
 def read_partition(path: Path, names: list[str], attr_path: Path) -> np.ndarray:
@@ -139,37 +148,45 @@ def load_image(path: Path, size: int) -> np.ndarray:
     """Decode one JPEG as torchvision's Resize(size) + CenterCrop(size) would -> (size, size, 3) uint8."""
     try:
         with Image.open(path) as img:
+            # Image.open reads only the header: refuse a decompression bomb before decoding it.
+            width, height = img.size
+            if width * height > MAX_PIXELS:
+                raise _error(
+                    f"image {path} claims {width} x {height} pixels, more than the {MAX_PIXELS:,} allowed "
+                    "for a CelebA face crop (178 x 218): a decompression bomb or not an aligned CelebA "
+                    "image. Replace it with the official file."
+                )
             return resize_center_crop(img, size)
     except FileNotFoundError:
         raise _error(f"missing image {path} (listed in {ATTR_FILE}).") from None
+    except Image.DecompressionBombError as err:  # PIL's own limit, should ours ever be raised above it
+        raise _error(f"image {path} is a decompression bomb ({err}). Replace it with the official file.") from None
     except (OSError, SyntaxError, ValueError) as err:  # PIL's truncated/corrupt-file errors
         raise _error(f"cannot decode image {path} (truncated or corrupt JPEG: {err}).") from None
 
 
-def load_images(paths: list[Path], size: int, desc: str) -> torch.Tensor:
-    """Decode many images into a (N, 3, size, size) uint8 tensor.
+def image_blocks(image_dir: Path, names: list[str], size: int) -> ReadBlocks:
+    """``read_blocks`` over ``image_dir/name``: each block decoded by a thread pool into one (n, 3, S, S) array.
 
-    Threads give real parallelism here because PIL releases the GIL while decoding and
-    resizing; each worker writes its own row of one preallocated array (no list of arrays).
+    Threads give real parallelism here because PIL releases the GIL while decoding and resizing;
+    each worker writes its own row of the block (no list of arrays). Memory is one block.
     """
-    out = np.empty((len(paths), size, size, 3), dtype=np.uint8)
-    if not paths:
-        return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
-    def work(i: int) -> None:
-        out[i] = load_image(paths[i], size)
+    def read_blocks(stop: int) -> Iterator[np.ndarray]:
+        pool = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1))
+        try:
+            for start, end in block_ranges(min(stop, len(names)), size):
+                block = np.empty((end - start, 3, size, size), dtype=np.uint8)
 
-    pool = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1))
-    try:
-        # chunks bound the number of queued futures and let an error stop the rest quickly
-        chunk = 2048
-        with tqdm(total=len(paths), desc=desc, unit="img", disable=len(paths) < 5000) as bar:
-            for start in range(0, len(paths), chunk):
-                for _ in pool.map(work, range(start, min(start + chunk, len(paths)))):
-                    bar.update()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
+                def work(i: int, block=block, start=start) -> None:
+                    block[i] = load_image(image_dir / names[start + i], size).transpose(2, 0, 1)
+
+                list(pool.map(work, range(end - start)))  # list(): re-raises the first error
+                yield block
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return read_blocks
 
 
 # The official partition (list_eval_partition.txt): what a dry run counts without reading the files.
@@ -182,11 +199,12 @@ class CelebATask:
 
     def source_files(self, data_cfg) -> list[Path]:
         # The two text files, plus the image folder (its mtime changes if images are added or
-        # removed); listing 202,599 JPEGs for a fingerprint would cost more than it saves.
+        # removed); listing 202,599 JPEGs for a fingerprint would cost more than it saves. A
+        # damaged cache is caught by its checksums (mtl_cog/data/cache.py), not by this.
         folder = _folder(data_cfg)
         return [folder / ATTR_FILE, folder / PARTITION_FILE, folder / IMAGE_DIR]
 
-    def load(self, data_cfg) -> TaskData:
+    def open(self, data_cfg) -> TaskSource:
         folder = _folder(data_cfg)
         if _missing(folder) and data_cfg.download:
             _download(Path(data_cfg.root))
@@ -201,11 +219,9 @@ class CelebATask:
         splits = {}
         for code, split in enumerate(SPLITS):
             index = np.flatnonzero(split_codes == code)  # file order
-            if data_cfg.max_samples is not None:
-                index = index[: data_cfg.max_samples]
-            paths = [folder / IMAGE_DIR / names[i] for i in index]
-            images = load_images(paths, data_cfg.image_size, desc=f"celeba {split}")
-            splits[split] = SplitData(images=images, labels=torch.from_numpy(labels[index]))
+            split_names = [names[i] for i in index]
+            blocks = image_blocks(folder / IMAGE_DIR, split_names, data_cfg.image_size)
+            splits[split] = SplitSource(labels=labels[index], read_blocks=blocks)
 
         spec = TaskSpec(
             dataset="celeba",
@@ -216,7 +232,7 @@ class CelebATask:
             pad_crop=0,  # aligned faces: the alignment is information, shifting would blur it
             hflip=True,  # faces are left-right symmetric and no attribute names a side
         )
-        return TaskData(spec=spec, splits=splits)
+        return TaskSource(spec, data_cfg.image_size, splits)
 
 
 TASKS.register("celeba")(CelebATask())

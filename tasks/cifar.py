@@ -13,12 +13,14 @@ The validation split is carved from the official training set with a fixed permu
 (``numpy.random.default_rng(0)``): 20 % for CIFAR-10, 5 % for CIFAR-100 (fewer images per class
 there, so the training set keeps more). The official test set stays the test split.
 
-``resize_square`` and ``carve_validation`` are shared with the other small-image tasks.
+The images are resized block by block when read (``array_blocks``). ``resize_square``,
+``array_blocks`` and ``carve_validation`` are shared with the other small-image tasks.
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
+from mtl_cog.data.task_api import TASKS, ReadBlocks, SplitSource, TaskSource, TaskSpec, block_ranges, capped_sizes
 from mtl_cog.errors import DataError
 
 VAL_SEED = 0
@@ -40,6 +42,17 @@ def carve_validation(n: int, fraction: float, seed: int = VAL_SEED) -> tuple[np.
     perm = np.random.default_rng(seed).permutation(n)
     n_val = round(fraction * n)
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def array_blocks(images: np.ndarray, size: int) -> ReadBlocks:
+    """``read_blocks`` over in-memory (N, 3, h, w) uint8 images, each block resized to ``size``."""
+
+    def read_blocks(stop: int) -> Iterator[np.ndarray]:
+        for start, end in block_ranges(min(stop, len(images)), size):
+            block = torch.from_numpy(np.ascontiguousarray(images[start:end]))
+            yield resize_square(block, size).numpy()
+
+    return read_blocks
 
 
 def resize_square(images: torch.Tensor, size: int, chunk: int = 1024) -> torch.Tensor:
@@ -190,7 +203,7 @@ class CifarTask:
             )
         return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
-    def load(self, data_cfg) -> TaskData:
+    def open(self, data_cfg) -> TaskSource:
         root = Path(data_cfg.root)
         if data_cfg.download and not all(p.exists() for p in self.source_files(data_cfg)):
             self._download(root)
@@ -214,11 +227,8 @@ class CifarTask:
             "val": (train_x[val_idx], train_y[val_idx]),
             "test": (test_x, test_y),
         }
-        splits = {}
-        for split, (x, y) in parts.items():
-            x, y = x[: data_cfg.max_samples], y[: data_cfg.max_samples]  # cap before resizing
-            images = resize_square(torch.from_numpy(np.ascontiguousarray(x)), data_cfg.image_size)
-            splits[split] = SplitData(images=images, labels=torch.from_numpy(y).reshape(-1, 1))
+        splits = {split: SplitSource(labels=y.reshape(-1, 1), read_blocks=array_blocks(x, data_cfg.image_size))
+                  for split, (x, y) in parts.items()}
 
         spec = TaskSpec(
             dataset=self.v.name,
@@ -230,7 +240,7 @@ class CifarTask:
             pad_crop=data_cfg.image_size // 8,
             hflip=True,
         )
-        return TaskData(spec=spec, splits=splits)
+        return TaskSource(spec, data_cfg.image_size, splits)
 
 
 TASKS.register("cifar10")(CifarTask(CIFAR10))

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
-from tasks.cifar import resize_square
+from mtl_cog.data.task_api import TASKS, SplitSource, TaskSource, TaskSpec, capped_sizes
+from tasks.cifar import array_blocks, resize_square
 
 SEED = 0
 FRACTIONS = (0.6, 0.2)  # train, val; the rest is test
@@ -42,25 +42,24 @@ class DigitsTask:
         path = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
         return [path] if path.exists() else []
 
-    def load(self, data_cfg) -> TaskData:
+    def open(self, data_cfg) -> TaskSource:
         from sklearn.datasets import load_digits
 
         bunch = load_digits()
         pixels = np.asarray(bunch.images, dtype=np.float64)  # (N, 8, 8), values 0..16
         small = torch.from_numpy(np.round(pixels * (255.0 / 16.0)).astype(np.uint8))
-        images = resize_square(small[:, None], data_cfg.image_size).expand(-1, 3, -1, -1).contiguous()
-        labels = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64)).reshape(-1, 1)
+        # 1,797 images: decoded whole here (tiny at any image size), handed out in blocks
+        images = resize_square(small[:, None], data_cfg.image_size).expand(-1, 3, -1, -1).contiguous().numpy()
+        labels = np.asarray(bunch.target, dtype=np.int64).reshape(-1, 1)
 
         index = split_indices(len(images))
         # Grey images: one mean/std for all three channels, from the full training split
-        # (before max_samples, so a capped run normalises exactly like a full one).
-        train = images[torch.from_numpy(index["train"])].float() / 255.0
+        # (the same for every data.max_samples, which only takes a prefix of each split).
+        train = torch.from_numpy(images[index["train"]]).float() / 255.0
         mean, std = float(train.mean()), float(train.std())
 
-        splits = {}
-        for split, idx in index.items():
-            idx_t = torch.from_numpy(idx[: data_cfg.max_samples])
-            splits[split] = SplitData(images=images[idx_t], labels=labels[idx_t])
+        splits = {split: SplitSource(labels=labels[idx], read_blocks=array_blocks(images[idx], data_cfg.image_size))
+                  for split, idx in index.items()}
 
         spec = TaskSpec(
             dataset="digits",
@@ -71,7 +70,7 @@ class DigitsTask:
             pad_crop=data_cfg.image_size // 8,  # one original pixel of shift
             hflip=False,  # a mirrored digit is not the same digit
         )
-        return TaskData(spec=spec, splits=splits)
+        return TaskSource(spec, data_cfg.image_size, splits)
 
 
 TASKS.register("digits")(DigitsTask())

@@ -6,7 +6,9 @@ test needs to check the result (paths and the labels written).
 
 from __future__ import annotations
 
+import os
 import pickle
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,11 +72,15 @@ class CelebAFixture:
     split_names: dict[str, list[str]] = field(default_factory=dict)  # split -> image names in order
 
 
-def write_celeba(root: Path, n: int = 60, image_size: tuple[int, int] = (178, 218), seed: int = 0) -> CelebAFixture:
+def write_celeba(root: Path, n: int = 60, image_size: tuple[int, int] = (178, 218), seed: int = 0,
+                 distinct_images: int | None = None) -> CelebAFixture:
     """``<root>/celeba/``: ``n`` random JPEGs (width x height = image_size) and the two text files.
 
     The partition interleaves the splits (0,0,0,1,2, ...): every split is non-empty and, unlike
     the real file (contiguous blocks), a split's n-th image is not the file's n-th image.
+    ``distinct_images=k`` encodes only k JPEGs and hard-links the other names to them (a
+    202,599-image folder for benchmarks in seconds, without 6 GB of noise JPEGs); each name is
+    still a file that the reader opens and decodes.
     """
     rng = np.random.default_rng(seed)
     folder = Path(root) / "celeba"
@@ -82,9 +88,15 @@ def write_celeba(root: Path, n: int = 60, image_size: tuple[int, int] = (178, 21
     image_dir.mkdir(parents=True, exist_ok=True)
     names = [f"{i:06d}.jpg" for i in range(1, n + 1)]
     width, height = image_size
-    for name in names:
-        pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(image_dir / name, quality=90)
+    distinct = n if distinct_images is None else max(1, min(n, distinct_images))
+    for i, name in enumerate(names):
+        path = image_dir / name
+        if i < distinct:
+            pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(path, quality=90)
+        else:
+            path.unlink(missing_ok=True)
+            os.link(image_dir / names[i % distinct], path)
 
     values = rng.choice(np.array([-1, 1]), size=(n, len(CELEBA_ATTRIBUTES)))
     # the official file pads single-digit values with two spaces ("  1" / " -1")
@@ -163,3 +175,20 @@ def write_svhn(
         paths[split] = folder / f"{split}_32x32.mat"
         scipy.io.savemat(str(paths[split]), {"X": x, "y": y})
     return paths
+
+
+def write_bomb_jpeg(path: Path, width: int = 60_000, height: int = 60_000) -> Path:
+    """A few-hundred-byte JPEG whose header claims ``width`` x ``height`` pixels (a decompression bomb).
+
+    Written as a valid 16 x 16 baseline JPEG whose SOF0 frame header is then patched: a reader
+    that trusts the header would allocate ``3 * width * height`` bytes (10.8 GB by default).
+    """
+    path = Path(path)
+    Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save(path, quality=90)
+    data = bytearray(path.read_bytes())
+    sof = data.find(b"\xff\xc0")  # SOF0: marker, length (2), precision (1), height (2), width (2)
+    if sof < 0:
+        raise RuntimeError(f"{path}: PIL wrote no baseline SOF0 marker")
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
+    path.write_bytes(bytes(data))
+    return path

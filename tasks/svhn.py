@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import scipy.io
-import torch
 
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
+from mtl_cog.data.task_api import TASKS, SplitSource, TaskSource, TaskSpec, capped_sizes
 from mtl_cog.errors import DataError
-from tasks.cifar import carve_validation, resize_square
+from tasks.cifar import array_blocks, carve_validation
 
 FILES = {"train": "train_32x32.mat", "test": "test_32x32.mat"}
 VAL_FRACTION = 0.2
@@ -91,7 +90,7 @@ class SVHNTask:
         root = Path(data_cfg.root)
         return [_find(root, f) or _candidates(root, f)[0] for f in FILES.values()]
 
-    def load(self, data_cfg) -> TaskData:
+    def open(self, data_cfg) -> TaskSource:
         root = Path(data_cfg.root)
         if data_cfg.download and any(_find(root, f) is None for f in FILES.values()):
             _download(root)
@@ -110,11 +109,8 @@ class SVHNTask:
             "val": (train_x[val_idx], train_y[val_idx]),
             "test": data["test"],
         }
-        splits = {}
-        for split, (x, y) in parts.items():
-            x, y = x[: data_cfg.max_samples], y[: data_cfg.max_samples]  # cap before resizing
-            images = resize_square(torch.from_numpy(np.ascontiguousarray(x)), data_cfg.image_size)
-            splits[split] = SplitData(images=images, labels=torch.from_numpy(y).reshape(-1, 1))
+        splits = {split: SplitSource(labels=y.reshape(-1, 1), read_blocks=array_blocks(x, data_cfg.image_size))
+                  for split, (x, y) in parts.items()}
 
         spec = TaskSpec(
             dataset="svhn",
@@ -127,7 +123,7 @@ class SVHNTask:
             # shapes), and the crops contain neighbouring digits whose left/right order matters.
             hflip=False,
         )
-        return TaskData(spec=spec, splits=splits)
+        return TaskSource(spec, data_cfg.image_size, splits)
 
 
 TASKS.register("svhn")(SVHNTask())

@@ -14,11 +14,13 @@ overconfident, which is what calibration methods must fix.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
+from mtl_cog.data.task_api import TASKS, ReadBlocks, SplitSource, TaskSource, TaskSpec, block_length, capped_sizes
 
 
 def _patterns(num_latents: int, size: int, rng: np.random.Generator) -> torch.Tensor:
@@ -35,8 +37,26 @@ def _render(latents: np.ndarray, patterns: torch.Tensor, rng: np.random.Generato
     return (image.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
+def _render_blocks(latents: np.ndarray, patterns: torch.Tensor, noise_state: dict, size: int) -> ReadBlocks:
+    """``read_blocks`` rendering whole blocks in order, each drawing its pixel noise next from one stream.
+
+    The noise generator restarts from ``noise_state`` on every call, and a block is always rendered
+    whole (a short ``stop`` only trims the last one), so image i is the same for every ``stop``.
+    """
+
+    def read_blocks(stop: int) -> Iterator[np.ndarray]:
+        rng = np.random.default_rng()
+        rng.bit_generator.state = noise_state
+        step = block_length(size)
+        for start in range(0, min(stop, len(latents)), step):
+            block = _render(latents[start : start + step], patterns, rng).numpy()
+            yield block[: stop - start]
+
+    return read_blocks
+
+
 class SyntheticTask:
-    def load(self, data_cfg) -> TaskData:
+    def open(self, data_cfg) -> TaskSource:
         cfg = data_cfg.synthetic
         rng = np.random.default_rng(cfg.seed)
         m, T = cfg.num_latents, cfg.num_attributes
@@ -48,16 +68,16 @@ class SyntheticTask:
 
         splits = {}
         for name, size in (("train", cfg.train_size), ("val", cfg.val_size), ("test", cfg.test_size)):
-            if data_cfg.max_samples is not None:
-                size = min(size, data_cfg.max_samples)
             split_rng = np.random.default_rng([cfg.seed, {"train": 0, "val": 1, "test": 2}[name]])
             latents = split_rng.standard_normal((size, m))
             logits = latents @ weights.T + pair_scale * latents[:, pair[:, 0]] * latents[:, pair[:, 1]] + bias
             probs = 1.0 / (1.0 + np.exp(-cfg.label_sharpness * logits))
             labels = (split_rng.random(probs.shape) < probs).astype(np.int64)
-            splits[name] = SplitData(
-                images=_render(latents, patterns, split_rng),
-                labels=torch.from_numpy(labels),
+            # The pixel noise continues split_rng's stream, as when all images were rendered at once.
+            noise_state = split_rng.bit_generator.state
+            splits[name] = SplitSource(
+                labels=labels,
+                read_blocks=_render_blocks(latents, patterns, noise_state, data_cfg.image_size),
                 true_probs=probs.astype(np.float32),
             )
         spec = TaskSpec(
@@ -69,7 +89,7 @@ class SyntheticTask:
             pad_crop=0,  # the latents are position-bound patterns: shifting would change them
             hflip=False,
         )
-        return TaskData(spec=spec, splits=splits)
+        return TaskSource(spec, data_cfg.image_size, splits)
 
     def split_sizes(self, data_cfg) -> dict[str, int]:
         s = data_cfg.synthetic

@@ -11,13 +11,15 @@ import torch
 from PIL import Image
 
 import tasks  # noqa: F401  (registers every task)
-from mtl_cog.config import DataConfig
-from mtl_cog.data.task_api import TASKS
+from mtl_cog.config import DataConfig, SyntheticConfig
+from mtl_cog.data import task_api
+from mtl_cog.data.task_api import TASKS, TaskSpec, block_length, check_labels
 from mtl_cog.errors import DataError
-from tasks.celeba import load_image
+from tasks.celeba import MAX_PIXELS, load_image
 from tasks.cifar import carve_validation
 from tasks.fixtures import (
     CELEBA_ATTRIBUTES,
+    write_bomb_jpeg,
     write_celeba,
     write_cifar10,
     write_cifar100,
@@ -27,6 +29,11 @@ from tasks.fixtures import (
 
 def cfg(task: str, root, **kw) -> DataConfig:
     return DataConfig(task=task, root=str(root), image_size=kw.pop("image_size", 32), **kw)
+
+
+def read(task: str, data_cfg: DataConfig):
+    """What ``load_task`` returns without a cache: the task's source decoded, capped by max_samples."""
+    return TASKS.get(task).open(data_cfg).decode(data_cfg.max_samples)
 
 
 def check_split(split, size: int, image_size: int = 32) -> None:
@@ -46,7 +53,7 @@ def test_all_tasks_registered():
 
 def test_celeba_reads_fixture(tmp_path):
     fx = write_celeba(tmp_path, n=60)
-    data = TASKS.get("celeba").load(cfg("celeba", tmp_path))
+    data = read("celeba", cfg("celeba", tmp_path))
     assert data.spec.task_names == tuple(CELEBA_ATTRIBUTES)
     assert data.spec.num_classes == (2,) * 40
     assert data.spec.hflip and data.spec.pad_crop == 0
@@ -77,7 +84,7 @@ def test_celeba_resize_matches_torchvision(tmp_path):
 def test_celeba_max_samples_decodes_only_kept_images(tmp_path):
     fx = write_celeba(tmp_path, n=60)
     (fx.image_dir / fx.split_names["train"][-1]).unlink()  # beyond the cap: must not be read
-    data = TASKS.get("celeba").load(cfg("celeba", tmp_path, max_samples=5))
+    data = read("celeba", cfg("celeba", tmp_path, max_samples=5))
     order = {name: i for i, name in enumerate(fx.names)}
     for split in ("train", "val", "test"):
         check_split(data.splits[split], 5)
@@ -93,7 +100,7 @@ def _rewrite_line(path, line_index: int, edit) -> None:
 
 def _load_error(task: str, root, **kw) -> str:
     with pytest.raises(DataError) as info:
-        TASKS.get(task).load(cfg(task, root, **kw))
+        read(task, cfg(task, root, **kw))
     return str(info.value)
 
 
@@ -151,6 +158,22 @@ def test_celeba_truncated_jpeg(tmp_path):
     assert str(path) in msg and "truncated" in msg
 
 
+@pytest.mark.parametrize("size", [(5000, 6000), (60_000, 60_000)], ids=["over our limit", "over PIL's limit"])
+def test_celeba_decompression_bomb_is_refused_unread(tmp_path, size):
+    fx = write_celeba(tmp_path, n=10)
+    path = write_bomb_jpeg(fx.image_dir / fx.names[4], *size)
+    assert path.stat().st_size < 2000 and size[0] * size[1] > MAX_PIXELS
+    msg = _load_error("celeba", tmp_path)
+    assert str(path) in msg and "decompression bomb" in msg
+
+
+def test_celeba_distinct_images_fixture_links_the_rest(tmp_path):
+    fx = write_celeba(tmp_path, n=12, distinct_images=5)
+    assert len(list(fx.image_dir.iterdir())) == 12
+    assert (fx.image_dir / fx.names[7]).read_bytes() == (fx.image_dir / fx.names[2]).read_bytes()
+    check_split(read("celeba", cfg("celeba", tmp_path)).splits["train"], 8)
+
+
 def test_celeba_download_failure_is_data_error(tmp_path, monkeypatch):
     import torchvision
 
@@ -174,7 +197,7 @@ def test_carve_validation_is_fixed_disjoint_and_complete():
 
 def test_cifar10_reads_fixture(tmp_path):
     folder = write_cifar10(tmp_path, n_train_per_batch=20, n_test=30)
-    data = TASKS.get("cifar10").load(cfg("cifar10", tmp_path))
+    data = read("cifar10", cfg("cifar10", tmp_path))
     assert data.spec.task_names == ("class",) and data.spec.num_classes == (10,)
     assert data.spec.pad_crop == 4 and data.spec.hflip
     for split, size in (("train", 80), ("val", 20), ("test", 30)):  # 20 % of 100 is validation
@@ -190,11 +213,11 @@ def test_cifar10_reads_fixture(tmp_path):
 
 def test_cifar100_reads_fixture_resized_and_capped(tmp_path):
     write_cifar100(tmp_path, n_train=100, n_test=30)
-    data = TASKS.get("cifar100").load(cfg("cifar100", tmp_path))
+    data = read("cifar100", cfg("cifar100", tmp_path))
     assert data.spec.num_classes == (100,)
     for split, size in (("train", 95), ("val", 5), ("test", 30)):  # 5 % of 100 is validation
         check_split(data.splits[split], size)
-    small = TASKS.get("cifar100").load(cfg("cifar100", tmp_path, image_size=16, max_samples=7))
+    small = read("cifar100", cfg("cifar100", tmp_path, image_size=16, max_samples=7))
     for split, size in (("train", 7), ("val", 5), ("test", 7)):
         check_split(small.splits[split], size, image_size=16)
         assert torch.equal(small.splits[split].labels, data.splits[split].labels[:size])
@@ -223,7 +246,7 @@ def test_cifar_batch_missing_labels(tmp_path):
 @pytest.mark.parametrize("subfolder", [True, False])
 def test_svhn_reads_fixture(tmp_path, subfolder):
     paths = write_svhn(tmp_path, n_train=50, n_test=20, subfolder=subfolder)
-    data = TASKS.get("svhn").load(cfg("svhn", tmp_path))
+    data = read("svhn", cfg("svhn", tmp_path))
     assert data.spec.task_names == ("digit",) and not data.spec.hflip
     for split, size in (("train", 40), ("val", 10), ("test", 20)):
         check_split(data.splits[split], size)
@@ -233,7 +256,7 @@ def test_svhn_reads_fixture(tmp_path, subfolder):
     expected = mat["y"][:, 0].astype(np.int64) % 10  # 10 -> 0, 1..9 unchanged
     assert (mat["y"] == 10).any() and np.array_equal(data.splits["test"].labels[:, 0].numpy(), expected)
     assert np.array_equal(data.splits["test"].images[3].numpy(), mat["X"][..., 3].transpose(2, 0, 1))
-    capped = TASKS.get("svhn").load(cfg("svhn", tmp_path, max_samples=3))
+    capped = read("svhn", cfg("svhn", tmp_path, max_samples=3))
     assert [len(s) for s in capped.splits.values()] == [3, 3, 3]
 
 
@@ -253,15 +276,85 @@ def test_svhn_mat_missing_y(tmp_path):
 
 
 def test_digits_loads():
-    data = TASKS.get("digits").load(DataConfig(task="digits", image_size=32))
+    data = read("digits", DataConfig(task="digits", image_size=32))
     assert data.spec.pad_crop == 4 and not data.spec.hflip
     for split, size in (("train", 1078), ("val", 359), ("test", 360)):
         check_split(data.splits[split], size)
         assert 0 <= data.splits[split].labels.min() and data.splits[split].labels.max() <= 9
     images = data.splits["train"].images
     assert torch.equal(images[:, 0], images[:, 1]) and images.max() > 200
-    capped = TASKS.get("digits").load(DataConfig(task="digits", image_size=16, max_samples=10))
+    capped = read("digits", DataConfig(task="digits", image_size=16, max_samples=10))
     check_split(capped.splits["val"], 10, image_size=16)
     assert capped.spec.mean == pytest.approx(
-        TASKS.get("digits").load(DataConfig(task="digits", image_size=16)).spec.mean
+        read("digits", DataConfig(task="digits", image_size=16)).spec.mean
     )
+
+
+# ------------------------------------------------------------------------------ the task contract
+
+
+def fixture_for(name: str, root) -> DataConfig:
+    """A config for each task with its fixture written (image size 16)."""
+    if name == "celeba":
+        write_celeba(root, n=30)
+    elif name == "cifar10":
+        write_cifar10(root, n_train_per_batch=8, n_test=12)
+    elif name == "cifar100":
+        write_cifar100(root, n_train=40, n_test=12)
+    elif name == "svhn":
+        write_svhn(root, n_train=30, n_test=12)
+    synthetic = SyntheticConfig(num_attributes=3, train_size=25, val_size=9, test_size=11)
+    return DataConfig(task=name, root=str(root), image_size=16, synthetic=synthetic)
+
+
+@pytest.mark.parametrize("name", ["celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic"])
+def test_every_task_streams_blocks_whose_images_do_not_depend_on_stop(tmp_path, monkeypatch, name):
+    """The contract the cache relies on: bounded blocks, consecutive rows, a capped read is a prefix."""
+    data_cfg = fixture_for(name, tmp_path)
+    whole = TASKS.get(name).open(data_cfg).decode()
+    monkeypatch.setattr(task_api, "IMAGE_BLOCK_BYTES", 4 * 3 * 16 * 16)  # 4 images per block
+    source = TASKS.get(name).open(data_cfg)
+    for split_name, split in source.splits.items():
+        n = len(split)
+        blocks = list(split.read_blocks(n))
+        assert all(b.dtype == np.uint8 and b.shape[1:] == (3, 16, 16) for b in blocks)
+        assert [len(b) for b in blocks] == [min(4, n - start) for start in range(0, n, 4)]
+        assert np.array_equal(np.concatenate(blocks), whole.splits[split_name].images.numpy())
+        for stop in (1, 5, n - 1):
+            prefix = np.concatenate(list(split.read_blocks(stop)))
+            assert np.array_equal(prefix, whole.splits[split_name].images[:stop].numpy())
+        assert np.array_equal(split.labels, whole.splits[split_name].labels.numpy())
+
+
+def test_block_length_bounds_memory_at_every_image_size():
+    for size in (8, 32, 64, 128, 512):
+        assert block_length(size) * 3 * size * size <= task_api.IMAGE_BLOCK_BYTES
+    assert block_length(128) == 682
+
+
+def test_check_labels_names_task_row_value_and_range():
+    spec = TaskSpec("toy", ("smile", "digit"), (2, 10), (0.5,) * 3, (0.2,) * 3)
+    check_labels(spec, np.array([[0, 9], [1, 0]]), "here")  # in range: nothing happens
+    with pytest.raises(DataError, match=r"here: task 'smile' has label 5 at row 1; its labels must lie in 0\.\.1"):
+        check_labels(spec, np.array([[0, 9], [5, 0]]), "here")
+    with pytest.raises(DataError, match=r"task 'digit' has label -3 at row 0.*unknown value"):
+        check_labels(spec, np.array([[0, -3], [1, 0]]), "here")
+    with pytest.raises(DataError, match="must be integers"):
+        check_labels(spec, np.zeros((2, 2), np.float32), "here")
+    with pytest.raises(DataError, match=r"\(N, 2\) matrix"):
+        check_labels(spec, np.zeros((2, 3), np.int64), "here")
+
+
+def test_out_of_range_labels_from_a_reader_stop_before_decoding(tmp_path, monkeypatch):
+    """The check sits in the contract (TaskSource), so it holds for every task, present and future."""
+    data_cfg = fixture_for("synthetic", tmp_path)
+    real = task_api.SplitSource
+
+    def with_bad_label(labels, read_blocks, true_probs=None):
+        labels = labels.copy()
+        labels[3, 1] = 2
+        return real(labels, read_blocks, true_probs)
+
+    monkeypatch.setattr("tasks.synthetic.SplitSource", with_bad_label)
+    with pytest.raises(DataError, match=r"split 'train'.*'attr01' has label 2 at row 3"):
+        TASKS.get("synthetic").open(data_cfg)

@@ -16,15 +16,17 @@ def load_task(data_cfg: DataConfig) -> TaskData:
     """The registered task named by ``data.task``, loaded with its splits (train/val/test).
 
     Goes through the uint8 cache (``mtl_cog.data.cache``) unless ``data.use_cache`` is false.
+    ``data.max_samples`` keeps the first N samples of each split: a slice of the one full cache,
+    or, without a cache, the only images decoded.
     """
     try:
         task = TASKS.get(data_cfg.task)
     except UnknownNameError as err:
         raise ConfigError(f"data.task: {err}") from None
     if data_cfg.use_cache:
-        task_data = load_cached(task, data_cfg)  # decode once, memory-map afterwards
+        task_data = load_cached(task, data_cfg).head(data_cfg.max_samples)  # decode once, map afterwards
     else:
-        task_data = task.load(data_cfg)
+        task_data = task.open(data_cfg).decode(data_cfg.max_samples)
     for split in ("train", "val", "test"):
         if split not in task_data.splits or len(task_data.splits[split]) == 0:
             raise DataError(f"task {data_cfg.task!r} produced no {split!r} samples.")

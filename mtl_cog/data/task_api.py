@@ -4,6 +4,12 @@
 normalisation, augmentation) and ``SplitData`` (uint8 images + integer label matrix). A data set
 is one module in ``tasks/`` registered with ``@TASKS.register(name)``.
 
+Streaming: a task's ``open(data_cfg)`` returns a ``TaskSource`` (spec, labels, and per split a
+``read_blocks`` generator that decodes images in blocks of at most ``IMAGE_BLOCK_BYTES``). The
+cache writer (``mtl_cog.data.cache``) streams those blocks to disk, so building a cache needs
+the same memory for 2,000 images as for 202,599; ``TaskSource.decode`` reads them into memory
+when no cache is wanted.
+
 Output layout: every task's logits live side by side in one flat ``(B, L)`` tensor so that all
 heads and calibrators run as batched tensor ops. A binary task (2 classes) owns one column (a
 single logit z, p = sigmoid(z)); a K-class task owns K columns.
@@ -11,6 +17,7 @@ single logit z, p = sigmoid(z)); a K-class task owns K columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -18,7 +25,9 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
+from mtl_cog.errors import DataError
 from mtl_cog.registry import Registry
 
 
@@ -86,6 +95,8 @@ class LogitLayout:
 
 @dataclass
 class SplitData:
+    """One decoded split: uint8 images and the integer label matrix (in memory or memory-mapped)."""
+
     images: torch.Tensor  # uint8, (N, 3, H, W)
     labels: torch.Tensor  # int64, (N, T)
     true_probs: np.ndarray | None = None  # (N, T) P(y_t = 1 | x) for binary tasks, where known
@@ -102,7 +113,7 @@ class SplitData:
         return len(self.images)
 
     def head(self, n: int | None) -> SplitData:
-        """The first ``n`` samples (``data.max_samples``)."""
+        """The first ``n`` samples (``data.max_samples``): views, nothing is copied."""
         if n is None or n >= len(self):
             return self
         probs = None if self.true_probs is None else self.true_probs[:n]
@@ -114,16 +125,163 @@ class TaskData:
     spec: TaskSpec
     splits: dict[str, SplitData] = field(default_factory=dict)
 
+    def head(self, n: int | None) -> TaskData:
+        """Every split cut to its first ``n`` samples (``data.max_samples``): a slice of the full data."""
+        return TaskData(self.spec, {name: split.head(n) for name, split in self.splits.items()})
+
+
+# ------------------------------------------------------------------------ before decoding: sources
+
+# Images are handed over in blocks of at most this many bytes, so that whoever consumes them (the
+# cache writer, ``TaskSource.decode``) needs memory for one block, not for the split: 202,599
+# CelebA images at 128 px are 10 GB, a block is 32 MiB (682 of them).
+IMAGE_BLOCK_BYTES = 32 * 2**20
+
+# ``read_blocks(stop)``: the first ``stop`` images of a split as consecutive uint8 (n, 3, S, S) blocks.
+ReadBlocks = Callable[[int], Iterator[np.ndarray]]
+
+
+def block_length(image_size: int) -> int:
+    """Images per block at ``image_size`` (see ``IMAGE_BLOCK_BYTES``)."""
+    return max(1, IMAGE_BLOCK_BYTES // (3 * image_size * image_size))
+
+
+def block_ranges(stop: int, image_size: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` ranges of ``block_length(image_size)`` images covering ``range(stop)``.
+
+    Boundaries are multiples of the block length whatever ``stop`` is, so a reader that processes
+    whole blocks produces the same image ``i`` for every ``stop`` (a capped read is a prefix).
+    """
+    step = block_length(image_size)
+    for start in range(0, stop, step):
+        yield start, min(start + step, stop)
+
+
+@dataclass
+class SplitSource:
+    """One split before its images are decoded: labels in memory, images decoded block by block.
+
+    ``read_blocks(stop)`` yields the first ``stop`` images as consecutive uint8 ``(n, 3, S, S)``
+    blocks of at most ``block_length(S)`` images (``block_ranges`` gives the boundaries). Image
+    ``i`` must not depend on ``stop``, and every call starts afresh from image 0.
+    """
+
+    labels: np.ndarray  # (N, T) integers
+    read_blocks: ReadBlocks
+    true_probs: np.ndarray | None = None  # (N, T) float, see SplitData
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def decode(self, image_size: int, n: int | None = None, desc: str = "") -> SplitData:
+        """The first ``n`` (default all) samples decoded into one in-memory ``SplitData``."""
+        n = len(self) if n is None else min(n, len(self))
+        images = np.empty((n, 3, image_size, image_size), dtype=np.uint8)
+        filled = 0
+        with tqdm(total=n, desc=desc or "decoding", unit="img", disable=n < 5000, leave=False) as bar:
+            for block in self.read_blocks(n):
+                if filled + len(block) > n or tuple(block.shape[1:]) != images.shape[1:]:
+                    raise DataError(f"{desc or 'a split'}: the reader produced a block of shape {block.shape} "
+                                    f"after {filled} images; expected {n} images of shape {images.shape[1:]}.")
+                images[filled : filled + len(block)] = block
+                filled += len(block)
+                bar.update(len(block))
+        if filled != n:
+            raise DataError(f"{desc or 'a split'}: the reader produced {filled} images, its labels say {n}.")
+        probs = None if self.true_probs is None else np.asarray(self.true_probs[:n], dtype=np.float32)
+        labels = torch.from_numpy(np.ascontiguousarray(self.labels[:n], dtype=np.int64))
+        return SplitData(torch.from_numpy(images), labels, probs)
+
+
+@dataclass
+class TaskSource:
+    """What ``Task.open`` returns: the spec, the image size and each split's ``SplitSource``.
+
+    Construction checks every split's labels against the spec (``check_labels``), so out-of-range
+    labels stop a build before anything is decoded, whichever task produced them.
+    """
+
+    spec: TaskSpec
+    image_size: int
+    splits: dict[str, SplitSource]
+
+    def __post_init__(self) -> None:
+        for name, split in self.splits.items():
+            check_labels(self.spec, split.labels, f"task {self.spec.dataset!r}, split {name!r}")
+            if split.true_probs is not None:
+                check_true_probs(split.true_probs, len(split), self.spec.num_tasks,
+                                 f"task {self.spec.dataset!r}, split {name!r}")
+
+    def decode(self, max_samples: int | None = None) -> TaskData:
+        """Everything (or the first ``max_samples`` of each split) decoded into memory: no cache."""
+        splits = {name: split.decode(self.image_size, max_samples, desc=f"{self.spec.dataset} {name}")
+                  for name, split in self.splits.items()}
+        return TaskData(self.spec, splits)
+
+    @classmethod
+    def from_task_data(cls, data: TaskData) -> TaskSource:
+        """A source over already decoded splits (tests, benchmarks: anything that holds tensors)."""
+        sizes = {tuple(split.images.shape[-2:]) for split in data.splits.values()}
+        if len(sizes) != 1 or len(next(iter(sizes))) != 2 or len(set(next(iter(sizes)))) != 1:
+            raise ValueError(f"every split needs square images of one size, got {sorted(sizes)}.")
+        size = next(iter(sizes))[0]
+
+        def blocks_of(images: torch.Tensor) -> ReadBlocks:
+            def read_blocks(stop: int) -> Iterator[np.ndarray]:
+                for start, end in block_ranges(stop, size):
+                    yield images[start:end].cpu().numpy()
+            return read_blocks
+
+        splits = {name: SplitSource(split.labels.cpu().numpy(), blocks_of(split.images), split.true_probs)
+                  for name, split in data.splits.items()}
+        return cls(data.spec, size, splits)
+
+
+def check_labels(spec: TaskSpec, labels: np.ndarray, where: str) -> None:
+    """Refuse a label matrix that is not (N, T) integers with column t in ``0 .. num_classes[t] - 1``."""
+    labels = np.asarray(labels)
+    if labels.ndim != 2 or labels.shape[1] != spec.num_tasks:
+        raise DataError(f"{where}: labels must be an (N, {spec.num_tasks}) matrix, got shape {labels.shape}.")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"{where}: labels must be integers, got {labels.dtype}.")
+    if not len(labels):
+        return
+    limits = np.asarray(spec.num_classes)
+    bad_columns = np.flatnonzero((labels.min(axis=0) < 0) | (labels.max(axis=0) >= limits))
+    if not bad_columns.size:
+        return
+    t = int(bad_columns[0])
+    column = labels[:, t]
+    row = int(np.flatnonzero((column < 0) | (column >= limits[t]))[0])
+    value = int(column[row])
+    hint = (" A negative label usually marks an unknown value; every sample needs all its labels here, "
+            "so drop such samples from the source." if value < 0 else "")
+    raise DataError(
+        f"{where}: task {spec.task_names[t]!r} has label {value} at row {row}; its labels must lie in "
+        f"0..{int(limits[t]) - 1}.{hint}"
+    )
+
+
+def check_true_probs(true_probs: np.ndarray, n: int, num_tasks: int, where: str) -> None:
+    """Refuse true probabilities that are not an (N, T) array of finite values in [0, 1]."""
+    probs = np.asarray(true_probs)
+    if probs.shape != (n, num_tasks):
+        raise DataError(f"{where}: true probabilities must have shape {(n, num_tasks)}, got {probs.shape}.")
+    if probs.size and not (np.isfinite(probs).all() and probs.min() >= 0 and probs.max() <= 1):
+        raise DataError(f"{where}: true probabilities must be finite and lie in [0, 1].")
+
 
 class Task(Protocol):
     """What a ``tasks/<name>.py`` module registers.
 
-    ``load(data_cfg)`` returns the train/val/test splits as uint8 tensors (already resized to
-    ``data_cfg.image_size``), honouring ``data_cfg.max_samples``. ``source_files(data_cfg)`` lists
-    the files it reads (for cache fingerprints); a generated task returns [].
+    ``open(data_cfg)`` reads what is small (label and index files; small data sets entirely),
+    validates it and returns a ``TaskSource`` whose splits decode their images block by block at
+    ``data_cfg.image_size``; it ignores ``data_cfg.max_samples`` (callers take a prefix, so one
+    cache serves every cap). ``source_files(data_cfg)`` lists the files it reads (for cache
+    fingerprints); a generated task returns [].
     """
 
-    def load(self, data_cfg) -> TaskData: ...
+    def open(self, data_cfg) -> TaskSource: ...
 
     def source_files(self, data_cfg) -> list[Path]: ...
 
