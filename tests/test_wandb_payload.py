@@ -7,7 +7,7 @@ from PIL import Image
 from scipy.special import logit
 from wandb.sdk.wandb_run import Run
 
-from mtl_cog.evaluation.metrics import compute_metrics, metrics_frame
+from mtl_cog.evaluation.metrics import compute_metrics, metric_names, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
 from mtl_cog.runs.rundir import RELIABILITY_PNG, TRUTH_METRICS
@@ -53,11 +53,14 @@ def test_one_epoch_gives_each_attribute_its_own_section_and_the_end_a_table_and_
     for key in logged[0]:
         section, _, rest = key.partition("/")
         sections.setdefault(section, set()).add(rest)
-    assert set(TASKS) | {"mean", "train"} <= set(sections)
-    expected = {f"val/{m}" for m in ("accuracy", "nll", "brier", "ece@5", "ece@15", "rmsce@5", "rmsce@15", "mce@5",
-                                     "mce@15")}
+    assert set(TASKS) | {"mean", "train", "multitask", "pairs"} <= set(sections)
+    expected = {f"val/{m}" for m in metric_names(BINS)}
+    assert {"val/accuracy", "val/ece@15", "val/smece", "val/adaece@5", "val/brier_resolution"} <= expected
     for section in [*TASKS, "mean"]:
         assert sections[section] == expected, section
+    assert sections["multitask"] == {f"val/{m}" for m in val["multitask"]}
+    assert {"val/pooled_ece@15", "val/worst_task_ece@5", "val/count_ece", "val/pair_joint_ece"} <= sections["multitask"]
+    assert len(sections["pairs"]) == len(val["pairs"]) == 10
     assert logged[0]["attr07/val/nll"] == pytest.approx(val["tasks"]["attr07"]["nll"])
     assert {k.partition("/")[2] for k in logged[1] if k.startswith("attr39/")} == {
         e.replace("val/", "test/") for e in expected}
