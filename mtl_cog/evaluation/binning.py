@@ -58,13 +58,16 @@ class SortedRows:
     """Rows (C, N) sorted by confidence, with running sums: the sums over any bin of consecutive
     confidences are two look-ups, so every bin count and both binnings cost one sort in total."""
 
-    def __init__(self, confidence: np.ndarray, hit: np.ndarray, order: np.ndarray | None = None) -> None:
-        if order is None:
-            order = np.argsort(confidence, axis=1)
-        self.confidence = np.take_along_axis(confidence, order, 1)
-        zero = np.zeros((len(confidence), 1))
-        self._cum_hit = np.concatenate([zero, np.cumsum(np.take_along_axis(hit, order, 1), axis=1)], axis=1)
-        self._cum_conf = np.concatenate([zero, np.cumsum(self.confidence, axis=1)], axis=1)
+    def __init__(self, sorted_confidence: np.ndarray, sorted_hit: np.ndarray) -> None:
+        self.confidence, self.hit = sorted_confidence, sorted_hit
+        zero = np.zeros((len(sorted_confidence), 1))
+        self._cum_hit = np.concatenate([zero, np.cumsum(sorted_hit, axis=1)], axis=1)
+        self._cum_conf = np.concatenate([zero, np.cumsum(sorted_confidence, axis=1)], axis=1)
+
+    @classmethod
+    def sort(cls, confidence: np.ndarray, hit: np.ndarray) -> SortedRows:
+        order = np.argsort(confidence, axis=1)
+        return cls(np.take_along_axis(confidence, order, 1), np.take_along_axis(hit, order, 1))
 
     def sums(self, starts: np.ndarray) -> np.ndarray:
         """Bins given by where they start in each sorted row, (C, B + 1) with 0 and N at the ends -> (C, B, 3)."""

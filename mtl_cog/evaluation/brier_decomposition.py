@@ -43,17 +43,18 @@ def _decompose_sorted(p: np.ndarray, y: np.ndarray) -> tuple[float, float, float
     return s_forecast - s_recalibrated, s_climatology - s_recalibrated, s_climatology
 
 
-def decompose_events(p: np.ndarray, y: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
-    """CORP (reliability, resolution, uncertainty) of each row: p, y (C, N) -> (3, C).
+def decompose_sorted(p_sorted: np.ndarray, y_sorted: np.ndarray) -> np.ndarray:
+    """CORP (reliability, resolution, uncertainty) of each row: p, y (C, N), each row sorted by p -> (3, C).
 
-    One row per event (task or class). ``order`` (C, N), the argsort of each row of ``p``, can be
-    passed when the caller has it already.
+    One row per event (a task, or a class of a K-class task).
     """
-    if order is None:
-        order = np.argsort(p, axis=1)
-    p_sorted = np.take_along_axis(p, order, 1)
-    y_sorted = np.take_along_axis(y, order, 1)
-    out = np.empty((3, p.shape[0]))
-    for c in range(p.shape[0]):
+    out = np.empty((3, len(p_sorted)))
+    for c in range(len(p_sorted)):
         out[:, c] = _decompose_sorted(p_sorted[c], y_sorted[c])
     return out
+
+
+def decompose(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``decompose_sorted`` of rows in any order: p, y (C, N) -> (3, C)."""
+    order = np.argsort(p, axis=1)
+    return decompose_sorted(np.take_along_axis(p, order, 1), np.take_along_axis(y, order, 1))

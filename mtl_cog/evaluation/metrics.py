@@ -32,11 +32,8 @@ against probmetrics on ordinary data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-import torch
-import torch.nn.functional as F
+from scipy.special import expit, log_softmax
 
 from mtl_cog.errors import PredictionFileError
 from mtl_cog.evaluation import multitask_metrics as multitask
@@ -48,7 +45,7 @@ from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_erro
     errors_from_sums,
     uniform_bin_index,
 )
-from mtl_cog.evaluation.brier_decomposition import decompose_events
+from mtl_cog.evaluation.brier_decomposition import decompose_sorted
 from mtl_cog.evaluation.smooth_ece import smooth_ece
 
 BASE_METRICS = ("accuracy", "nll", "brier")
@@ -77,110 +74,71 @@ def lower_is_better(metric: str) -> bool:
 # One group of events scored together: every binary task at once, or one K-class task
 
 
-@dataclass
-class Events:
-    """Calibration inputs of a group of rows (one row per task), as in the module docstring."""
-
-    confidence: np.ndarray  # (C, N) clamped: positive-class probability, or top-label confidence
-    hit: np.ndarray  # (C, N) 0/1: the label, or whether the top label is right
-    finite: np.ndarray  # (C,) False where a logit was NaN or infinite: those rows' metrics are NaN
-
-
-def calibration_scores(events: Events, bins: list[int] | tuple[int, ...],
-                       order: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], dict]:
-    """ece/rmsce/mce@B, smece, adaece@B of each row -> (metrics, uniform bin sums per B for pooling).
-
-    ``order`` (C, N): an argsort of each row of the confidences (or of any monotone function of
-    them, such as the unclamped probabilities), when the caller has one.
-    """
-    conf = np.where(events.finite[:, None], events.confidence, 0.5)  # placeholder; those rows become NaN
-    if not events.finite.all():
-        order = None
-    rows = SortedRows(conf, events.hit, order)
+def calibration_scores(rows: SortedRows, bins: list[int] | tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict]:
+    """ece/rmsce/mce@B, smece, adaece@B of each sorted row -> (metrics, uniform bin sums per B for pooling)."""
     out: dict[str, np.ndarray] = {}
     sums = {}
     for b in bins:
         sums[b] = rows.uniform_sums(b)
         for norm, values in errors_from_sums(sums[b]).items():
             out[f"{norm}@{b}"] = values
-    out["smece"], _ = smooth_ece(conf, events.hit)
+    out["smece"], _ = smooth_ece(rows.confidence, rows.hit)
     for b in bins:
         out[f"adaece@{b}"] = errors_from_sums(rows.equal_mass_sums(b))["ece"]
-    for values in out.values():
-        values[~events.finite] = np.nan
     return out, sums
 
 
-def _binary_scores(logits: torch.Tensor, labels: torch.Tensor) -> tuple[dict[str, np.ndarray], Events, np.ndarray]:
-    """(N, T) logits and 0/1 labels -> base metrics (T,) each, the calibration events, p (T, N)."""
-    y = labels.to(logits.dtype)
-    p = torch.sigmoid(logits)
-    base = {
-        "accuracy": ((logits > 0).to(logits.dtype) == y).to(logits.dtype).mean(0),
-        "nll": F.binary_cross_entropy_with_logits(logits, y, reduction="none").mean(0),
-        "brier": (2 * (p - y).pow(2)).mean(0),
-    }
-    p_rows = p.T.contiguous().numpy()
-    finite = np.isfinite(p_rows).all(1)
-    events = Events(np.clip(p_rows, CLAMP, 1 - CLAMP), y.T.contiguous().numpy(), finite)
-    return {k: v.numpy() for k, v in base.items()}, events, p_rows
-
-
-def _multiclass_scores(logits: torch.Tensor, labels: torch.Tensor) -> tuple[dict[str, np.ndarray], Events, np.ndarray]:
-    """One K-class task -> base metrics (1,) each, the top-label events, class probabilities (K, N)."""
-    log_p = F.log_softmax(logits, dim=1)
-    p = log_p.exp()
-    onehot = F.one_hot(labels, logits.shape[1]).to(logits.dtype)
-    confidence, predicted = p.max(dim=1)
-    hit = (predicted == labels).to(logits.dtype)
-    base = {
-        "accuracy": hit.mean().reshape(1),
-        "nll": F.nll_loss(log_p, labels).reshape(1),
-        "brier": (p - onehot).pow(2).sum(1).mean().reshape(1),
-    }
-    finite = np.array([bool(torch.isfinite(logits).all())])
-    events = Events(confidence.clamp(CLAMP, 1 - CLAMP).numpy()[None], hit.numpy()[None], finite)
-    return {k: v.numpy() for k, v in base.items()}, events, p.T.contiguous().numpy()
-
-
-def _brier_parts(p_rows: np.ndarray, outcome_rows: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
-    """CORP parts of each row, NaN for a row with a non-finite probability -> (3, C)."""
-    finite = np.isfinite(p_rows).all(1)
-    parts = np.full((3, len(p_rows)), np.nan)
+def _refuse_non_finite(values: dict[str, np.ndarray], sums: dict, finite: np.ndarray) -> None:
+    """A task with a NaN or infinite logit gets NaN for every metric (and contributes NaN to pooling)."""
     if finite.all():
-        parts[:] = decompose_events(p_rows, outcome_rows, order)
-    elif finite.any():
-        parts[:, finite] = decompose_events(p_rows[finite], outcome_rows[finite])
-    return parts
+        return
+    for array in (*values.values(), *sums.values()):
+        array[~finite] = np.nan
 
 
-def _score_binary(z: torch.Tensor, y: torch.Tensor, bins) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
-    base, events, p_rows = _binary_scores(z, y)
-    order = np.argsort(p_rows, axis=1)  # one sort serves the equal-mass bins and the Brier decomposition
-    values, sums = calibration_scores(events, bins, order)
-    parts = 2 * _brier_parts(p_rows, events.hit, order)  # the two classes' decompositions are identical
-    values.update(base)
+def _score_binary(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
+    """Every binary task at once: logits and 0/1 labels (T, N) -> metrics (T,) each, bin sums, p (T, N).
+
+    One sort per task serves every binned error, the equal-mass bins and the Brier decomposition.
+    """
+    finite = np.isfinite(z).all(1)
+    z = np.where(finite[:, None], z, 0.0)  # placeholder; those tasks' metrics become NaN
+    order = np.argsort(z, axis=1)
+    z_sorted = np.take_along_axis(z, order, 1)
+    y_sorted = np.take_along_axis(y, order, 1)
+    p_sorted = expit(z_sorted)
+    values, sums = calibration_scores(SortedRows(np.clip(p_sorted, CLAMP, 1 - CLAMP), y_sorted), bins)
+    values["accuracy"] = ((z_sorted > 0) == y_sorted).mean(1)
+    values["nll"] = (np.logaddexp(0, z_sorted) - y_sorted * z_sorted).mean(1)  # BCE with logits, stably
+    values["brier"] = 2 * ((p_sorted - y_sorted) ** 2).mean(1)
+    parts = 2 * decompose_sorted(p_sorted, y_sorted)  # the two classes' decompositions are identical
     values.update(dict(zip(BRIER_PARTS, parts)))
-    if not events.finite.all():  # NaN logits predict nothing: no accuracy either
-        values["accuracy"][~events.finite] = np.nan
-    return values, sums, p_rows
+    _refuse_non_finite(values, sums, finite)
+    return values, sums, np.where(finite[:, None], expit(z), np.nan)
 
 
-def _score_multiclass(z: torch.Tensor, y: torch.Tensor, bins) -> tuple[dict[str, np.ndarray], dict]:
-    base, events, probs = _multiclass_scores(z, y)
-    values, sums = calibration_scores(events, bins)
+def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndarray], dict]:
+    """One K-class task: logits (N, K), labels (N,) -> metrics (1,) each, top-label bin sums (1, B, 3)."""
+    finite = np.array([np.isfinite(z).all()])
+    log_p = log_softmax(np.where(finite[0], z, 0.0), axis=1)
+    probs = np.exp(log_p).T  # (K, N): one row per class
     onehot = np.zeros_like(probs)
-    onehot[y.numpy(), np.arange(probs.shape[1])] = 1.0
-    parts = _brier_parts(probs, onehot).sum(1, keepdims=True)  # summed over classes, like the Brier score
-    values.update(base)
-    values.update(dict(zip(BRIER_PARTS, parts)))
-    finite = bool(events.finite[0])
-    clamped = np.clip(probs, CLAMP, 1 - CLAMP) if finite else np.full_like(probs, 0.5)
+    onehot[y, np.arange(len(y))] = 1.0
+    predicted = probs.argmax(0)
+    confidence = probs[predicted, np.arange(len(y))]
+    hit = (predicted == y).astype(np.float64)
+    values, sums = calibration_scores(SortedRows.sort(np.clip(confidence, CLAMP, 1 - CLAMP)[None], hit[None]), bins)
+    values["accuracy"] = hit.mean(keepdims=True)
+    values["nll"] = -log_p[np.arange(len(y)), y].mean(keepdims=True)
+    values["brier"] = ((probs - onehot) ** 2).sum(0).mean(keepdims=True)
+    order = np.argsort(probs, axis=1)
+    parts = decompose_sorted(np.take_along_axis(probs, order, 1), np.take_along_axis(onehot, order, 1))
+    values.update(dict(zip(BRIER_PARTS, parts.sum(1, keepdims=True))))  # summed over classes, like the Brier score
+    clamped = np.clip(probs, CLAMP, 1 - CLAMP)
     for b in bins:  # Kull et al. (2019): mean over classes of each class probability's ECE
         per_class = errors_from_sums(bin_sums(clamped, onehot, uniform_bin_index(clamped, b), b))["ece"]
-        values[f"classwise_ece@{b}"] = np.array([per_class.mean() if finite else np.nan])
-    if not finite:
-        values["accuracy"][:] = np.nan
+        values[f"classwise_ece@{b}"] = per_class.mean(keepdims=True)
+    _refuse_non_finite(values, sums, finite)
     return values, sums
 
 
@@ -204,17 +162,16 @@ def compute_metrics(
     task_sums: dict[int, dict] = {}
     binary_probs = None
     if binary:
-        z = torch.as_tensor(np.stack([logits[t] for t in binary], axis=1), dtype=torch.float64)
-        y = torch.as_tensor(np.stack([labels[t] for t in binary], axis=1), dtype=torch.long)
+        z = np.stack([logits[t] for t in binary]).astype(np.float64)
+        y = np.stack([labels[t] for t in binary]).astype(np.float64)
         values, sums, binary_probs = _score_binary(z, y, bins)
         for row, t in enumerate(binary):
             per_task[task_names[t]] = {m: float(values[m][row]) for m in metric_names(bins)}
             task_sums[t] = {b: sums[b][row] for b in bins}
     for t, z in enumerate(logits):
         if np.ndim(z) == 2:
-            values, sums = _score_multiclass(
-                torch.as_tensor(z, dtype=torch.float64), torch.as_tensor(labels[t], dtype=torch.long), bins
-            )
+            values, sums = _score_multiclass(np.asarray(z, dtype=np.float64), np.asarray(labels[t], dtype=np.int64),
+                                             bins)
             per_task[task_names[t]] = {m: float(values[m][0]) for m in metric_names(bins, multiclass=True)}
             task_sums[t] = {b: sums[b][0] for b in bins}
     per_task = {name: per_task[name] for name in task_names}  # data-set order
@@ -225,8 +182,7 @@ def compute_metrics(
         pooled = {b: np.sum([task_sums[t][b] for t in range(len(task_names))], axis=0) for b in bins}
         out["multitask"] = multitask.task_spread(per_task, pooled, bins)
         if len(binary) >= 2:
-            y_rows = np.stack([labels[t] for t in binary]).astype(np.float64)
-            joint = multitask.joint_metrics([task_names[t] for t in binary], binary_probs, y_rows, pairs)
+            joint = multitask.joint_metrics([task_names[t] for t in binary], binary_probs, y, pairs)
             out["multitask"].update(joint.scalars)
             if joint.pairs:
                 out["pairs"] = joint.pairs
