@@ -172,10 +172,13 @@ class TrainConfig:
 class EvalConfig:
     bins: list[int] = field(default_factory=lambda: list(DEFAULT_BINS))
     selection_metric: str = "brier"  # mean over tasks on validation; lower is better
+    joint_pairs: int = 10  # k most correlated attribute pairs scored by pair_joint_ece (docs/metrics.md); 0 = none
 
     def validate(self) -> None:
         if not self.bins or any(b <= 0 for b in self.bins):
             raise ConfigError(f"eval.bins must be a non-empty list of positive integers. Got {self.bins}.")
+        if self.joint_pairs < 0:
+            raise ConfigError(f"eval.joint_pairs must be an integer >= 0. Got {self.joint_pairs!r}.")
         if self.selection_metric not in ("brier", "nll", "accuracy"):
             raise ConfigError(
                 f"eval.selection_metric must be one of brier, nll, accuracy. Got {self.selection_metric!r}."

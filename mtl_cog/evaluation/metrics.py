@@ -51,6 +51,8 @@ from mtl_cog.evaluation.smooth_ece import smooth_ece
 BASE_METRICS = ("accuracy", "nll", "brier")
 NORMS = ("ece", "rmsce", "mce")
 BRIER_PARTS = ("brier_reliability", "brier_resolution", "brier_uncertainty")
+# every error named "<family>@<bins>", per task or multi-task (mtl_cog.evaluation.multitask_metrics)
+BINNED_FAMILIES = (*NORMS, "adaece", "classwise_ece", *multitask.BINNED_FAMILIES)
 HIGHER_IS_BETTER = {"accuracy", "brier_resolution"}
 
 

@@ -44,6 +44,7 @@ from mtl_cog.evaluation.binning import CLAMP, SortedRows, errors_from_sums
 DEFAULT_PAIRS = 10  # k: attribute pairs whose joint calibration is measured (eval.joint_pairs)
 PAIR_BINS = SUMMARY_BINS  # equal-mass bins of the joint error
 SPREAD_PERCENTILE = 90
+BINNED_FAMILIES = ("pooled_ece", "worst_task_ece", "p90_task_ece")  # named "<family>@<bins>"
 
 
 def task_spread(per_task: dict[str, dict[str, float]], pooled_sums: dict[int, np.ndarray],
@@ -156,6 +157,20 @@ def joint_metrics(names: list[str], probs: np.ndarray, labels: np.ndarray, k: in
         out.pairs.append({"a": names[i], "b": names[j], "correlation": corr,
                           "observed": float((labels[i] * labels[j]).mean()),
                           "predicted": float((probs[i] * probs[j]).mean()), "joint_ece": float(error)})
+    return out
+
+
+def noise_free_joint_metrics(probs: np.ndarray, true_probs: np.ndarray, labels: np.ndarray, k: int) -> dict[str, float]:
+    """``nf_count_ece`` and ``nf_pair_joint_ece``: probabilities, true probabilities, labels (T, N), T >= 2.
+
+    The pairs are chosen on the labels, exactly as for ``pair_joint_ece``, so both are over the same pairs.
+    """
+    if not np.isfinite(probs).all():
+        return {"nf_count_ece": float("nan")}
+    out = {"nf_count_ece": count_calibration(probs.sum(0), true_probs.sum(0), len(probs)).ece}
+    chosen = select_pairs(labels, k)
+    if chosen:
+        out["nf_pair_joint_ece"] = float(pair_joint_errors(probs, true_probs, chosen).mean())
     return out
 
 

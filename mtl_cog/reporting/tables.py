@@ -37,7 +37,14 @@ import yaml
 from scipy.stats import rankdata
 
 from mtl_cog.errors import ReportError
-from mtl_cog.evaluation.metrics import BASE_METRICS, NORMS, compute_metrics, lower_is_better
+from mtl_cog.evaluation.metrics import (
+    BASE_METRICS,
+    BINNED_FAMILIES,
+    NORMS,
+    compute_metrics,
+    lower_is_better,
+    metrics_frame,
+)
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.runs import rundir
@@ -249,8 +256,8 @@ def score_variant(variant: Variant, bins: list[int]) -> pd.DataFrame:
         for task in scores["tasks"]:
             scores["tasks"][task].update(truth["tasks"][task])
         scores["mean"].update(truth["mean"])
-    rows = [{"task": task, **values} for task, values in scores["tasks"].items()]
-    return pd.DataFrame([*rows, {"task": "mean", **scores["mean"]}])
+        scores.setdefault("multitask", {}).update(truth.get("multitask", {}))
+    return metrics_frame(scores)  # the multi-task metrics are columns of the "mean" row
 
 
 def score_runs(records: list[RunRecord], bins: list[int]) -> pd.DataFrame:
@@ -313,7 +320,10 @@ def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 def calibration_error_table(scores: pd.DataFrame) -> pd.DataFrame:
-    """Long table: data set, method, norm (ece/rmsce/mce, and nf_* where known), bins, mean, std, rank.
+    """Long table: data set, method, norm, bins, mean, std, rank.
+
+    ``norm`` is every binned error family (ece, rmsce, mce, adaece, classwise_ece, the multi-task
+    pooled_ece, worst_task_ece, p90_task_ece, and their nf_* noise-free versions where known).
 
     ``rank`` orders the data set's methods for that norm and bin count (1 = lowest error), so a
     reader sees how rankings move with the number of bins (paper, App. C.3).
@@ -322,7 +332,7 @@ def calibration_error_table(scores: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for column in metric_columns(scores):
         norm, _, bins = column.partition("@")
-        if not bins or norm not in (*NORMS, *(f"nf_{n}" for n in NORMS)) or task_mean[column].isna().all():
+        if not bins or norm.removeprefix("nf_") not in BINNED_FAMILIES or task_mean[column].isna().all():
             continue
         for (dataset, method), group in task_mean.groupby(["dataset", "method"], sort=False):
             values = group[column].dropna()

@@ -172,12 +172,13 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
     results = {}
     for split_name, split in (("val", val), ("test", test)):
         predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
-        results[split_name] = score(predictions, cfg.eval.bins)
+        results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
     tracker.log_epoch(
         cfg.train.epochs + 1,
-        {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"]},
+        {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
+         "test_multitask": results["test"].get("multitask", {})},
         flatten_metrics("test", results["test"]),
     )
     report = None
@@ -227,7 +228,7 @@ def run_stage(accelerator: Accelerator, stage: Stage, spec: TaskSpec, train: Spl
             save_every=train_cfg.save_every_steps, on_save=lambda within, epoch=epoch: save_state(epoch, within),
         )
         predictions = predict_split(accelerator, stage.network, spec, val, train_cfg.eval_batch_size)
-        val_metrics = score(predictions, eval_cfg.bins)
+        val_metrics = score(predictions, eval_cfg.bins, eval_cfg.joint_pairs)
         improved = is_better(stage.selection_metric, val_metrics["mean"][stage.selection_metric], best)
         if improved:
             best, best_epoch = val_metrics["mean"][stage.selection_metric], epoch
@@ -258,7 +259,8 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
                   "nonfinite_skipped": stats["skipped"]}
         flat = {"train/loss": stats["loss"], **{f"lr/{k}": v for k, v in lrs.items()},
                 **flatten_metrics("val", val_metrics)}
-        tracker.log_epoch(epoch, {**record, "val_tasks": val_metrics["tasks"]}, flat)
+        tracker.log_epoch(epoch, {**record, "val_tasks": val_metrics["tasks"],
+                                  "val_multitask": val_metrics.get("multitask", {})}, flat)
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
     else:
         if accelerator.is_main_process:
