@@ -10,7 +10,7 @@ from wandb.sdk.wandb_run import Run
 from mtl_cog.evaluation.metrics import compute_metrics, metric_names, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
-from mtl_cog.runs.rundir import RELIABILITY_PNG, TRUTH_METRICS
+from mtl_cog.runs.rundir import COUNT_CALIBRATION_PNG, RELIABILITY_PNG, SMOOTH_RELIABILITY_PNG, TRUTH_METRICS
 from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
 from mtl_cog.training.accelerator import create_accelerator
 
@@ -72,12 +72,16 @@ def test_one_epoch_gives_each_attribute_its_own_section_and_the_end_a_table_and_
     final = logged[-1]
     table, image = final["test/per_task_metrics"], final["test/reliability"]
     assert isinstance(table, wandb.Table) and isinstance(image, wandb.Image)
+    assert isinstance(final["test/smooth_reliability"], wandb.Image)
+    assert isinstance(final["test/count_calibration"], wandb.Image)
+    assert {"smece", "adaece@15", "pooled_ece@15", "count_ece", "nf_count_ece", "nf_smece"} <= set(table.columns)
     assert table.columns[0] == "task" and [row[0] for row in table.data] == [*TASKS, "mean"]
     assert {"ece@15", "nf_ece@15", "prob_error", "bayes_nll"} <= set(table.columns)
     tracker.finish()
     assert (tmp_path / TRUTH_METRICS).is_file()
-    with Image.open(tmp_path / RELIABILITY_PNG) as png:
-        assert min(png.size) > 600
+    for name in (RELIABILITY_PNG, SMOOTH_RELIABILITY_PNG, COUNT_CALIBRATION_PNG):
+        with Image.open(tmp_path / name) as png:
+            assert min(png.size) > 500, name
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # the offline run W&B can sync later
 
 

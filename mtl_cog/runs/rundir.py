@@ -20,6 +20,10 @@ STATE = "training_state.safetensors"  # everything needed to resume (mtl_cog.run
 PARAMS = "parameters.json"  # parameter counts per part and the leader
 TASK_SPEC = "task_spec.json"  # the data set's spec (tasks, classes, normalisation): predicting needs no data
 RELIABILITY_PNG = "reliability_test.png"  # end-of-run reliability diagram (mtl_cog.reporting.run_report)
+SMOOTH_RELIABILITY_PNG = "smooth_reliability_test.png"  # the smoothed (smooth-ECE) reliability diagram
+COUNT_CALIBRATION_PNG = "count_calibration_test.png"  # expected vs actual positive attributes (>= 2 binary tasks)
+DRIFT_JSONL = "calibration_drift.jsonl"  # scripts/calibration_drift.py: one line per reported epoch
+DRIFT_PNG = "calibration_drift.png"  # its figure: ECE, sharpness and margins over epochs
 TRUTH_METRICS = "test_truth_metrics.csv"  # noise-free metrics, where the data set knows p*
 DONE = "DONE"  # written last: its presence marks a finished run
 # Files added by the two-stage methods and the post-hoc calibrators.
