@@ -85,13 +85,21 @@ def test_user_error_is_one_line_without_traceback(tmp_path):
     assert "error: train.epochs must be an integer" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_calibration_drift_script_reports_fitted_temperatures():
+def test_calibration_drift_script_reports_fitted_temperatures_sharpness_and_margins(tmp_path):
     result = subprocess.run([sys.executable, "scripts/calibration_drift.py",
-                             "--config", "configs/synthetic/baseline.yaml", "--every", "1", "train.epochs=2",
-                             "model.backbone=cog_cnn_tiny",
+                             "--config", "configs/synthetic/baseline.yaml", "--every", "1", "--curvature", "both",
+                             "--curvature-batch", "32", "--curvature-iterations", "4", "train.epochs=2",
+                             "model.backbone=cog_cnn_tiny", f"output_dir={tmp_path}",
                              "data.synthetic.train_size=96", "data.synthetic.num_attributes=3"],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [line["epoch"] for line in lines] == [1, 2]
     assert lines[0]["tasks"] == 3 and lines[0]["fitted_T_median"] > 0 and "true_mean_abs_logit" in lines[0]
+    for line in lines:
+        assert line["ggn_top_eigenvalue"] > 0 and line["ggn_trace"] >= line["ggn_top_eigenvalue"] * 0.5
+        assert line["val_margin_q01"] <= line["val_margin_q50"] <= line["val_margin_q99"]
+        assert 0 <= line["val_smece"] <= 1 and "val_count_ece" in line and "val_pooled_ece@15" in line
+    (run_dir,) = tmp_path.iterdir()
+    written = [json.loads(line) for line in (run_dir / "calibration_drift.jsonl").read_text().splitlines()]
+    assert written == lines and (run_dir / "calibration_drift.png").stat().st_size > 10_000

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from mtl_cog.cli.calibration_drift import ece_curvature_correlation
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.evaluation.sharpness import hutchinson_trace, margin_quantiles, signed_margins, top_eigenvalue
 
@@ -87,3 +88,12 @@ def test_signed_margins_and_their_quantiles_by_hand():
     assert margins.tolist() == [2.0, -1.0, -0.5, 3.0, 2.0, -2.0]
     q = margin_quantiles([binary], [np.array([1, 1, 0, 0])], quantiles=(0.0, 0.5, 1.0))
     assert q == {"margin_q00": -1.0, "margin_q50": pytest.approx(0.75), "margin_q100": 3.0}
+
+
+def test_ece_curvature_correlation_needs_three_epochs():
+    lines = [{"epoch": e, "val_ece@15": ece, "ggn_top_eigenvalue": lam}
+             for e, ece, lam in ((1, 0.05, 1.0), (2, 0.07, 3.0), (3, 0.06, 2.0), (4, 0.09, 5.0))]
+    assert ece_curvature_correlation(lines, "val_ece@15") == {"spearman_val_ece@15_vs_ggn_top_eigenvalue": 1.0}
+    assert ece_curvature_correlation(lines[:2], "val_ece@15") == {}
+    lines[1]["val_ece@15"] = 0.1  # ranks 1, 4, 2, 3 against 1, 3, 2, 4: rho = 1 − 6·2 / (4·15) = 0.8
+    assert ece_curvature_correlation(lines, "val_ece@15")["spearman_val_ece@15_vs_ggn_top_eigenvalue"] == 0.8

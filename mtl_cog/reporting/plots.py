@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import relplot  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from scipy.special import expit, softmax  # noqa: E402
 
 from mtl_cog.constants import SUMMARY_BINS  # noqa: E402
@@ -439,5 +440,54 @@ def count_calibration_figure(predictions: list[Predictions], title: str) -> Figu
     bottom.bar(curve.bins[filled], curve.samples[filled], width=0.8, color="0.6")
     bottom.set_xlabel("expected number of positive attributes Σ_t p_t (bins of width 1)")
     bottom.set_ylabel("images")
+    figure.tight_layout()
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration drift over training
+
+
+def drift_figure(lines: list[dict], title: str, ece_key: str = f"val_ece@{SUMMARY_BINS}") -> Figure:
+    """ECE beside sharpness, margins and the fitted temperature over epochs (scripts/calibration_drift.py).
+
+    ``lines`` are the JSON lines of calibration_drift.py; panels without their keys are left out.
+    """
+    epochs = [line["epoch"] for line in lines]
+
+    def series(key: str) -> np.ndarray | None:
+        values = [line.get(key) for line in lines]
+        return None if all(v is None for v in values) else np.array([np.nan if v is None else v for v in values])
+
+    panels = [("calibration (validation)", [(ece_key, ece_key.removeprefix("val_").upper()),
+                                            ("val_smece", "smooth ECE")], "error", False),
+              ("curvature of the training NLL (fixed batch)",
+               [("ggn_top_eigenvalue", "GGN top eigenvalue"), ("ggn_trace", "GGN trace (Hutchinson)")], "", True),
+              ("signed margins of the labels (validation, all tasks pooled)",
+               [(f"val_margin_q{q:02d}", f"{q}{'st' if q == 1 else 'th'} percentile") for q in (1, 5, 50, 95, 99)],
+               "logit units", False),
+              ("post-hoc temperature fitted on validation", [("fitted_T_median", "median over tasks")], "T", False)]
+    panels = [p for p in panels if any(series(key) is not None for key, _ in p[1])]
+    figure, axes = plt.subplots(len(panels), 1, figsize=(7.5, 2.4 * len(panels) + 0.8), sharex=True, squeeze=False)
+    for ax, (name, keys, ylabel, log) in zip(axes[:, 0], panels):
+        for key, label in keys:
+            values = series(key)
+            if values is not None:
+                ax.plot(epochs, values, "o-", ms=3, label=label)
+        if log:
+            ax.set_yscale("log")
+        if name.startswith("signed margins"):
+            ax.axhline(0, color="0.3", lw=0.8, ls="--")
+        if name.startswith("post-hoc"):
+            ax.axhline(1, color="0.3", lw=0.8, ls="--")
+            ax.text(0.99, 0.95, "T > 1: overconfident, T < 1: underconfident", transform=ax.transAxes, fontsize=8,
+                    va="top", ha="right")
+        ax.set_title(name, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best", ncol=2 if len(keys) > 3 else 1)
+    axes[-1, 0].set_xlabel("epoch")
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.suptitle(title, fontsize=11)
     figure.tight_layout()
     return figure
