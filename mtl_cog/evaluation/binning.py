@@ -54,15 +54,42 @@ def binned_calibration_errors(confidence, hit, n_bins: int) -> dict[str, np.ndar
     return errors_from_sums(bin_sums(conf, outcome, uniform_bin_index(conf, n_bins), n_bins))
 
 
+def running_sum(rows: np.ndarray) -> np.ndarray:
+    """(C, N) -> (C, N + 1): 0 then the cumulative sums of each row (a bin's sum is a difference of two)."""
+    out = np.empty((rows.shape[0], rows.shape[1] + 1))
+    out[:, 0] = 0.0
+    np.cumsum(rows, axis=1, out=out[:, 1:])
+    return out
+
+
+def sort_with_binary_outcomes(values: np.ndarray, outcomes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row (C, N) of ``values`` sorted ascending, with its 0/1 ``outcomes`` in the same order.
+
+    The same result as an argsort and two gathers, faster: per row, the values of the negatives
+    and of the positives are sorted separately (a plain sort, several times faster than an
+    argsort), then merged by a stable argsort, which finds the two sorted runs and merges them
+    in one linear pass. Ties between a negative and a positive keep the negative first.
+    """
+    sorted_values = np.empty_like(values)
+    sorted_outcomes = np.empty(values.shape)
+    positive = outcomes > 0.5
+    for row in range(len(values)):
+        negatives = np.sort(values[row][~positive[row]])
+        runs = np.concatenate([negatives, np.sort(values[row][positive[row]])])
+        merged = np.argsort(runs, kind="stable")
+        sorted_values[row] = runs[merged]
+        sorted_outcomes[row] = merged >= len(negatives)
+    return sorted_values, sorted_outcomes
+
+
 class SortedRows:
     """Rows (C, N) sorted by confidence, with running sums: the sums over any bin of consecutive
     confidences are two look-ups, so every bin count and both binnings cost one sort in total."""
 
     def __init__(self, sorted_confidence: np.ndarray, sorted_hit: np.ndarray) -> None:
         self.confidence, self.hit = sorted_confidence, sorted_hit
-        zero = np.zeros((len(sorted_confidence), 1))
-        self._cum_hit = np.concatenate([zero, np.cumsum(sorted_hit, axis=1)], axis=1)
-        self._cum_conf = np.concatenate([zero, np.cumsum(sorted_confidence, axis=1)], axis=1)
+        self.cum_hit = running_sum(sorted_hit)
+        self.cum_conf = running_sum(sorted_confidence)
 
     @classmethod
     def sort(cls, confidence: np.ndarray, hit: np.ndarray) -> SortedRows:
@@ -72,8 +99,8 @@ class SortedRows:
     def sums(self, starts: np.ndarray) -> np.ndarray:
         """Bins given by where they start in each sorted row, (C, B + 1) with 0 and N at the ends -> (C, B, 3)."""
         count = np.diff(starts, axis=1).astype(np.float64)
-        hits = np.diff(np.take_along_axis(self._cum_hit, starts, 1), axis=1)
-        confs = np.diff(np.take_along_axis(self._cum_conf, starts, 1), axis=1)
+        hits = np.diff(np.take_along_axis(self.cum_hit, starts, 1), axis=1)
+        confs = np.diff(np.take_along_axis(self.cum_conf, starts, 1), axis=1)
         return np.stack([count, hits, confs], axis=2)
 
     def _starts(self, boundaries) -> np.ndarray:

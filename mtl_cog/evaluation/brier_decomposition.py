@@ -28,33 +28,28 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 
 
-def _decompose_sorted(p: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """One event, forecasts ``p`` sorted ascending with their outcomes ``y`` -> (REL, RES, UNC)."""
-    n = len(p)
-    starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])  # groups of equal forecasts
-    counts = np.diff(np.r_[starts, n])
-    sum_y = np.add.reduceat(y, starts)
-    sum_yy = np.add.reduceat(y * y, starts)
-    r = isotonic_regression(sum_y / counts, weights=counts.astype(np.float64)).x
-    base = y.mean()
-    s_forecast = np.mean((p - y) ** 2)
-    s_recalibrated = float(np.sum(counts * r * r - 2 * r * sum_y + sum_yy)) / n
-    s_climatology = float(np.sum((y - base) ** 2)) / n
-    return s_forecast - s_recalibrated, s_climatology - s_recalibrated, s_climatology
+def decompose_sorted(p_sorted: np.ndarray, y_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's mean squared error S(p, y) (C,) and its CORP (reliability, resolution, uncertainty) (3, C).
 
-
-def decompose_sorted(p_sorted: np.ndarray, y_sorted: np.ndarray) -> np.ndarray:
-    """CORP (reliability, resolution, uncertainty) of each row: p, y (C, N), each row sorted by p -> (3, C).
-
-    One row per event (a task, or a class of a K-class task).
+    p, y (C, N), each row sorted by p, y in {0, 1}; one row per event (a task, or a class of a
+    K-class task). Equal forecasts of a row are pooled (counted, their outcomes summed) in one
+    pass over all rows; then PAV runs on each row's pooled outcome means, weighted by the counts.
     """
-    out = np.empty((3, len(p_sorted)))
-    for c in range(len(p_sorted)):
-        out[:, c] = _decompose_sorted(p_sorted[c], y_sorted[c])
-    return out
-
-
-def decompose(p: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``decompose_sorted`` of rows in any order: p, y (C, N) -> (3, C)."""
-    order = np.argsort(p, axis=1)
-    return decompose_sorted(np.take_along_axis(p, order, 1), np.take_along_axis(y, order, 1))
+    rows, n = p_sorted.shape
+    error = p_sorted - y_sorted
+    s_forecast = np.einsum("ij,ij->i", error, error) / n
+    base_rate = y_sorted.mean(1)
+    s_climatology = base_rate * (1 - base_rate)  # S(ȳ, y) = mean (y − ȳ)² for 0/1 outcomes
+    new_group = np.ones((rows, n), dtype=bool)
+    new_group[:, 1:] = p_sorted[:, 1:] != p_sorted[:, :-1]
+    starts = np.flatnonzero(new_group)  # in the flattened (rows * n) array: groups never span two rows
+    counts = np.diff(np.append(starts, rows * n)).astype(np.float64)
+    sum_y = np.add.reduceat(y_sorted.ravel(), starts)
+    row_bounds = np.searchsorted(starts, np.arange(rows + 1) * n)
+    s_recalibrated = np.empty(rows)
+    for row in range(rows):
+        group = slice(row_bounds[row], row_bounds[row + 1])
+        r = isotonic_regression(sum_y[group] / counts[group], weights=counts[group]).x
+        # Σ over the group's samples of (r − y)², with y² = y for 0/1 outcomes
+        s_recalibrated[row] = np.sum(counts[group] * r * r - 2 * r * sum_y[group] + sum_y[group]) / n
+    return s_forecast, np.stack([s_forecast - s_recalibrated, s_climatology - s_recalibrated, s_climatology])

@@ -43,10 +43,11 @@ from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_erro
     bin_sums,
     binned_calibration_errors,
     errors_from_sums,
+    sort_with_binary_outcomes,
     uniform_bin_index,
 )
 from mtl_cog.evaluation.brier_decomposition import decompose_sorted
-from mtl_cog.evaluation.smooth_ece import smooth_ece
+from mtl_cog.evaluation.smooth_ece import smooth_ece_sorted
 
 BASE_METRICS = ("accuracy", "nll", "brier")
 NORMS = ("ece", "rmsce", "mce")
@@ -84,7 +85,7 @@ def calibration_scores(rows: SortedRows, bins: list[int] | tuple[int, ...]) -> t
         sums[b] = rows.uniform_sums(b)
         for norm, values in errors_from_sums(sums[b]).items():
             out[f"{norm}@{b}"] = values
-    out["smece"], _ = smooth_ece(rows.confidence, rows.hit)
+    out["smece"], _ = smooth_ece_sorted(rows)
     for b in bins:
         out[f"adaece@{b}"] = errors_from_sums(rows.equal_mass_sums(b))["ece"]
     return out, sums
@@ -98,25 +99,40 @@ def _refuse_non_finite(values: dict[str, np.ndarray], sums: dict, finite: np.nda
         array[~finite] = np.nan
 
 
+def _clamp_sorted(p_sorted: np.ndarray) -> np.ndarray:
+    """``np.clip(p, CLAMP, 1 − CLAMP)`` of rows sorted ascending: a copy only when an end needs clamping."""
+    if p_sorted[:, 0].min() >= CLAMP and p_sorted[:, -1].max() <= 1 - CLAMP:
+        return p_sorted
+    return np.clip(p_sorted, CLAMP, 1 - CLAMP)
+
+
 def _score_binary(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
     """Every binary task at once: logits and 0/1 labels (T, N) -> metrics (T,) each, bin sums, p (T, N).
 
     One sort per task serves every binned error, the equal-mass bins and the Brier decomposition.
+    ``z`` keeps its dtype for the sort (float32 logits sort faster; their float64 values sort the same).
     """
     finite = np.isfinite(z).all(1)
-    z = np.where(finite[:, None], z, 0.0)  # placeholder; those tasks' metrics become NaN
-    order = np.argsort(z, axis=1)
-    z_sorted = np.take_along_axis(z, order, 1)
-    y_sorted = np.take_along_axis(y, order, 1)
+    if not finite.all():
+        z = np.where(finite[:, None], z, 0)  # placeholder; those tasks' metrics become NaN
+    z_sorted, y_sorted = sort_with_binary_outcomes(z, y)
+    z_sorted = z_sorted.astype(np.float64)
     p_sorted = expit(z_sorted)
-    values, sums = calibration_scores(SortedRows(np.clip(p_sorted, CLAMP, 1 - CLAMP), y_sorted), bins)
-    values["accuracy"] = ((z_sorted > 0) == y_sorted).mean(1)
-    values["nll"] = (np.logaddexp(0, z_sorted) - y_sorted * z_sorted).mean(1)  # BCE with logits, stably
-    values["brier"] = 2 * ((p_sorted - y_sorted) ** 2).mean(1)
-    parts = 2 * decompose_sorted(p_sorted, y_sorted)  # the two classes' decompositions are identical
-    values.update(dict(zip(BRIER_PARTS, parts)))
+    rows = SortedRows(_clamp_sorted(p_sorted), y_sorted)
+    values, sums = calibration_scores(rows, bins)
+    # accuracy: the first k samples (z <= 0) predict 0, the rest 1; counted from the running sum of labels
+    k = np.array([np.searchsorted(row, 0.0, side="right") for row in z_sorted])
+    positives_below = rows.cum_hit[np.arange(len(k)), k]
+    values["accuracy"] = (k - positives_below + rows.cum_hit[:, -1] - positives_below) / z.shape[1]
+    # BCE with logits, stably: softplus(z) − y z, with softplus(z) = max(z, 0) + log(1 + e^−|z|)
+    # = max(z, 0) − log σ(|z|), and σ(|z|) = max(p, 1 − p) >= 1/2 (so its log is accurate)
+    softplus = np.maximum(z_sorted, 0).sum(1) - np.log(np.maximum(p_sorted, 1 - p_sorted)).sum(1)
+    values["nll"] = (softplus - np.einsum("ij,ij->i", y_sorted, z_sorted)) / z.shape[1]
+    squared_error, parts = decompose_sorted(p_sorted, y_sorted)
+    values["brier"] = 2 * squared_error  # summed over both classes
+    values.update(dict(zip(BRIER_PARTS, 2 * parts)))  # the two classes' decompositions are identical
     _refuse_non_finite(values, sums, finite)
-    return values, sums, np.where(finite[:, None], expit(z), np.nan)
+    return values, sums, np.where(finite[:, None], expit(z.astype(np.float64)), np.nan)
 
 
 def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndarray], dict]:
@@ -134,7 +150,7 @@ def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.
     values["nll"] = -log_p[np.arange(len(y)), y].mean(keepdims=True)
     values["brier"] = ((probs - onehot) ** 2).sum(0).mean(keepdims=True)
     order = np.argsort(probs, axis=1)
-    parts = decompose_sorted(np.take_along_axis(probs, order, 1), np.take_along_axis(onehot, order, 1))
+    _, parts = decompose_sorted(np.take_along_axis(probs, order, 1), np.take_along_axis(onehot, order, 1))
     values.update(dict(zip(BRIER_PARTS, parts.sum(1, keepdims=True))))  # summed over classes, like the Brier score
     clamped = np.clip(probs, CLAMP, 1 - CLAMP)
     for b in bins:  # Kull et al. (2019): mean over classes of each class probability's ECE
@@ -164,7 +180,8 @@ def compute_metrics(
     task_sums: dict[int, dict] = {}
     binary_probs = None
     if binary:
-        z = np.stack([logits[t] for t in binary]).astype(np.float64)
+        z = np.stack([logits[t] for t in binary])
+        z = z if z.dtype in (np.float32, np.float64) else z.astype(np.float64)
         y = np.stack([labels[t] for t in binary]).astype(np.float64)
         values, sums, binary_probs = _score_binary(z, y, bins)
         for row, t in enumerate(binary):

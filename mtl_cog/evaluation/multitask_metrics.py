@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from mtl_cog.constants import SUMMARY_BINS
-from mtl_cog.evaluation.binning import CLAMP, SortedRows, errors_from_sums
+from mtl_cog.evaluation.binning import CLAMP, SortedRows, errors_from_sums, sort_with_binary_outcomes
 
 DEFAULT_PAIRS = 10  # k: attribute pairs whose joint calibration is measured (eval.joint_pairs)
 PAIR_BINS = SUMMARY_BINS  # equal-mass bins of the joint error
@@ -119,17 +119,20 @@ def select_pairs(labels: np.ndarray, k: int) -> list[tuple[int, int, float]]:
     return [(int(i[p]), int(j[p]), float(corr[p])) for p in order]
 
 
-def pair_joint_errors(probs: np.ndarray, targets: np.ndarray, pairs: list[tuple[int, int, float]]) -> np.ndarray:
+def pair_joint_errors(probs: np.ndarray, targets: np.ndarray, pairs: list[tuple[int, int, float]],
+                      binary_targets: bool) -> np.ndarray:
     """Equal-mass ECE (``PAIR_BINS``) of p_a·p_b against target_a·target_b for each pair -> (len(pairs),).
 
-    ``targets`` are the labels (the observed co-occurrence y_a·y_b) or, for the noise-free
-    version, the true probabilities (where the labels are drawn independently given the input,
-    P*(a ∧ b) = p*_a·p*_b).
+    ``targets`` are the labels (``binary_targets``: the observed co-occurrence y_a·y_b) or, for the
+    noise-free version, the true probabilities (where the labels are drawn independently given
+    the input, P*(a ∧ b) = p*_a·p*_b).
     """
     a = np.array([p[0] for p in pairs])
     b = np.array([p[1] for p in pairs])
     joint = np.clip(probs[a] * probs[b], CLAMP, 1 - CLAMP)
-    return errors_from_sums(SortedRows.sort(joint, targets[a] * targets[b]).equal_mass_sums(PAIR_BINS))["ece"]
+    outcome = targets[a] * targets[b]
+    rows = SortedRows(*sort_with_binary_outcomes(joint, outcome)) if binary_targets else SortedRows.sort(joint, outcome)
+    return errors_from_sums(rows.equal_mass_sums(PAIR_BINS))["ece"]
 
 
 @dataclass
@@ -151,7 +154,7 @@ def joint_metrics(names: list[str], probs: np.ndarray, labels: np.ndarray, k: in
     chosen = select_pairs(labels, k)
     if not chosen:
         return out
-    errors = pair_joint_errors(probs, labels, chosen) if finite else np.full(len(chosen), np.nan)
+    errors = pair_joint_errors(probs, labels, chosen, binary_targets=True) if finite else np.full(len(chosen), np.nan)
     out.scalars["pair_joint_ece"] = float(errors.mean())
     for (i, j, corr), error in zip(chosen, errors):
         out.pairs.append({"a": names[i], "b": names[j], "correlation": corr,
@@ -170,7 +173,7 @@ def noise_free_joint_metrics(probs: np.ndarray, true_probs: np.ndarray, labels: 
     out = {"nf_count_ece": count_calibration(probs.sum(0), true_probs.sum(0), len(probs)).ece}
     chosen = select_pairs(labels, k)
     if chosen:
-        out["nf_pair_joint_ece"] = float(pair_joint_errors(probs, true_probs, chosen).mean())
+        out["nf_pair_joint_ece"] = float(pair_joint_errors(probs, true_probs, chosen, binary_targets=False).mean())
     return out
 
 
