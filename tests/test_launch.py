@@ -60,9 +60,10 @@ def test_evaluation_agrees_between_one_and_two_processes(runs, tmp_path):
         outs[processes] = tmp_path / f"eval{processes}.json"
         _launch(processes, "evaluate.py", "--run", str(runs[1]), "--split", "test", "--out", str(outs[processes]))
     one, two = (json.loads(outs[p].read_text()) for p in (1, 2))
-    assert one.keys() == {"tasks", "mean"}
-    for metric, value in one["mean"].items():
-        assert two["mean"][metric] == pytest.approx(value, abs=1e-6), metric
+    assert one.keys() == {"tasks", "mean", "multitask", "pairs"}  # a multi-task data set
+    for metric, value in [*one["mean"].items(), *one["multitask"].items()]:
+        assert {**two["mean"], **two["multitask"]}[metric] == pytest.approx(value, abs=1e-6), metric
+    assert [(p["a"], p["b"]) for p in one["pairs"]] == [(p["a"], p["b"]) for p in two["pairs"]]
     # ... and equal to the test metrics the training run wrote
     frame = pd.read_csv(runs[1] / "test_metrics.csv").set_index("task")
     assert frame.loc["mean", "brier"] == pytest.approx(one["mean"]["brier"], abs=1e-6)
@@ -74,7 +75,10 @@ def test_evaluate_a_prediction_file(runs, tmp_path):
                     "--bins", "5", "15", "--out", str(out)], cwd=REPO, check=True, capture_output=True)
     metrics = json.loads(out.read_text())
     assert set(metrics["mean"]) == {"accuracy", "nll", "brier", "ece@5", "ece@15", "rmsce@5", "rmsce@15",
-                                    "mce@5", "mce@15"}
+                                    "mce@5", "mce@15", "smece", "adaece@5", "adaece@15", "brier_reliability",
+                                    "brier_resolution", "brier_uncertainty"}
+    assert {"pooled_ece@5", "worst_task_ece@15", "p90_task_ece@5", "count_ece", "pair_joint_ece"} <= set(
+        metrics["multitask"])
     assert np.isclose(metrics["mean"]["accuracy"], pd.read_csv(runs[2] / "test_metrics.csv").iloc[-1]["accuracy"])
 
 
