@@ -1,39 +1,149 @@
 """Crash-safe file writing: write to a temporary name in the same folder, fsync, rename.
 
 A kill at any moment leaves either the old file or the new one, never a truncated file that a
-later step (resume, evaluation, a report) would trust.
+later step (resume, evaluation, a report) would trust. A write that fails (read-only folder, a
+regular file where a folder should be, full disk, ``ulimit -f``) raises a ``StorageError`` that
+names the file and the likely fix; its temporary file is removed and the old file is untouched.
+A temporary file left by a *killed* writer is removed by ``remove_temp_files`` (run folders do it
+when they are opened, under their lock).
+
+Line logs (``metrics.jsonl``) are appended instead (``append_jsonl``): O(1) per line, and a kill
+in the middle of an append leaves at most one partial last line, which the resume logic
+(``mtl_cog.runs.training_state``) cuts off because it keeps only the lines its saved state counts.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mtl_cog.errors import StorageError, UserError
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # reading the umask means setting it: put it straight back
+FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file: run folders are meant to be shared
+TEMP_SUFFIX = ".tmp"
+# mkstemp names: "." + target name + "." + 8 random characters + ".tmp"
+_TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + r"$")
+
+_HINTS = {
+    errno.ENOSPC: "the disk is full: free some space",
+    errno.EDQUOT: "the disk quota is used up: free some space",
+    errno.EFBIG: "the file would exceed the file-size limit (see `ulimit -f`)",
+    errno.EROFS: "the file system is read-only: choose a writable folder",
+    errno.EACCES: "no permission to write there: choose a writable folder",
+    errno.EPERM: "no permission to write there: choose a writable folder",
+    errno.ENOTDIR: "a part of the path is a regular file, not a folder: choose another path",
+    errno.EEXIST: "a part of the path is a regular file, not a folder: choose another path",
+    errno.EISDIR: "that path is a folder: give a file name",
+}
+
+
+def storage_error(path: str | Path, err: OSError, doing: str = "cannot write") -> StorageError:
+    """A ``StorageError`` naming ``path``, what the OS said and what to do about it."""
+    code = err.errno or _likely_cause(Path(path).parent)
+    hint = _HINTS.get(code or 0, "check the path and the disk")
+    return StorageError(f"{doing} {path}: {err.strerror or err} ({hint}).")
+
+
+def _likely_cause(folder: Path) -> int | None:
+    """For an ``OSError`` without errno (numpy: "N requested and M written"): a full disk or a size limit?"""
+    try:
+        stats = os.statvfs(folder)
+        if stats.f_bavail * stats.f_frsize < 1 << 20:
+            return errno.ENOSPC
+    except (OSError, AttributeError):  # no statvfs on this platform
+        pass
+    if resource is not None and resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return errno.EFBIG
+    return None
+
+
+def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
+    """Refuse, before any work, a ``path`` that cannot be written: a file (``folder=True``: a folder)
+    that is a folder (a file), or whose nearest existing ancestor is a file or not writable.
+    ``what`` names the setting in the message (``output_dir``, ``--out``)."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        kind = "a file, not a folder" if folder else "a folder, not a file"
+        raise StorageError(f"{what} {path} is {kind}; choose another path.")
+    existing = path if folder and path.exists() else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StorageError(f"{what} {path}: {existing} is a file, not a folder; choose another path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StorageError(f"{what} {path}: {existing} is not writable (read-only, or owned by someone else); "
+                           "choose a writable folder.")
+
+
+def make_folder(folder: str | Path) -> Path:
+    """``mkdir -p`` whose failure (a file in the way, a read-only parent) is a ``StorageError``."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise storage_error(folder, err, "cannot create the folder") from None
+    return folder
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp_path)`` and atomically move the result to ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; run folders are meant to be shared
+    make_folder(path.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    except OSError as err:
+        raise storage_error(path, err) from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         write(tmp)
+        # after writing: some writers (safetensors) replace the file and make it 0600
+        os.chmod(tmp, FILE_MODE)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)  # make the rename itself durable (power loss, not only a kill)
+    except UserError:
+        raise
+    except OSError as err:
+        raise storage_error(path, err) from None
+    except Exception as err:
+        # libraries wrap a failed write in their own types (safetensors: SafetensorError with the
+        # OS message); only a write that left no complete file is the user's disk problem
+        cause = _os_error_in(err)
+        if cause is None:
+            raise
+        raise storage_error(path, cause) from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _os_error_in(err: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``err`` (its cause chain, or an OS message in its text), if any."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    text = str(err)
+    for code in _HINTS:
+        if os.strerror(code) in text:
+            return OSError(code, os.strerror(code))
+    return None
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -58,7 +168,35 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
-    """Append one JSON line by rewriting the file atomically (files are small: one line per epoch)."""
+    """Append one JSON line and make it durable (fsync): O(1) however long the file is.
+
+    A kill during the write can leave a partial last line; readers that resume a run cut the file
+    back to the line count of their saved state (``mtl_cog.runs.training_state``).
+    """
     path = Path(path)
-    old = path.read_text() if path.exists() else ""
-    atomic_write_text(path, old + json.dumps(record) + "\n")
+    line = (json.dumps(record) + "\n").encode()
+    try:
+        with open(path, "ab") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as err:
+        raise storage_error(path, err) from None
+
+
+def is_temp_file_name(name: str) -> bool:
+    """Whether ``name`` is the name of an ``atomic_write`` temporary file."""
+    return bool(_TEMP_NAME.match(name))
+
+
+def remove_temp_files(folder: str | Path) -> list[Path]:
+    """Delete the temporary files that killed ``atomic_write`` calls left in ``folder``; return them.
+
+    Only call it while no other process writes into ``folder`` (a run folder: under its lock).
+    """
+    removed = []
+    for entry in Path(folder).iterdir():
+        if is_temp_file_name(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed

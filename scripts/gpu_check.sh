@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One training epoch of ResNet-101 (CIFAR stem) at 32x32 on CelebA-sized synthetic tensors
 # (202,599 images, 40 binary tasks, COG-FC) with bf16 autocast and channels_last, through the real
-# training loop (mtl_cog.engine.train_one_epoch) with the uint8 images kept on the GPU.
-# Reports images/s, achieved TFLOP/s against the card's dense bf16 peak, and the epoch time.
+# training loop (mtl_cog.training.step.train_one_epoch, via mtl_cog/benchmarks/epoch_check.py) with the
+# uint8 images kept on the GPU. Reports images/s, achieved TFLOP/s against the card's dense bf16 peak,
+# and the epoch time (docs/benchmarks.md).
 #
 #   bash scripts/gpu_check.sh [OUT.json]            # CUDA: the full check, killed after 8 minutes
 #   bash scripts/gpu_check.sh --tiny [OUT.json]     # any machine: same code path, tiny sizes (CPU test)
 #
 # Extra arguments after OUT.json go to scripts/benchmark.py (e.g. --peak-tflops 989 --compile).
+# The interpreter: $PYTHON if set, else .venv/bin/python of this clone, else python on the PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}"

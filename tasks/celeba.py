@@ -24,7 +24,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from mtl_cog.data.images import resize_center_crop
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
 from mtl_cog.errors import DataError
 
 ATTR_FILE = "list_attr_celeba.txt"
@@ -172,7 +172,14 @@ def load_images(paths: list[Path], size: int, desc: str) -> torch.Tensor:
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
 
 
+# The official partition (list_eval_partition.txt): what a dry run counts without reading the files.
+OFFICIAL_SIZES = {"train": 162_770, "val": 19_867, "test": 19_962}
+
+
 class CelebATask:
+    def split_sizes(self, data_cfg) -> dict[str, int]:
+        return capped_sizes(OFFICIAL_SIZES, data_cfg.max_samples)
+
     def source_files(self, data_cfg) -> list[Path]:
         # The two text files, plus the image folder (its mtime changes if images are added or
         # removed); listing 202,599 JPEGs for a fingerprint would cost more than it saves.

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
 from mtl_cog.errors import DataError
 
 VAL_SEED = 0
@@ -122,9 +122,16 @@ CIFAR100 = _Variant(
 )
 
 
+OFFICIAL_TRAIN, OFFICIAL_TEST = 50_000, 10_000  # both CIFARs; the validation split is carved from train
+
+
 class CifarTask:
     def __init__(self, variant: _Variant) -> None:
         self.v = variant
+
+    def split_sizes(self, data_cfg) -> dict[str, int]:
+        val = round(self.v.val_fraction * OFFICIAL_TRAIN)  # as carve_validation
+        return capped_sizes({"train": OFFICIAL_TRAIN - val, "val": val, "test": OFFICIAL_TEST}, data_cfg.max_samples)
 
     def _how_to_get(self) -> str:
         return (

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
 from tasks.cifar import resize_square
 
 SEED = 0
@@ -28,7 +28,13 @@ def split_indices(n: int, seed: int = SEED) -> dict[str, np.ndarray]:
     return {k: np.sort(v) for k, v in parts.items()}
 
 
+N_IMAGES = 1797  # scikit-learn's bundled set
+
+
 class DigitsTask:
+    def split_sizes(self, data_cfg) -> dict[str, int]:
+        return capped_sizes({k: len(v) for k, v in split_indices(N_IMAGES).items()}, data_cfg.max_samples)
+
     def source_files(self, data_cfg) -> list[Path]:
         # The bundled CSV, so a cache notices a scikit-learn upgrade that changes it.
         import sklearn.datasets

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.io
 import torch
 
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
 from mtl_cog.errors import DataError
 from tasks.cifar import carve_validation, resize_square
 
@@ -79,7 +79,14 @@ def read_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(x.transpose(3, 2, 0, 1)), y
 
 
+OFFICIAL_TRAIN, OFFICIAL_TEST = 73_257, 26_032  # format 2, without "extra"
+
+
 class SVHNTask:
+    def split_sizes(self, data_cfg) -> dict[str, int]:
+        val = round(VAL_FRACTION * OFFICIAL_TRAIN)  # as carve_validation
+        return capped_sizes({"train": OFFICIAL_TRAIN - val, "val": val, "test": OFFICIAL_TEST}, data_cfg.max_samples)
+
     def source_files(self, data_cfg) -> list[Path]:
         root = Path(data_cfg.root)
         return [_find(root, f) or _candidates(root, f)[0] for f in FILES.values()]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskData, TaskSpec, capped_sizes
 
 
 def _patterns(num_latents: int, size: int, rng: np.random.Generator) -> torch.Tensor:
@@ -70,6 +70,10 @@ class SyntheticTask:
             hflip=False,
         )
         return TaskData(spec=spec, splits=splits)
+
+    def split_sizes(self, data_cfg) -> dict[str, int]:
+        s = data_cfg.synthetic
+        return capped_sizes({"train": s.train_size, "val": s.val_size, "test": s.test_size}, data_cfg.max_samples)
 
     def source_files(self, data_cfg) -> list:
         return []

@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Lower number = lower layer. A module may import its own layer and any lower one.
 LAYERS = {
-    "mtl_cog.errors": 0, "mtl_cog.registry": 0, "mtl_cog.io": 0, "mtl_cog.constants": 0,
+    "mtl_cog.errors": 0, "mtl_cog.registry": 0, "mtl_cog.io": 0, "mtl_cog.constants": 0, "mtl_cog.progress": 0,
     "mtl_cog.config": 1,
     "mtl_cog.data": 2,
     "tasks": 3,

@@ -291,3 +291,23 @@ def test_empty_wrong_and_read_only_input():
     huge = task_metrics(np.r_[np.full(50, 1e4), np.full(50, -1e4)], np.r_[np.ones(50), np.zeros(50)].astype(int),
                         [15])
     assert huge["nll"] == pytest.approx(0, abs=1e-12) and huge["smece"] < 1e-6 and huge["brier_reliability"] == 0
+
+
+def test_test_metrics_csv_with_multitask_and_partial_columns_reads_back_and_damage_is_still_refused(tmp_path):
+    from mtl_cog.errors import ReportError
+    from mtl_cog.reporting.tables import _read_metrics_csv
+
+    rng = np.random.default_rng(13)
+    names = ["a", "b", "digit"]
+    logits = [rng.normal(size=300), rng.normal(size=300), rng.normal(size=(300, 4))]
+    labels = [rng.integers(0, 2, 300), rng.integers(0, 2, 300), rng.integers(0, 4, 300)]
+    frame = metrics_frame(compute_metrics(names, logits, labels, [5, 15]))
+    path = tmp_path / "test_metrics.csv"
+    frame.to_csv(path, index=False)
+    assert list(_read_metrics_csv(path, names)["task"]) == [*names, "mean"]  # count_ece only in the mean row: fine
+    for column, row in (("count_ece", 3), ("classwise_ece@5", 2), ("ece@15", 0)):
+        damaged = frame.copy()
+        damaged.loc[row, column] = np.nan
+        damaged.to_csv(path, index=False)
+        with pytest.raises(ReportError, match="empty cells"):
+            _read_metrics_csv(path, names)

@@ -12,15 +12,18 @@ import pytest
 from mtl_cog.evaluation.predictions import load_predictions
 
 REPO = Path(__file__).resolve().parents[1]
-ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
-              "--dynamo_backend", "no"]
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
+# the README's launch lines: a shipped config gives every launcher value, --quiet keeps failures to one line
+CONFIGS = {1: REPO / "configs" / "accelerate" / "default.yaml",
+           2: REPO / "configs" / "accelerate" / "multi_process.yaml"}
 
 
 def _launch(processes: int, script: str, *args: str) -> str:
-    dist = ["--multi_gpu", "--num_processes", "2"] if processes == 2 else ["--num_processes", "1"]
-    result = subprocess.run([*ACCELERATE, *dist, str(REPO / "scripts" / script), *args], cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run([*ACCELERATE, "--config_file", str(CONFIGS[processes]), "--quiet",
+                             str(REPO / "scripts" / script), *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "values were not passed" not in result.stderr and "warn" not in result.stderr.lower(), result.stderr
     return result.stdout
 
 

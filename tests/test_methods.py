@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, load_config
+from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, SyntheticConfig, load_config
+from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
@@ -128,6 +129,26 @@ def test_mlp_head_parameter_count_is_the_tst_stack_per_task():
     assert sum(p.numel() for p in heads.parameters()) == 4 * per_task + LAYOUT.total * (z + 1)
 
 
+def test_variational_head_parameter_count_is_two_stacks_per_task():
+    """V-TST (Jordahn & Olmos): a mean stack and a log-variance stack per task, then Linear(Z, K)."""
+    d, z = 6, 4
+    heads = HEADS.get("variational")(d, LAYOUT, latent_dim=z)
+    stack = (d * 3 * z + 3 * z) + (3 * z * z + z)
+    assert sum(p.numel() for p in heads.parameters()) == 4 * 2 * stack + LAYOUT.total * (z + 1)
+
+
+def test_resnet101_celeba_two_stage_head_counts():
+    """The table of scripts/parameter_counts.py: TST and V-TST heads at the authors' Z = 10 on ResNet-101 (D = 2048)."""
+    layout = LogitLayout((2,) * 40)
+    stack = 2048 * 30 + 30 + 30 * 10 + 10  # Linear(2048, 3Z) -> ReLU -> Linear(3Z, Z), Z = 10
+    output = 40 * (10 + 1)  # Linear(Z, 1) per binary attribute
+    for method, expected in (("tst", 40 * stack + output), ("vtst", 40 * 2 * stack + output)):
+        cfg = load_config(REPO / "configs" / "celeba" / f"{method}.yaml")
+        network = build_network(cfg.model, cfg.method, layout)
+        second = parameter_counts(attach_second_stage_head(network, cfg.two_stage, layout))
+        assert second["heads"] == expected and second["backbone"] == 0, method
+
+
 def test_cog_ts_with_leader_lr_zero_matches_the_baseline_step_for_step():
     torch.manual_seed(3)
     baseline = build_network(ModelConfig(backbone="cog_cnn_tiny"), MethodConfig(calibrator="identity", leader=[]),
@@ -163,3 +184,13 @@ def test_resnet101_celeba_parameter_counts():
     base = counts["baseline"]["total"]
     assert counts["baseline"]["heads"] == 40 * (2048 + 1)
     assert [counts[m]["total"] - base for m in ("ts", "vs", "ms")] == [40, 80, 80]
+
+
+def test_synthetic_demo_validation_is_a_fifth_of_the_training_set(tmp_path):
+    """Post-hoc calibrators fit on validation while COG uses the training set: 20% of train, as CIFAR-10/SVHN."""
+    default = SyntheticConfig()
+    assert (default.train_size, default.val_size, default.test_size) == (1000, 200, 2000)
+    cfg = load_config(REPO / "configs" / "synthetic" / "baseline.yaml",
+                      [f"data.root={tmp_path}", "data.image_size=8", "data.synthetic.num_attributes=3"])
+    sizes = {name: len(split) for name, split in load_task(cfg.data).splits.items()}
+    assert sizes == {"train": 1000, "val": 200, "test": 2000}

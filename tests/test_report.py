@@ -169,8 +169,9 @@ def test_reproduce_plans_every_method_config_and_seed(tmp_path):
         methods = {p.stem for p in (REPO / "configs" / dataset).glob("*.yaml")}
         planned = {(j.method, j.seed) for j in jobs if j.dataset == dataset}
         assert planned == {(m, s) for m in methods for s in (0, 1, 2)}
-    command = reproduce.train_command(jobs[0], None)
+    args = reproduce.parse_args([])
+    command = reproduce.train_command(jobs[0], args)
     assert "tracking=none" in command and "model.backbone=cog_cnn_tiny" in command
-    assert reproduce.train_command(jobs[0], 3)[-1] == "train.epochs=3"  # the last override wins
+    assert reproduce.train_command(jobs[0], reproduce.parse_args(["--epochs", "3"]))[-1] == "train.epochs=3"
     with pytest.raises(Exception, match="no config configs/digits/<method>.yaml for --methods nope"):
         reproduce.plan(["digits"], ["nope"], [0], tmp_path)

@@ -46,9 +46,10 @@ def tiny(tmp: Path, *extra: str) -> list[str]:
 
 
 def run_dir_with(tmp: Path, *files: str) -> Path:
-    """A run folder holding a valid config.yaml and the given (empty) files."""
+    """A run folder (its marker and a valid config.yaml) holding the given (empty) files."""
     run = tmp / "runs" / "r"
     run.mkdir(parents=True)
+    rundir.write_marker(run)
     save_config(load_config(None, tiny(tmp)), run / rundir.CONFIG)
     for name in files:
         (run / name).write_text("")
@@ -119,6 +120,29 @@ def svhn_without_x(tmp: Path) -> list[str]:
     return tiny(tmp, "data.task=svhn", f"data.root={tmp / 'data'}")
 
 
+def yaml_file(tmp: Path, text: str) -> list[str]:
+    (tmp / "c.yaml").write_text(text)
+    return ["--config", str(tmp / "c.yaml"), *tiny(tmp)]
+
+
+def forged_npz(tmp: Path, declared_shape: tuple[int, ...]) -> list[str]:
+    """A prediction file whose logits header declares ``declared_shape`` but that stores 4 floats."""
+    import io
+    import zipfile
+
+    def npy(array: np.ndarray, shape: tuple[int, ...] | None = None) -> bytes:
+        buffer = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buffer, {"descr": np.lib.format.dtype_to_descr(array.dtype),
+                                                      "fortran_order": False, "shape": shape or array.shape})
+        return buffer.getvalue() + array.tobytes()
+
+    with zipfile.ZipFile(tmp / "p.npz", "w") as archive:
+        archive.writestr("task_names.npy", npy(np.array(["a"])))
+        archive.writestr("logits/a.npy", npy(np.zeros(4, np.float32), declared_shape))
+        archive.writestr("labels/a.npy", npy(np.zeros(4, np.int64)))
+    return ["--predictions", str(tmp / "p.npz"), "--out", str(tmp / "m.json")]
+
+
 def prediction_file(tmp: Path, logits: np.ndarray, labels: np.ndarray) -> list[str]:
     path = tmp / "p.npz"
     np.savez(path, task_names=np.array(["a"]), **{"logits/a": logits, "labels/a": labels})
@@ -175,7 +199,42 @@ TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
                                ["no --config or --overwrite with it"]),
     "new run over a finished run": (lambda t: over(t, rundir.DONE), ["already holds a finished run", "--overwrite"]),
     "new run over an unfinished run": (lambda t: over(t), ["holds an unfinished run", "--resume"]),
-    "new run over a folder that is not a run": (lambda t: over(t, config=False), ["is not a run folder"]),
+    "new run over a folder that is not a run": (lambda t: over(t, config=False), ["is not an mtl_cog run folder"]),
+    # values that used to pass the config and fail later (or train on nonsense)
+    "NaN learning rate": (lambda t: tiny(t, "optim.follower_lr=.nan"), ["optim.follower_lr must be a finite number"]),
+    "inf learning rate": (lambda t: tiny(t, "optim.follower_lr=inf"), ["optim.follower_lr must be a finite number"]),
+    "1e38 learning rate": (lambda t: tiny(t, "optim.follower_lr=1e38"), ["optim.follower_lr must be <= 10.0"]),
+    "1e400 learning rate": (lambda t: tiny(t, "optim.leader_lr=1e400"), ["optim.leader_lr must be a finite number"]),
+    "NaN weight decay": (lambda t: tiny(t, "optim.weight_decay=.nan"), ["optim.weight_decay must be a finite"]),
+    "negative seed": (lambda t: tiny(t, "seed=-1"), ["seed must be an integer in [0, 4294967295]"]),
+    "seed 2**32": (lambda t: tiny(t, "seed=4294967296"), ["seed must be an integer in [0, 4294967295]",
+                                                           "Got 4294967296"]),
+    "data seed out of range": (lambda t: tiny(t, "data.synthetic.seed=-3"), ["data.synthetic.seed must be an integer"]),
+    "integer beyond 64 bits": (lambda t: tiny(t, "train.epochs=99999999999999999999"),
+                               ["train.epochs must be an integer that fits in 64 bits"]),
+    "a billion bins": (lambda t: tiny(t, "eval.bins=[15,1000000000]"), ["eval.bins must be a non-empty list of "
+                                                                       "integers in [1, 10000]"]),
+    "run_name with ..": (lambda t: tiny(t, "run_name=../../x"), ["run_name '../../x' is not usable: it must be a "
+                                                                 "single folder name"]),
+    "absolute run_name": (lambda t: tiny(t, f"run_name={t / 'abs'}"), ["must be a single folder name"]),
+    "run_name ..": (lambda t: tiny(t, "run_name=.."), ["run_name '..' is not usable: it must name a folder"]),
+    "output_dir is a file": (lambda t: (t / "f").write_text("") or tiny(t, f"output_dir={t / 'f'}"),
+                             [" is a file, not a folder"]),
+    "output_dir under a file": (lambda t: (t / "f").write_text("") or tiny(t, f"output_dir={t / 'f' / 'runs'}"),
+                                [" is a file, not a folder"]),
+    "YAML alias bomb": (lambda t: yaml_file(t, "".join(
+        f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}" if i else "x"] * 9) + "]\n" for i in range(9))),
+                        ["expands to more than 100000 YAML nodes through its aliases", "refused unread"]),
+    "YAML recursive alias": (lambda t: yaml_file(t, "seed: &a [*a]\n"), ["an alias refers to a node that contains it"]),
+    "YAML alias bomb in an override": (
+        lambda t: tiny(t, "model.timm_kwargs={" + ", ".join(f"l{i}: &l{i} [" + ", ".join(
+            [f"*l{i - 1}" if i else "1"] * 9) + "]" for i in range(9)) + "}"), ["expands to more than 100000"]),
+    "_base_ not a file name": (lambda t: yaml_file(t, "_base_: 5\n"), ["_base_ must be a file name"]),
+    "unknown timm_kwargs of a small CNN": (lambda t: tiny(t, "model.timm_kwargs={global_pool: max}"),
+                                           ["model.timm_kwargs {'global_pool': 'max'} not accepted by 'cog_cnn_tiny'",
+                                            "unexpected keyword argument 'global_pool'"]),
+    "pretrained weights that do not exist": (lambda t: tiny(t, "model.pretrained=true"),
+                                             ["timm has no pretrained weights for 'cog_cnn_tiny'"]),
 }
 
 EVALUATE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
@@ -201,6 +260,28 @@ EVALUATE_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
                                     ["--run", str(t / "runs" / "r"), "--out", str(t / "m.json")],
                                     ["config.yaml is not valid YAML"]),
     "--run: not a run": (lambda t: ["--run", str(t), "--out", str(t / "m.json")], ["is not a run folder"]),
+    "prediction file: declares a huge array": (lambda t: forged_npz(t, (10**12,)), [
+        "key 'logits/a' declares a (1000000000000,) float32 array (4,000,000,000,000 bytes) but the file stores 16 "
+        "bytes for it"]),
+    "prediction file: 0 samples": (lambda t: prediction_file(t, np.zeros(0, np.float32), np.zeros(0, np.int64)),
+                                   ["task 'a' has 0 samples"]),
+    "prediction file: no tasks": (lambda t: np.savez(t / "p.npz", task_names=np.array([], dtype="<U1")) or
+                                  ["--predictions", str(t / "p.npz"), "--out", str(t / "m.json")],
+                                  ["'task_names' is empty: the file holds no task"]),
+    "prediction file: (N, 1) logits": (lambda t: prediction_file(t, np.zeros((5, 1), np.float32), np.zeros(5, int)),
+                                       ["logits of shape (5, 1) describe a task with 1 class"]),
+    "prediction file: a task named twice": (
+        lambda t: np.savez(t / "p.npz", task_names=np.array(["a", "a"]), **{"logits/a": np.zeros(2, np.float32),
+                                                                           "labels/a": np.zeros(2, int)})
+        or ["--predictions", str(t / "p.npz"), "--out", str(t / "m.json")],
+        ["'task_names' lists ['a'] more than once"]),
+    "--bins 1000000000": (lambda t: [*prediction_file(t, np.zeros(2, np.float32), np.zeros(2, int)), "--bins",
+                                     "1000000000"], ["--bins must be a non-empty list of integers in [1, 10000]"]),
+    "--out is a folder": (lambda t: [*prediction_file(t, np.zeros(2, np.float32), np.zeros(2, int))[:2], "--out",
+                                     str(t)], [" is a folder, not a file"]),
+    "--out under a file": (lambda t: (t / "f").write_text("") or
+                           [*prediction_file(t, np.zeros(2, np.float32), np.zeros(2, int))[:2], "--out",
+                            str(t / "f" / "m.json")], [" is a file, not a folder"]),
 }
 
 
@@ -249,7 +330,8 @@ def test_resume_with_a_changed_model_and_overwrite(tmp_path, capsys):
     run = train.main(tiny(tmp_path, "run_name=r"))
     (run / rundir.DONE).unlink()  # pretend it was killed after its last epoch
     err = user_error("train_mtl", ["--resume", str(run), "model.backbone=cog_cnn_small"], capsys)
-    assert "training_state.safetensors does not match the model" in err and "shape" in err
+    # refused before anything is written: the saved state was made with the other backbone
+    assert "--resume cannot change model.backbone: 'cog_cnn_tiny' -> 'cog_cnn_small'" in err
     (run / rundir.DONE).write_text("")
     again = train.main([*tiny(tmp_path, "run_name=r"), "--overwrite"])  # asked for: replaced
     assert again == run and (run / rundir.DONE).read_text().startswith("best_epoch=")
@@ -320,10 +402,33 @@ def test_nonfinite_skip_agrees_across_processes():
     assert lines == ["0 6 2 True True", "1 6 2 True True"]  # 8 batches: 6 trained, 2 skipped on both
 
 
-def test_nonfinite_loss_stops_the_script(tmp_path, capsys):
-    err = user_error("train_mtl", tiny(tmp_path, "optim.follower_lr=1e30", "optim.leader_lr=1e29",
-                                       "train.log_every_steps=1"), capsys)
-    assert "non-finite training loss at epoch 1, step" in err and "--resume" in err
+def test_nonfinite_loss_stops_the_script(tmp_path, capsys, monkeypatch):
+    """A loss that turns NaN at its second batch (learning rates that diverge are refused by the config now)."""
+    import mtl_cog.training.loop as loop
+
+    build = loop.build_objective
+
+    def nan_from_second_batch(layout, method_cfg):
+        objective, calls = build(layout, method_cfg), []
+
+        def loss(logits, labels):
+            calls.append(1)
+            value = objective(logits, labels)
+            return value * float("nan") if len(calls) >= 2 else value
+        return loss
+
+    monkeypatch.setattr(loop, "build_objective", lambda *a: _AsModule(nan_from_second_batch(*a)))
+    err = user_error("train_mtl", tiny(tmp_path, "train.log_every_steps=1"), capsys)
+    assert "non-finite training loss at epoch 1, step 2" in err and "--resume" in err
+
+
+class _AsModule(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, logits, labels):
+        return self.function(logits, labels)
 
 
 # ------------------------------------------------------------------------------ W&B trouble
@@ -348,7 +453,7 @@ def test_wandb_failure_falls_back_to_offline(tmp_path, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tracker = Tracker(accelerator, tmp_path, "p", "r", {})
-    assert tracker.enabled and calls == [("online", None), ("offline", "offline")]
+    assert tracker.enabled and calls == [("online", None), ("online", "offline")]  # the retry asks W&B for offline
     assert any("retrying offline" in str(w.message) for w in caught)
     run_id = (tmp_path / "wandb_run_id").read_text()
     assert Tracker(accelerator, tmp_path, "p", "r", {}) and (tmp_path / "wandb_run_id").read_text() == run_id

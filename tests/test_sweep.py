@@ -70,18 +70,19 @@ def test_real_sweep_picks_the_lowest_validation_nll(tiny_overrides, tmp_path):
     assert yaml.safe_load(best.read_text())["run_name"] is None
 
 
-def test_a_rerun_sweep_reuses_finished_runs_of_the_same_config_only(tmp_path):
+def test_a_rerun_sweep_reuses_finished_runs_and_resumes_unfinished_ones(tmp_path):
     from mtl_cog.config import save_config
     from mtl_cog.errors import UserError
+    from mtl_cog.experiments.sweep import DONE, NEW, UNFINISHED, run_state
     from mtl_cog.runs import rundir
 
-    finished_with = _sweep_script().finished_with
     cfg = load_config("configs/digits/baseline.yaml", ["train.epochs=1"])
     run = tmp_path / "run_00"
+    assert run_state(run, cfg) == NEW
     run.mkdir()
     save_config(cfg, run / rundir.CONFIG)
-    assert not finished_with(run, cfg)  # not finished: trained again
+    assert run_state(run, cfg) == UNFINISHED  # interrupted or failed: continued, not counted as failed
     (run / rundir.DONE).write_text("best_epoch=1\n")
-    assert finished_with(run, cfg)
+    assert run_state(run, cfg) == DONE
     with pytest.raises(UserError, match="other settings"):
-        finished_with(run, load_config("configs/digits/baseline.yaml", ["train.epochs=2"]))
+        run_state(run, load_config("configs/digits/baseline.yaml", ["train.epochs=2"]))

@@ -1,8 +1,11 @@
-"""TST / V-TST (mtl_cog/two_stage.py): stage one stays untouched, V-TST averages the configured
-number of samples, and a two-stage run trains, saves and re-evaluates end to end."""
+"""TST / V-TST (mtl_cog/models/two_stage.py): the authors' head structure, variance bound, KL
+scaling and stage-two settings; stage one stays untouched, V-TST averages the configured number
+of samples, one-stage runs refuse the variational head, and a two-stage run trains, saves and
+re-evaluates end to end."""
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -11,12 +14,16 @@ import torch
 
 from mtl_cog.config import Config, MethodConfig, ModelConfig, TrainConfig, TwoStageConfig, load_config
 from mtl_cog.data.batches import BatchTransform
-from mtl_cog.data.task_api import SplitData, TaskSpec
-from mtl_cog.evaluation.inference import predict
+from mtl_cog.data.task_api import LogitLayout, SplitData, TaskSpec
+from mtl_cog.errors import ConfigError
+from mtl_cog.evaluation.inference import predict, predict_split
+from mtl_cog.evaluation.scoring import score
+from mtl_cog.models.heads import VariationalHeads, gaussian_kl
 from mtl_cog.models.network import build_network
 from mtl_cog.models.two_stage import attach_second_stage_head, mean_probability_logits
-from mtl_cog.objectives import build_objective
+from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
 from mtl_cog.runs import rundir
+from mtl_cog.runs.checkpoint import read_metadata
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.loop import run_second_stage
 from mtl_cog.training.preflight import check_registered_names
@@ -129,7 +136,126 @@ def test_tst_run_end_to_end_and_reevaluation(tiny_overrides, tmp_path):
 
 
 def test_unknown_second_stage_head_is_refused_before_training():
-    from mtl_cog.errors import ConfigError
-
     with pytest.raises(ConfigError, match="two_stage.head"):
         check_registered_names(load_config(REPO / "configs" / "digits" / "tst.yaml", ["two_stage.head=mlpp"]))
+
+
+# --- the authors' V-TST head: two stacks, bounded variance, KL / Z per task ---------------------------------
+
+LAYOUT = LogitLayout((2, 2, 4))
+
+
+def _set_moments(heads: VariationalHeads, means: list[float], raw_log_var: float) -> None:
+    """Make every sample's latent mean of task t equal means[t] and the log-variance stack output raw_log_var."""
+    with torch.no_grad():
+        heads.w2.zero_()
+        heads.b2.copy_(torch.tensor(means)[:, None].expand_as(heads.b2))
+        heads.log_var_w2.zero_()
+        heads.log_var_b2.fill_(raw_log_var)
+
+
+def test_variational_head_has_separate_mean_and_log_variance_stacks():
+    d, z = 6, 5
+    heads = VariationalHeads(d, LAYOUT, latent_dim=z)
+    stack = d * 3 * z + 3 * z + 3 * z * z + z  # Linear(D,3Z) -> ReLU -> Linear(3Z,Z)
+    assert sum(p.numel() for p in heads.parameters()) == LAYOUT.num_tasks * 2 * stack + LAYOUT.total * (z + 1)
+    features = torch.randn(4, d)
+    mean, log_var = heads.moments(features)
+    with torch.no_grad():  # the log-variance stack alone moves the log-variance, not the mean
+        heads.log_var_b1.add_(1.0)
+    mean2, log_var2 = heads.moments(features)
+    assert torch.equal(mean, mean2) and not torch.allclose(log_var, log_var2)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3, 1e6])
+def test_variational_variance_is_at_most_one_and_finite(scale):
+    torch.manual_seed(0)
+    heads = VariationalHeads(6, LAYOUT, latent_dim=4)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.mul_(scale)
+    _, log_var = heads.moments(torch.randn(64, 6) * scale)
+    assert torch.isfinite(log_var).all() and (log_var <= 0).all() and (log_var.exp() <= 1).all()
+    heads.train()
+    assert torch.isfinite(heads(torch.randn(8, 6) * scale)).all() and torch.isfinite(heads.auxiliary_loss()).all()
+
+
+def test_gaussian_kl_known_values():
+    assert gaussian_kl(torch.zeros(3, 7), torch.zeros(3, 7)).abs().max() == 0  # q = N(0, I): no divergence
+    # KL(N(1, 1) || N(0, 1)) = 1/2 per dimension; KL(N(0, e^-2) || N(0, 1)) = (e^-2 - 1 + 2) / 2
+    assert gaussian_kl(torch.ones(1, 4), torch.zeros(1, 4)).item() == pytest.approx(2.0)
+    assert gaussian_kl(torch.zeros(1, 1), torch.full((1, 1), -2.0)).item() == pytest.approx(0.5 * (math.exp(-2) + 1))
+
+
+@pytest.mark.parametrize("z", [1, 3, 17])
+def test_kl_term_is_per_task_batch_mean_of_summed_kl_over_z(z):
+    """Means (0, 1, 2) per task, variance 1: sum_d KL_d = Z * m^2 / 2, so KL / Z = m^2 / 2 whatever Z."""
+    heads = VariationalHeads(6, LAYOUT, latent_dim=z)
+    _set_moments(heads, [0.0, 1.0, 2.0], raw_log_var=40.0)  # logsigmoid(40) = -4e-18: variance 1
+    heads.train()
+    heads(torch.randn(9, 6))
+    assert heads.auxiliary_loss().tolist() == pytest.approx([0.0, 0.5, 2.0], abs=1e-6)
+
+
+def test_auxiliary_loss_is_added_task_by_task_with_weight():
+    heads = VariationalHeads(6, LAYOUT, latent_dim=3)
+    _set_moments(heads, [0.0, 1.0, 2.0], raw_log_var=40.0)
+    heads.train()
+    objective = build_objective(LAYOUT, MethodConfig(loss="ce"))
+    features, labels = torch.randn(9, 6), torch.stack([torch.randint(0, k, (9,)) for k in (2, 2, 4)], 1)
+    torch.manual_seed(5)
+    logits = heads(features)
+    torch.manual_seed(5)
+    total = WithAuxiliaryLoss(objective, heads, weight=1.0)(heads(features), labels)
+    expected = objective(logits, labels) + torch.tensor([0.0, 0.5, 2.0])
+    assert total.shape == (3,) and torch.allclose(total, expected, atol=1e-5)
+
+
+def test_stage_two_defaults_are_the_authors():
+    """Adam 1e-4, 40 epochs, best validation checkpoint without early stopping, Z = 10, KL weight 1."""
+    default = TwoStageConfig()
+    for path in ("tst.yaml", "vtst.yaml"):
+        shipped = load_config(REPO / "configs" / "cifar10" / path).two_stage
+        for cfg in (default, shipped):
+            assert (cfg.epochs, cfg.lr, cfg.patience, cfg.latent_dim, cfg.weight_decay) == (40, 1e-4, None, 10, 0.0)
+    vtst = load_config(REPO / "configs" / "cifar10" / "vtst.yaml").two_stage
+    assert (vtst.head, vtst.kl_weight, vtst.mc_samples) == ("variational", 1.0, 10)
+    assert default.kl_weight == 1.0
+    assert load_config(REPO / "configs" / "cifar10" / "cog_tst.yaml").model.head_latent_dim == 10
+
+
+def test_stage_two_patience_must_be_positive_or_null():
+    with pytest.raises(ConfigError, match="two_stage.patience"):
+        load_config(REPO / "configs" / "digits" / "tst.yaml", ["two_stage.patience=0"])
+    assert load_config(REPO / "configs" / "digits" / "tst.yaml", ["two_stage.patience=null"]).two_stage.patience is None
+
+
+def test_stage_two_runs_every_epoch_and_keeps_the_best_validation_nll(tmp_path):
+    """No early stopping by default: a diverging head (lr 1) still runs all epochs, and the kept
+    checkpoint is the epoch with the lowest validation NLL, with the configured learning rate."""
+    accelerator = create_accelerator()
+    cfg = TwoStageConfig(enabled=True, head="mlp", latent_dim=4, epochs=6, lr=1.0)
+    objective = build_objective(SPEC.layout, MethodConfig(loss="ce"))
+    model = run_second_stage(accelerator, _config(cfg), _network(), objective, SPEC, _split(40, 2), _split(20, 3),
+                             tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / rundir.STAGE_TWO_METRICS).read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == list(range(1, 7))
+    assert all(line["lr"] == {"heads": 1.0} for line in lines)
+    nll = [line["val_nll"] for line in lines]
+    best = 1 + min(range(6), key=nll.__getitem__)
+    assert int(read_metadata(tmp_path / rundir.BEST_MODEL)["epoch"]) == best
+    # the returned network is that checkpoint: it reproduces the best validation NLL
+    again = score(predict_split(accelerator, model, SPEC, _split(20, 3), 8), [15])["mean"]["nll"]
+    assert again == pytest.approx(min(nll), rel=1e-5)
+
+
+@pytest.mark.parametrize("config", ["baseline.yaml", "cog_fc.yaml", "tst.yaml"])
+def test_one_stage_variational_head_is_refused(config, tiny_overrides):
+    cfg = load_config(REPO / "configs" / "synthetic" / config, ["model.head=variational"])
+    with pytest.raises(ConfigError, match="model.head='variational'.*two_stage.head=variational"):
+        check_registered_names(cfg)
+    out = Path([o for o in tiny_overrides if o.startswith("output_dir=")][0].split("=", 1)[1])
+    with pytest.raises(ConfigError, match="model.head"):
+        _script("train_mtl").main(["--config", str(REPO / "configs" / "synthetic" / config), *tiny_overrides,
+                                   "model.head=variational", "run_name=refused"])
+    assert not (out / "refused").exists()  # refused before any run folder is made

@@ -46,7 +46,7 @@ def test_one_epoch_gives_each_attribute_its_own_section_and_the_end_a_table_and_
     predictions = _predictions()
     val = compute_metrics(TASKS, predictions.logits, predictions.labels, BINS)
     tracker.log_epoch(1, {"val": val["mean"]}, {"train/loss": 0.5, **flatten_metrics("val", val)})
-    tracker.log_epoch(2, {"final": True}, flatten_metrics("test", val))
+    tracker.log_final({"epoch": 2, "final": True}, flatten_metrics("test", val))
 
     # W&B groups panels into sections by the key's prefix before the first "/"
     sections: dict[str, set[str]] = {}
@@ -62,8 +62,11 @@ def test_one_epoch_gives_each_attribute_its_own_section_and_the_end_a_table_and_
     assert {"val/pooled_ece@15", "val/worst_task_ece@5", "val/count_ece", "val/pair_joint_ece"} <= sections["multitask"]
     assert len(sections["pairs"]) == len(val["pairs"]) == 10
     assert logged[0]["attr07/val/nll"] == pytest.approx(val["tasks"]["attr07"]["nll"])
-    assert {k.partition("/")[2] for k in logged[1] if k.startswith("attr39/")} == {
+    # the final test metrics: the run summary, not a history row (one-point charts at an invented step)
+    assert len(logged) == 1
+    assert {k.partition("/")[2] for k in wandb.run.summary.keys() if k.startswith("attr39/test/")} == {
         e.replace("val/", "test/") for e in expected}
+    assert wandb.run.summary["attr07/test/nll"] == pytest.approx(val["tasks"]["attr07"]["nll"])
 
     # the end-of-training report: table + image on W&B, and the same in the run folder
     save_predictions(tmp_path / "predictions_test.npz", predictions)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 import tasks  # noqa: F401  (registers the data sets)
+from mtl_cog.config.schema import check_bins
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.errors import UserError, run_cli
@@ -34,7 +35,8 @@ from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
 from mtl_cog.evaluation.predictions import load_predictions, save_predictions
 from mtl_cog.evaluation.scoring import score
-from mtl_cog.io import atomic_write, atomic_write_json
+from mtl_cog.io import atomic_write, atomic_write_json, check_writable
+from mtl_cog.progress import track
 from mtl_cog.runs import rundir
 from mtl_cog.runs.trained import load_network
 from mtl_cog.training.accelerator import create_accelerator
@@ -59,10 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.bins is not None and any(b <= 0 for b in args.bins):
-        raise UserError(f"--bins must be positive integers. Got {args.bins}.")
+    if args.bins is not None:
+        check_bins(args.bins, "--bins")
     if args.pairs is not None and args.pairs < 0:
         raise UserError(f"--pairs must be >= 0. Got {args.pairs}.")
+    if args.out is not None:
+        check_writable(args.out, "--out")  # before the work, not after it
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
@@ -101,7 +105,7 @@ def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: 
     val = load_predictions(run_dir / rundir.predictions_file("val"))
     test = load_predictions(run_dir / rundir.predictions_file("test"))
     results = {"none": score(test, bins, pairs)}
-    for method in methods:
+    for method in track(methods, f"post-hoc calibrators of {run_dir.name}", every=1):
         calibrated = calibrate(method, val, test)
         save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
         results[method] = score(calibrated, bins, pairs)

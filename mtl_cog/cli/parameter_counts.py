@@ -6,7 +6,8 @@
 Builds the network of each configs/<dataset>/<method>.yaml (no data needed: ``--classes`` gives
 the tasks' class counts, e.g. ``2x40`` for 40 binary attributes, ``10``, or ``2,2,10``) and
 prints a Markdown table. Two-stage methods also list their second-stage head (trained alone on
-the frozen backbone). The same counts are printed and saved (parameters.json) by every run.
+the frozen backbone; V-TST's has two stacks per task, for the latent's mean and log-variance).
+The same counts are printed and saved (parameters.json) by every run.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def table(dataset: str, layout: LogitLayout) -> str:
         stage_two = ""
         if cfg.two_stage.enabled:
             second = parameter_counts(attach_second_stage_head(network, cfg.two_stage, layout))
-            stage_two = f"{second['heads']:,} ({cfg.two_stage.head}, Z={cfg.two_stage.latent_dim})"
+            z = cfg.two_stage.latent_dim or "D"  # 0 = the backbone width
+            stage_two = f"{second['heads']:,} ({cfg.two_stage.head}, Z={z})"
         rows.append((cfg.method.name, "+".join(cfg.method.leader) or "none", counts, stage_two))
     lines = ["| method | leader | backbone | heads | calibrator | total | added vs baseline | stage-two head |",
              "|---|---|---:|---:|---:|---:|---:|---|"]

@@ -1,55 +1,82 @@
-"""The paper's comparison at CPU scale: every method config × 3 seeds on ``digits`` and ``synthetic``, then the report.
+"""The paper's comparison in one command: every method config × seeds, then the report.
 
-    python scripts/reproduce.py [--out runs/reproduce] [--datasets digits synthetic] [--seeds 0 1 2]
-                                [--jobs 2] [--epochs N] [--methods baseline cog_fc ...] [--dry-run]
+    python scripts/reproduce.py --protocol fair [--budget 4] [--seeds 0 1 2] --dry-run   # the plan and its time
+    python scripts/reproduce.py --protocol fair                  # CPU scale: digits + synthetic, ~1-2 h on 2 cores
+    python scripts/reproduce.py                                  # --protocol configs: the shipped settings as they are
+    python scripts/reproduce.py --scale paper --dry-run          # the paper's full grid and its GPU time
+    python scripts/reproduce.py --scale paper --protocol fair --launcher slurm --partition gpu --gpus-per-run 1
 
-Every ``configs/<dataset>/*.yaml`` is a method (new method configs are picked up without
-changing this script). Each run is ``scripts/train_mtl.py`` in a subprocess with the reduced
-sizes below (small CNN, 16×16 images, fewer epochs) so the whole grid fits in about 30 minutes
-on 2 CPU cores; ``--jobs`` runs that many at once, each with one torch thread. A finished run
-folder (its ``DONE`` file) is reused, so an interrupted reproduction resumes where it stopped.
-The post-hoc calibrators are fitted on the
-baseline runs (``--posthoc-on``) and appear in the report as ``baseline+<calibrator>``. The report is
-``scripts/compare.py <out>/runs --out <out>/report`` (see that script for what it writes).
+Every ``configs/<dataset>/*.yaml`` is a method (new method configs are picked up without changing
+this script). Two protocols:
+
+- ``fair`` (docs/protocol.md): per data set and method, ``--budget`` tuning runs on validation NLL
+  over the same knobs for everyone (the follower learning rate for every method, baseline
+  included; the leader rate for COG variants; label smoothing epsilon, focal gamma), then
+  ``--seeds`` runs of the chosen setting. The chosen settings are written to
+  OUT/report/chosen_settings.{csv,md}, every trial to OUT/tuning/<dataset>-<method>/trials.csv.
+- ``configs``: each config as shipped. Not an equal-budget comparison (at CPU scale the
+  head-leader COG variants use learning rates tuned for them, the others none); the report says so.
+
+Two scales: ``cpu`` (default; ``digits`` and ``synthetic`` with a tiny CNN at 16 px, one torch
+thread per run, ``--jobs`` runs at once) and ``paper`` (the configs' own backbone, image size and
+epochs: CelebA, SVHN, CIFAR-10/100 from ``data.root``; meant for ``--launcher slurm``).
+
+Runs start in your working directory (relative paths resolve there). A re-run of the same
+command reuses finished runs and continues unfinished ones from their last saved state; if any run
+fails, the report is still written from the others, the failures are listed and the exit code is 2.
+Post-hoc calibrators are fitted on the baseline runs (``--posthoc-on``) and appear as
+``baseline+<calibrator>``. The report is ``scripts/compare.py OUT/runs --out OUT/report``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
+import pandas as pd
 
-from mtl_cog.cli import compare
+from mtl_cog.cli import compare, evaluate
 from mtl_cog.cli.paths import CONFIGS
-from mtl_cog.config import load_config
+from mtl_cog.cli.sweep import markdown_table
+from mtl_cog.config import Config, load_config
+from mtl_cog.config.schema import check_seed
 from mtl_cog.errors import UserError, run_cli
+from mtl_cog.experiments import gpu_time, protocol
+from mtl_cog.experiments.launcher import (
+    RunJob,
+    add_launcher_arguments,
+    make_launcher,
+    processes_per_run,
+    python_module_command,
+)
+from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state
+from mtl_cog.io import atomic_write, atomic_write_text, check_writable
+from mtl_cog.progress import track
 from mtl_cog.runs import rundir
 
-DATASETS = ("digits", "synthetic")
-# Sizes that make one run take well under a minute of one CPU core (measured: see README).
-# synthetic gets more epochs: its small noisy training set only drifts into overconfidence later.
+SCALES = ("cpu", "paper")
+PROTOCOLS = ("configs", "fair")
+DATASETS = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10", "cifar100")}
+# CPU scale: sizes that make one run take about a minute of one CPU core (measured: see README).
+# Epochs: long enough for the tuned COG variants to settle; every report checks it per run
+# (convergence.csv, mtl_cog/reporting/trajectories.py) instead of assuming it.
 CPU_SCALE = {
-    "digits": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=15"],
-    "synthetic": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=30",
-                  "data.synthetic.train_size=1000", "data.synthetic.val_size=500", "data.synthetic.test_size=1000"],
+    "digits": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=50"],
+    "synthetic": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=40",
+                  "data.synthetic.train_size=1000", "data.synthetic.val_size=200", "data.synthetic.test_size=1000"],
 }
-POSTHOC = ["ts", "vs", "ms", "svs", "sms", "isotonic", "histogram"]
-# Methods whose leader is the task heads (cog_fc, cog_ls, cog_tst) update their whole classifier
-# at the leader rate; in these short CPU runs the configs' 1e-4 leaves them far underconfident.
-# Learning rates chosen like the paper (App. B), on validation NLL, with scripts/sweep.py on
-# cog_fc at this scale, two grids: leader_lr in {1e-4, 3e-4, 6e-4} with follower_lr 1e-3, and
-# leader_lr in {3e-4, 1e-3} x follower_lr in {2e-3, 4e-3}; both data sets chose 1e-3 / 4e-3.
+POSTHOC = ["ts", "ts_guo", "vs", "ms", "svs", "sms", "isotonic", "histogram"]
+# --protocol configs only: the head-leader methods (cog_fc, cog_ls, cog_tst) update their whole
+# classifier at the leader rate; in short CPU runs the configs' 1e-4 leaves them underconfident.
+# These rates came from a sweep of cog_fc alone, so this protocol favours those methods; the fair
+# protocol tunes every method instead.
 HEAD_LEADER_LRS = {
     "digits": ["optim.leader_lr=1e-3", "optim.follower_lr=4e-3"],
     "synthetic": ["optim.leader_lr=1e-3", "optim.follower_lr=4e-3"],
 }
+CHOSEN = "chosen_settings"
 
 
 @dataclass(frozen=True)
@@ -59,101 +86,276 @@ class Job:
     seed: int
     config: Path
     run_dir: Path
+    overrides: tuple[str, ...] = ()  # on top of the scale's (the fair protocol's tuned values)
+    phase: str = "final"  # "tune" | "final"
+
+
+@dataclass
+class Plan:
+    tuning: dict[tuple[str, str], list[Job]] = field(default_factory=dict)  # (dataset, method) -> trials
+    final: list[Job] = field(default_factory=list)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="OUT/runs and OUT/report")
-    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    parser.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="OUT/runs, OUT/tuning, OUT/report")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="configs", help="fair: equal tuning budget")
+    parser.add_argument("--scale", choices=SCALES, default="cpu", help="cpu: tiny runs; paper: the configs as set")
+    parser.add_argument("--datasets", nargs="+", default=None, help="default: digits synthetic (cpu), "
+                        "celeba svhn cifar10 cifar100 (paper)")
     parser.add_argument("--methods", nargs="+", default=None, help="only these configs (default: all in configs/<ds>/)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=None, help="override the per-data-set epochs of CPU_SCALE")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at once (each with one torch thread)")
+    parser.add_argument("--epochs", type=int, default=None, help="override every run's train.epochs")
+    parser.add_argument("--budget", type=int, default=3, help="fair: tuning runs per method and data set (default 3)")
     parser.add_argument("--posthoc-on", nargs="+", default=["baseline"], metavar="METHOD",
                         help="methods whose runs get the post-hoc calibrators (default: baseline, as the paper)")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    return parser.parse_args(argv)
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and the estimated time, run nothing")
+    parser.add_argument("--tracking", choices=["none", "wandb"], default="none",
+                        help="W&B for every run (one group per reproduction, job types tuning/reproduce); default none")
+    parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
+                        help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
+    add_launcher_arguments(parser, parallel_flag="--jobs")
+    args = parser.parse_args(argv)
+    args.datasets = args.datasets or list(DATASETS[args.scale])
+    if args.scale == "cpu" and set(args.datasets) - set(CPU_SCALE):
+        raise UserError(f"--scale cpu has sizes for {', '.join(CPU_SCALE)} only; use --scale paper for "
+                        f"{', '.join(sorted(set(args.datasets) - set(CPU_SCALE)))}.")
+    if (args.parallel is not None and args.parallel < 1) or (args.epochs is not None and args.epochs < 1):
+        raise UserError(f"--jobs and --epochs must be >= 1. Got {args.parallel} and {args.epochs}.")
+    return args
+
+
+def method_configs(dataset: str, methods: list[str] | None) -> list[Path]:
+    folder = CONFIGS / dataset
+    configs = sorted(folder.glob("*.yaml"))
+    if not configs:
+        raise UserError(f"no method configs in {folder}.")
+    if methods is not None:
+        missing = sorted(set(methods) - {c.stem for c in configs})
+        if missing:
+            raise UserError(f"no config configs/{dataset}/<method>.yaml for --methods {', '.join(missing)}; "
+                            f"available: {', '.join(c.stem for c in configs)}.")
+        configs = [c for c in configs if c.stem in methods]
+    return configs
 
 
 def plan(datasets: list[str], methods: list[str] | None, seeds: list[int], runs_dir: Path) -> list[Job]:
-    jobs = []
-    for dataset in datasets:
-        configs = sorted((CONFIGS / dataset).glob("*.yaml"))
-        if methods is not None:
-            missing = sorted(set(methods) - {c.stem for c in configs})
-            if missing:
-                raise UserError(f"no config configs/{dataset}/<method>.yaml for --methods {', '.join(missing)}; "
-                                f"available: {', '.join(c.stem for c in configs)}.")
-            configs = [c for c in configs if c.stem in methods]
-        for config in configs:
-            for seed in seeds:
-                jobs.append(Job(dataset, config.stem, seed, config, runs_dir / f"{dataset}-{config.stem}-seed{seed}"))
-    return jobs
+    """The final runs: every method config of every data set × seeds (the configs protocol's whole plan)."""
+    return [Job(dataset, config.stem, seed, config, runs_dir / f"{dataset}-{config.stem}-seed{seed}")
+            for dataset in datasets for config in method_configs(dataset, methods) for seed in seeds]
 
 
-def heads_lead(config: Path) -> bool:
-    return "heads" in load_config(config).method.leader
+def scale_overrides(job: Job, args: argparse.Namespace) -> list[str]:
+    """The scale's overrides, then the protocol's, then --epochs (the last one wins)."""
+    overrides = list(CPU_SCALE[job.dataset]) if args.scale == "cpu" else []
+    if args.protocol == "configs" and args.scale == "cpu" and "heads" in load_config(job.config).method.leader:
+        overrides += HEAD_LEADER_LRS[job.dataset]
+    overrides += list(job.overrides)
+    return overrides + ([f"train.epochs={args.epochs}"] if args.epochs else [])
 
 
-def train_command(job: Job, epochs: int | None) -> list[str]:
-    tuned = HEAD_LEADER_LRS[job.dataset] if heads_lead(job.config) else []
-    overrides = [*CPU_SCALE[job.dataset], *tuned, *([f"train.epochs={epochs}"] if epochs else [])]  # last one wins
-    return [sys.executable, "-m", "mtl_cog.cli.train", "--config", str(job.config),
-            f"output_dir={job.run_dir.parent}", f"run_name={job.run_dir.name}", f"seed={job.seed}", "tracking=none",
-            *overrides]
+def run_overrides(job: Job, args: argparse.Namespace) -> list[str]:
+    # one W&B group per reproduction (tracking=wandb): its runs sit together, tuning and final runs apart
+    return [f"output_dir={job.run_dir.parent}", f"run_name={job.run_dir.name}", f"seed={job.seed}",
+            f"tracking={args.tracking}", f"wandb_group=reproduce-{args.out.resolve().name}",
+            f"wandb_job_type={'tuning' if job.run_dir.parent.name != 'runs' else 'reproduce'}",
+            *scale_overrides(job, args)]
 
 
-def posthoc_command(job: Job) -> list[str]:
-    return [sys.executable, "-m", "mtl_cog.cli.evaluate", "--run", str(job.run_dir), "--posthoc", *POSTHOC,
-            "--out", str(job.run_dir / rundir.POSTHOC_JSON)]
+def train_command(job: Job, args: argparse.Namespace, state: str = "new") -> list[str]:
+    train_args = (["--resume", str(job.run_dir)] if state == UNFINISHED else
+                  ["--config", str(job.config), *run_overrides(job, args)])
+    return python_module_command("mtl_cog.cli.train", train_args, processes_per_run(args), str(job.run_dir.resolve()))
 
 
-def run_job(job: Job, epochs: int | None, with_posthoc: bool) -> tuple[Job, float, str | None]:
-    """Train (unless already finished) and fit post-hoc calibrators; -> (job, seconds, error or None)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    start = time.time()
-    commands = [] if (job.run_dir / rundir.DONE).is_file() else [train_command(job, epochs)]
-    posthoc_done = any((job.run_dir / name).is_file() for name in (rundir.POSTHOC_METRICS, rundir.POSTHOC_JSON))
-    if with_posthoc and not posthoc_done:
-        commands.append(posthoc_command(job))
-    for command in commands:
-        result = subprocess.run(command, env=env, capture_output=True, text=True)  # in the user's folder
-        if result.returncode != 0:
-            return job, time.time() - start, (result.stderr or result.stdout)[-1500:]
-    return job, time.time() - start, None
+def resolved_config(job: Job, args: argparse.Namespace) -> Config:
+    return load_config(job.config, run_overrides(job, args))
 
 
-def main(argv: list[str] | None = None) -> Path:
+def fair_tuning(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, str], list[Job]]:
+    """(dataset, method) -> its ``--budget`` tuning runs (protocol.trial_settings), seed protocol.TUNE_SEED."""
+    tuning = {}
+    for dataset in args.datasets:
+        base_rate = dataset_follower_lr(dataset, args)
+        for config in method_configs(dataset, args.methods):
+            probe = Job(dataset, config.stem, protocol.TUNE_SEED, config, tuning_dir / "probe")
+            space = protocol.search_space(resolved_config(probe, args), base_rate)
+            settings = protocol.trial_settings(space, args.budget)
+            folder = tuning_dir / f"{dataset}-{config.stem}"
+            tuning[(dataset, config.stem)] = [
+                Job(dataset, config.stem, protocol.TUNE_SEED, config, folder / f"trial_{i:02d}",
+                    tuple(protocol.as_overrides(setting)), "tune")
+                for i, setting in enumerate(settings)]
+    return tuning
+
+
+def dataset_follower_lr(dataset: str, args: argparse.Namespace) -> float:
+    """The data set's configured follower rate (configs/datasets/<ds>.yaml): the centre of every method's range."""
+    path = CONFIGS / "datasets" / f"{dataset}.yaml"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the fair protocol centres the learning-rate range on its follower_lr.")
+    return load_config(path).optim.follower_lr
+
+
+def jobs_to_run(jobs: list[Job], args: argparse.Namespace) -> tuple[list[RunJob], list[Job]]:
+    """The launcher's jobs for runs not yet finished (unfinished ones are resumed)."""
+    run_jobs, todo = [], []
+    env = (("WANDB_MODE", "offline"),) + ((("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"))
+                                         if args.scale == "cpu" else ())
+    for job in jobs:
+        state = run_state(job.run_dir, resolved_config(job, args))
+        if state == DONE:
+            continue
+        name = f"{job.dataset}/{job.method}/" + (job.run_dir.name if job.phase == "tune" else f"seed{job.seed}")
+        log = job.run_dir.parent / f"{job.run_dir.name}.log"
+        run_jobs.append(RunJob(name, tuple(train_command(job, args, state)), log, env=env))
+        todo.append(job)
+    return run_jobs, todo
+
+
+def launch(jobs: list[Job], args: argparse.Namespace, executor, what: str) -> list[Job]:
+    """Run the unfinished ``jobs``; -> the jobs that failed."""
+    run_jobs, todo = jobs_to_run(jobs, args)
+    print(f"{what}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run", flush=True)
+    if not todo:
+        return []
+    launcher = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
+    try:
+        codes = launcher.run(run_jobs)
+    except KeyboardInterrupt:
+        print(f"interrupted: the same command continues where it stopped (--out {args.out}).", file=sys.stderr)
+        raise SystemExit(130) from None
+    return [job for job, code in zip(todo, codes) if code != 0]
+
+
+def choose_settings(tuning: dict[tuple[str, str], list[Job]], args: argparse.Namespace) -> pd.DataFrame:
+    """Per (dataset, method): every trial's validation NLL and the chosen one (tuning must be complete)."""
+    rows = []
+    for (dataset, method), trials in tuning.items():
+        bins = resolved_config(trials[0], args).eval.bins
+        choice = protocol.choose([t.run_dir for t in trials], bins)
+        trial_rows = [{"trial": t.run_dir.name, **dict(o.split("=", 1) for o in t.overrides), "val_nll": nll,
+                       "chosen": "*" if i == choice.index else ""}
+                      for i, (t, nll) in enumerate(zip(trials, choice.nlls))]
+        table = pd.DataFrame(trial_rows)
+        atomic_write(trials[0].run_dir.parent / "trials.csv", lambda tmp, table=table: table.to_csv(tmp, index=False))
+        chosen = trials[choice.index]
+        rows.append({"dataset": dataset, "method": method, "settings": " ".join(chosen.overrides),
+                     "val_nll": choice.nlls[choice.index], "trials": len(trials),
+                     "tuning_seed": protocol.TUNE_SEED, "trial": chosen.run_dir.name})
+    return pd.DataFrame(rows)
+
+
+def final_jobs(chosen: pd.DataFrame, args: argparse.Namespace, runs_dir: Path) -> list[Job]:
+    settings = {(r.dataset, r.method): tuple(r.settings.split()) for r in chosen.itertuples()}
+    return [Job(j.dataset, j.method, j.seed, j.config, j.run_dir, settings[(j.dataset, j.method)])
+            for j in plan(args.datasets, args.methods, args.seeds, runs_dir)]
+
+
+def print_plan(args: argparse.Namespace, tuning: dict, final: list[Job], measured) -> None:
+    """The runs (grouped), the knobs tuned, and the estimated time of what is still to run."""
+    seconds, sources = 0.0, set()
+    for phase, jobs in (("tuning", [j for trials in tuning.values() for j in trials]), ("final", final)):
+        if not jobs:
+            continue
+        todo = [j for j in jobs if run_state(j.run_dir, resolved_config(j, args)) != DONE]
+        estimates = [gpu_time.estimate_run(resolved_config(j, args), measured) for j in todo]
+        phase_seconds = sum(e.seconds for e in estimates)
+        seconds += phase_seconds
+        sources |= {e.source for e in estimates}
+        print(f"{phase}: {len(jobs)} runs ({len(jobs) - len(todo)} finished), "
+              f"~{gpu_time.format_duration(phase_seconds)} of device time still to run")
+    for (dataset, method), trials in tuning.items():
+        print(f"  tune {dataset}/{method}: {len(trials)} trials of " +
+              ", ".join(sorted({o.split('=')[0] for t in trials for o in t.overrides})))
+    for dataset in args.datasets:
+        mine = [j for j in final if j.dataset == dataset]
+        if not mine:
+            continue
+        cfg = resolved_config(mine[0], args)
+        estimate = gpu_time.estimate_run(cfg, measured)
+        sizes = "" if estimate.sizes is None else \
+            " train/val/test " + "/".join(f"{n:,}" for n in estimate.sizes.values())
+        print(f"  {dataset}: {len({j.method for j in mine})} methods × {len(args.seeds)} seeds, "
+              f"{cfg.model.backbone} @ {cfg.data.image_size} px, {cfg.train.epochs} epochs,{sizes}; "
+              f"~{gpu_time.format_duration(estimate.seconds)} per run")
+    parallel = args.parallel or 2 if args.launcher == "local" and args.scale == "cpu" else 1  # GPUs: one run each
+    print(f"estimated total: {gpu_time.format_duration(seconds)} of device time"
+          + (f", ~{gpu_time.format_duration(seconds / parallel)} wall with --jobs {parallel}" if parallel > 1 else "")
+          + f" (throughput: {'; '.join(sorted(sources)) or 'nothing to run'})")
+
+
+def fit_posthoc(jobs: list[Job], methods: list[str]) -> list[Job]:
+    """Post-hoc calibrators on the finished runs of ``methods`` (skipped where already fitted); -> failures."""
+    failed = []
+    todo = [j for j in jobs if j.method in methods and (j.run_dir / rundir.DONE).is_file()
+            and not any((j.run_dir / n).is_file() for n in (rundir.POSTHOC_METRICS, rundir.POSTHOC_JSON))]
+    for job in track(todo, "post-hoc calibrators: fitting"):
+        try:
+            evaluate.run_posthoc(job.run_dir, POSTHOC, None, job.run_dir / rundir.POSTHOC_JSON)
+        except UserError as err:
+            print(f"post-hoc calibration of {job.run_dir} failed: {err}", file=sys.stderr)
+            failed.append(job)
+    return failed
+
+
+def main(argv: list[str] | None = None, executor=None) -> Path:
+    """``executor``: a submitit executor to use instead of Slurm's (the tests pass the local one)."""
     args = parse_args(argv)
-    if args.jobs < 1 or (args.epochs is not None and args.epochs < 1):
-        raise UserError(f"--jobs and --epochs must be >= 1. Got {args.jobs} and {args.epochs}.")
-    runs_dir, report_dir = args.out / "runs", args.out / "report"
-    jobs = plan(args.datasets, args.methods, args.seeds, runs_dir)
-    print(f"{len(jobs)} runs ({', '.join(args.datasets)} × {len({j.method for j in jobs})} methods × "
-          f"{len(args.seeds)} seeds), {args.jobs} at a time; post-hoc calibrators on "
-          f"{', '.join(args.posthoc_on)}")
+    for seed in args.seeds:  # refused now, not by every one of the training runs
+        check_seed(seed, "--seeds")
+    check_writable(args.out, "--out", folder=True)
+    runs_dir, report_dir, tuning_dir = args.out / "runs", args.out / "report", args.out / "tuning"
+    measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
+    tuning = fair_tuning(args, tuning_dir) if args.protocol == "fair" else {}
+    final = plan(args.datasets, args.methods, args.seeds, runs_dir)
+    print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.datasets)} × "
+          f"{len({j.method for j in final})} methods × {len(args.seeds)} seeds"
+          + (f", after {args.budget} tuning runs per method" if tuning else "")
+          + f"; post-hoc calibrators on {', '.join(args.posthoc_on)}")
     if args.dry_run:
-        for job in jobs:
-            print(" ".join(train_command(job, args.epochs)))
+        print_plan(args, tuning, final, measured)
+        if tuning:
+            print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them)")
         return report_dir
-    failures = []
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool, tqdm(total=len(jobs), unit="run") as bar:
-        futures = [pool.submit(run_job, job, args.epochs, job.method in args.posthoc_on)
-                   for job in jobs]
-        for future in as_completed(futures):
-            job, seconds, error = future.result()
-            bar.set_postfix_str(f"{job.dataset}/{job.method}/seed{job.seed} {seconds:.0f}s")
-            bar.update()
-            if error:
-                failures.append(job)
-                tqdm.write(f"FAILED {job.run_dir}:\n{error}")
-    if len(failures) == len(jobs):
-        raise UserError("every run failed; see the messages above.")
+
+    chosen = None
+    if tuning:
+        failed = launch([j for trials in tuning.values() for j in trials], args, executor, "tuning")
+        if failed:
+            raise UserError(f"{len(failed)} tuning run(s) failed ({', '.join(str(j.run_dir) for j in failed)}; see "
+                            "their .log files): every method must get its whole budget, so nothing was chosen. "
+                            "Fix the cause and run the same command again: it continues from there.")
+        chosen = choose_settings(tuning, args)
+        final = final_jobs(chosen, args, runs_dir)
+    failed = launch(final, args, executor, "final runs")
+    failed += fit_posthoc(final, args.posthoc_on)
+    if len(failed) == len(final):
+        raise UserError("every run failed; see the .log files next to the run folders.")
     compare.main([str(runs_dir), "--out", str(report_dir)])
-    if failures:
-        print(f"{len(failures)} run(s) failed (training or post-hoc step, messages above): "
-              + ", ".join(str(j.run_dir) for j in failures))
+    write_protocol_note(report_dir, args, chosen)
+    if failed:
+        raise UserError(f"{len(failed)} run(s) failed (training or post-hoc step), so the report lacks them: "
+                        + ", ".join(str(j.run_dir) for j in failed) + ". Run the same command again to continue them.")
     return report_dir
+
+
+def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.DataFrame | None) -> None:
+    """protocol.md beside the report (and chosen_settings.csv/md for the fair protocol)."""
+    lines = [f"# Protocol: {args.protocol} (scale {args.scale})", ""]
+    if chosen is None:
+        lines += ["Every method ran with its shipped config. This is **not** an equal-budget comparison"
+                  + (": at CPU scale the head-leader COG variants (cog_fc, cog_ls, cog_tst) use learning rates "
+                     f"tuned for them ({' '.join(HEAD_LEADER_LRS[args.datasets[0]])}), no other method was tuned"
+                     if args.scale == "cpu" else "") + ". Use --protocol fair for that.", ""]
+    else:
+        atomic_write(report_dir / f"{CHOSEN}.csv", lambda tmp: chosen.to_csv(tmp, index=False))
+        atomic_write_text(report_dir / f"{CHOSEN}.md", markdown_table(chosen))
+        lines += [f"Every method had {args.budget} tuning runs (seed {protocol.TUNE_SEED}) on validation NLL; "
+                  "the chosen settings (chosen_settings.csv) were then run with seeds "
+                  f"{' '.join(map(str, args.seeds))}. See docs/protocol.md.", "", markdown_table(chosen)]
+    atomic_write_text(report_dir / "protocol.md", "\n".join(lines) + "\n")
+    print(report_dir / "protocol.md")
 
 
 def cli() -> None:

@@ -2,94 +2,130 @@
 
     python scripts/sweep.py --config configs/digits/cog_ts.yaml train.epochs=5 \
         --grid optim.leader_lr=1e-5,3e-5,1e-4 optim.follower_lr=1e-3,3e-4 [--parallel 2]
+    python scripts/sweep.py ... --launcher slurm --partition gpu --gpus-per-run 1   # one Slurm job per run
+    python scripts/sweep.py --resume SWEEP_DIR          # after Ctrl-C or failures: finish the same sweep
+    python scripts/sweep.py ... --dry-run               # the runs and their estimated GPU time; nothing runs
 
-Each combination is one run of scripts/train_mtl.py (a subprocess) in <sweep dir>/run_NN; the
-criterion is the validation NLL (mean over tasks) of the run's best checkpoint, the tuning
-criterion of the COG paper (App. B). Written to the sweep folder: sweep.csv and sweep.md (every
-run: its values, validation accuracy / NLL / Brier / ECE@15, status) and best_config.yaml (the
-chosen run's resolved config, usable as --config). Positional overrides apply to every run; a
---grid item with one value is a fixed override too. With --parallel N, N runs at a time (on a
-machine with GPUs, run i gets GPU i mod #GPUs). The last line printed is best_config.yaml.
+Each combination is one training run in <sweep dir>/run_NN, started in *your* working directory
+(relative paths resolve there). The criterion is the validation NLL (mean over tasks) of the run's
+best checkpoint, the tuning criterion of the COG paper (App. B). Written to the sweep folder:
+sweep.csv and sweep.md (every run: its values, validation accuracy / NLL / Brier / ECE@15,
+status) and, only when *every* run finished, best_config.yaml (the chosen run's resolved config,
+usable as --config). Positional overrides apply to every run; a --grid item with one value is a
+fixed override too.
+
+Re-running (``--resume DIR``, or the same command with ``--out DIR``) reuses finished runs,
+*continues* unfinished ones from their last saved state (``train --resume``) and starts the rest.
+If any run failed, the table says which, no best setting is chosen from the incomplete grid, and
+the exit code is 2. The last line printed is best_config.yaml.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
+import json
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 import yaml
 
+from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import ConfigError, UserError, run_cli
-from mtl_cog.experiments.sweep import best_index, combinations, parse_grid, validation_scores
-from mtl_cog.io import atomic_write, atomic_write_text
+from mtl_cog.experiments import gpu_time
+from mtl_cog.experiments.launcher import (
+    RunJob,
+    add_launcher_arguments,
+    make_launcher,
+    processes_per_run,
+    python_module_command,
+)
+from mtl_cog.experiments.sweep import (
+    DONE,
+    UNFINISHED,
+    best_index,
+    combinations,
+    parse_grid,
+    run_state,
+    validation_scores,
+)
+from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, make_folder
 from mtl_cog.runs import rundir
+
+SWEEP_ARGS = "sweep_args.json"  # what the sweep was asked: --resume re-reads it
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, required=True, help="YAML experiment config")
-    parser.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="values to sweep")
-    parser.add_argument("--parallel", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--config", type=Path, default=None, help="YAML experiment config")
+    parser.add_argument("--grid", nargs="+", default=None, metavar="KEY=V1,V2", help="values to sweep")
     parser.add_argument("--out", type=Path, default=None, help="sweep folder (default runs/sweep-<config>-<time>)")
+    parser.add_argument("--resume", type=Path, default=None, metavar="SWEEP_DIR",
+                        help="finish the sweep in SWEEP_DIR with its saved settings")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and the estimated time; run nothing")
+    parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
+                        help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
+    add_launcher_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="fixed overrides for every run, e.g. train.epochs=5")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.resume is not None:
+        if args.config is not None or args.grid is not None or args.overrides:
+            raise UserError("--resume SWEEP_DIR uses the sweep's saved --config, --grid and overrides; give none.")
+        saved = args.resume / SWEEP_ARGS
+        if not saved.is_file():
+            raise UserError(f"--resume {args.resume}: no {SWEEP_ARGS} there; is it a sweep folder?")
+        spec = json.loads(saved.read_text())
+        args.config, args.grid, args.overrides, args.out = Path(spec["config"]), spec["grid"], spec["overrides"], \
+            args.resume
+    elif args.config is None or args.grid is None:
+        raise UserError("--config and --grid are required (or --resume SWEEP_DIR).")
+    return args
 
 
-def launch(command: list[str], log: Path, gpu: int | None) -> subprocess.Popen:
-    env = dict(os.environ)
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    handle = open(log, "w")  # noqa: SIM115  (closed when the process is collected)
-    process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)  # in the user's folder
-    process.log_handle = handle  # type: ignore[attr-defined]
-    return process
+def plan_runs(args: argparse.Namespace, out: Path) -> tuple[list[dict[str, str]], list[Config], list[str]]:
+    """Every combination, its resolved config (all valid before anything runs), and its state."""
+    combos = combinations(parse_grid(args.grid))
+    configs, states = [], []
+    for i, combo in enumerate(combos):
+        try:  # every combination is valid before anything runs
+            resolved = load_config(args.config, run_overrides(args, combo, out, i))
+        except ConfigError as err:
+            raise ConfigError(f"grid combination {combo}: {err}") from None
+        configs.append(resolved)
+        states.append(run_state(out / f"run_{i:02d}", resolved))
+    return combos, configs, states
 
 
-def run_all(commands: list[list[str] | None], logs: list[Path], parallel: int) -> list[int]:
-    """Run the commands, at most ``parallel`` at a time; return their exit codes in order.
-
-    ``None`` stands for a run that already finished with the same settings: it is reused (code 0).
-    """
-    gpus = torch.cuda.device_count()
-    codes: list[int | None] = [0 if c is None else None for c in commands]
-    for i in (i for i, c in enumerate(commands) if c is None):
-        print(f"[{i + 1}/{len(commands)}] reused: run_{i:02d} already finished with these settings", flush=True)
-    running: dict[int, subprocess.Popen] = {}
-    pending = [i for i, c in enumerate(commands) if c is not None]
-    while pending or running:
-        while pending and len(running) < parallel:
-            i = pending.pop(0)
-            print(f"[{i + 1}/{len(commands)}] {' '.join(commands[i][2:])}", flush=True)
-            running[i] = launch(commands[i], logs[i], i % gpus if gpus else None)
-        for i, process in list(running.items()):
-            if process.poll() is not None:
-                process.log_handle.close()  # type: ignore[attr-defined]
-                codes[i] = process.returncode
-                status = "done" if process.returncode == 0 else f"FAILED (exit {process.returncode}, see {logs[i]})"
-                print(f"[{i + 1}/{len(commands)}] {status}", flush=True)
-                del running[i]
-        time.sleep(0.2)
-    return [int(c) for c in codes]
+def run_overrides(args: argparse.Namespace, combo: dict[str, str], out: Path, i: int) -> list[str]:
+    # the sweep's runs share one W&B group (when tracking=wandb); the user's overrides come after and win
+    return [f"wandb_group=sweep-{out.resolve().name}", "wandb_job_type=sweep", *args.overrides,
+            *(f"{k}={v}" for k, v in combo.items()), f"output_dir={out}", f"run_name=run_{i:02d}"]
 
 
-def finished_with(run_dir: Path, resolved: Config) -> bool:
-    """Whether ``run_dir`` already holds a finished run of exactly this config (a re-run sweep reuses it).
+def train_job(args: argparse.Namespace, combo: dict[str, str], out: Path, i: int, state: str) -> RunJob:
+    run_dir = out / f"run_{i:02d}"
+    train_args = (["--resume", str(run_dir)] if state == UNFINISHED else
+                  ["--config", str(args.config), *run_overrides(args, combo, out, i)])
+    command = python_module_command("mtl_cog.cli.train", train_args, processes_per_run(args), str(run_dir.resolve()))
+    return RunJob(f"run_{i:02d}", tuple(command), out / f"run_{i:02d}.log")
 
-    A finished run with other settings is refused: its folder name would now mean something else.
-    """
-    if not (run_dir / rundir.DONE).exists():
-        return False
-    if rundir.load_run_config(run_dir).to_dict() != resolved.to_dict():
-        raise UserError(f"{run_dir} holds a finished run with other settings than this sweep's; "
-                        "choose another --out.")
-    return True
+
+def print_plan(combos: list[dict], configs: list[Config], states: list[str], measured) -> float:
+    """One line per run (state, values, estimate); -> the total estimated seconds of the runs to do."""
+    total = 0.0
+    for i, (combo, cfg, state) in enumerate(zip(combos, configs, states)):
+        estimate = gpu_time.estimate_run(cfg, measured)
+        todo = state != DONE
+        total += estimate.seconds if todo else 0.0
+        action = {"done": "reuse (finished)", "unfinished": "resume", "new": "train"}[state]
+        values = " ".join(f"{k}={v}" for k, v in combo.items())
+        print(f"  run_{i:02d}  {action:<16} {values}  ~{gpu_time.format_duration(estimate.seconds)}")
+    sources = {gpu_time.estimate_run(cfg, measured).source for cfg in configs}
+    print(f"estimated time of the runs still to do: {gpu_time.format_duration(total)} on one device "
+          f"(throughput: {'; '.join(sorted(sources))})")
+    return total
 
 
 def markdown_table(table: pd.DataFrame) -> str:
@@ -102,52 +138,66 @@ def markdown_table(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> Path:
+def main(argv: list[str] | None = None, executor=None) -> Path:
+    """``executor``: a submitit executor to use instead of Slurm's (the tests pass the local one)."""
     args = parse_args(argv)
-    if args.parallel < 1:
-        raise UserError(f"--parallel must be >= 1. Got {args.parallel}.")
-    combos = combinations(parse_grid(args.grid))
     base = load_config(args.config, args.overrides)  # fail fast on a bad config or fixed override
     out = args.out or Path(base.output_dir) / f"sweep-{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    commands, logs = [], []
-    for i, combo in enumerate(combos):
-        overrides = [*args.overrides, *(f"{k}={v}" for k, v in combo.items()), f"output_dir={out}",
-                     f"run_name=run_{i:02d}"]
-        try:
-            resolved = load_config(args.config, overrides)  # every combination is valid before anything runs
-        except ConfigError as err:
-            raise ConfigError(f"grid combination {combo}: {err}") from None
-        commands.append(None if finished_with(out / f"run_{i:02d}", resolved) else
-                        [sys.executable, "-m", "mtl_cog.cli.train", "--config", str(args.config), *overrides])
-        logs.append(out / f"run_{i:02d}.log")
-    out.mkdir(parents=True, exist_ok=True)
+    combos, configs, states = plan_runs(args, out)
+    measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
     print(f"sweep of {len(combos)} runs in {out}", flush=True)
-    codes = run_all(commands, logs, args.parallel)
+    if args.dry_run:
+        print_plan(combos, configs, states, measured)
+        return out / "best_config.yaml"
+    make_folder(out)  # a file or a read-only folder: one error line
+    atomic_write_json(out / SWEEP_ARGS, {"config": str(args.config), "grid": args.grid, "overrides": args.overrides})
+    todo = [i for i, s in enumerate(states) if s != DONE]
+    for i in range(len(combos)):
+        if states[i] == DONE:
+            print(f"[{i + 1}/{len(combos)}] run_{i:02d}: reused (already finished with these settings)", flush=True)
+        elif states[i] == UNFINISHED:
+            print(f"[{i + 1}/{len(combos)}] run_{i:02d}: unfinished, continues from its last saved state", flush=True)
+    launcher = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)
+    try:
+        codes = launcher.run([train_job(args, combos[i], out, i, states[i]) for i in todo])
+    except KeyboardInterrupt:
+        print(f"interrupted: finish this sweep with  mtl-cog sweep --resume {out}", file=sys.stderr)
+        raise SystemExit(130) from None
+    code_of = dict(zip(todo, codes))
+    return write_results(out, combos, [code_of.get(i, 0) for i in range(len(combos))], base)
 
+
+def write_results(out: Path, combos: list[dict[str, str]], codes: list[int], base: Config) -> Path:
     rows = []
     for i, (combo, code) in enumerate(zip(combos, codes)):
         scores = validation_scores(out / f"run_{i:02d}", base.eval.bins) if code == 0 else {"nll": float("nan")}
         rows.append({"run": f"run_{i:02d}", **combo, "val_accuracy": scores.get("accuracy"), "val_nll": scores["nll"],
                      "val_brier": scores.get("brier"), "val_ece@15": scores.get("ece@15"),
                      "status": "ok" if code == 0 else f"failed (exit {code})"})
+    failed = [r["run"] for r in rows if r["status"] != "ok"]
     chosen = best_index([r["val_nll"] for r in rows])
     for i, row in enumerate(rows):
-        row["chosen"] = "*" if i == chosen else ""
+        row["chosen"] = "*" if i == chosen and not failed else ""
     table = pd.DataFrame(rows)
     atomic_write(out / "sweep.csv", lambda tmp: table.to_csv(tmp, index=False))
     atomic_write_text(out / "sweep.md", markdown_table(table))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if chosen is None:
-        raise UserError(f"no run of the sweep finished; see the logs in {out}.")
+    best = out / "best_config.yaml"
+    if failed:
+        best.unlink(missing_ok=True)  # a choice from an earlier, different state of the grid would mislead
+        so_far = f" (best of the finished runs so far: {rows[chosen]['run']}, validation NLL " \
+                 f"{rows[chosen]['val_nll']:.4f})" if chosen is not None else ""
+        raise UserError(f"{len(failed)} of {len(rows)} runs failed ({', '.join(failed)}; logs in {out}); the grid is "
+                        f"incomplete, so no best setting was chosen{so_far}. Fix the cause and finish the sweep with "
+                        f"mtl-cog sweep --resume {out}")
     config = yaml.safe_load((out / rows[chosen]["run"] / rundir.CONFIG).read_text())
     config["run_name"] = None
     config["output_dir"] = base.output_dir
-    atomic_write_text(out / "best_config.yaml",
-                      f"# chosen by scripts/sweep.py: {rows[chosen]['run']}, lowest validation NLL "
-                      f"{rows[chosen]['val_nll']:.4f}\n" + yaml.safe_dump(config, sort_keys=False))
+    atomic_write_text(best, f"# chosen by scripts/sweep.py: {rows[chosen]['run']}, lowest validation NLL "
+                            f"{rows[chosen]['val_nll']:.4f}\n" + yaml.safe_dump(config, sort_keys=False))
     print(f"chosen: {rows[chosen]['run']} {combos[chosen]} (validation NLL {rows[chosen]['val_nll']:.4f})")
-    print(out / "best_config.yaml")
-    return out / "best_config.yaml"
+    print(best)
+    return best
 
 
 def cli() -> None:

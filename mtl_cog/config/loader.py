@@ -2,13 +2,21 @@
 
 ``load_config(path, overrides)`` checks every key and type and validates values. Every error
 names the offending key and value, and unknown keys suggest close matches, so a typo never
-silently falls back to a default.
+silently falls back to a default. Numbers must be finite (no ``.nan``/``.inf``) and integers fit
+in 64 bits, whatever the key.
+
+YAML is read with ``load_yaml``: PyYAML's safe loader (no Python objects), after checking the
+composed document's size *with aliases expanded*. A few anchors are fine, but a "billion laughs"
+file (aliases of aliases, each level multiplying the size) is refused before anything walks it;
+PyYAML itself shares aliased nodes, so the blow-up would hit later, when the config is merged,
+validated or saved. Recursive aliases are refused too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -19,6 +27,55 @@ import yaml
 from mtl_cog.config.schema import Config
 from mtl_cog.errors import ConfigError
 from mtl_cog.io import atomic_write_text
+
+MAX_YAML_NODES = 100_000  # nodes of a YAML document with its aliases expanded (a config has a few hundred)
+MAX_YAML_BYTES = 1 << 20  # a config file is a few KB
+INT64 = 2**63
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` safely (see the module docstring); ``source`` names it in errors."""
+    try:
+        return _safe_load(text, source)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source} is not valid YAML: {err}") from None
+
+
+def _safe_load(text: str, source: str) -> Any:
+    """``yaml.safe_load`` with the size checks; bad syntax stays a ``yaml.YAMLError``."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{source} is {len(text)} characters long; a config is at most {MAX_YAML_BYTES}.")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {}, set(), source)
+        if size > MAX_YAML_NODES:
+            raise ConfigError(f"{source} expands to more than {MAX_YAML_NODES} YAML nodes through its aliases "
+                              "(*name): refused unread. Write the values out instead of aliasing aliases.")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int], source: str) -> int:
+    """Nodes under ``node`` counting every alias as a copy (memoised: linear in the file, not the expansion)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        raise ConfigError(f"{source}: an alias refers to a node that contains it (a recursive structure).")
+    open_nodes.add(key)
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, sizes, open_nodes, source) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, sizes, open_nodes, source) + _expanded_size(v, sizes, open_nodes, source)
+                    for k, v in node.value)
+    open_nodes.discard(key)
+    sizes[key] = min(size, MAX_YAML_NODES + 1)  # the check only needs "too many"; keeps the numbers small
+    return sizes[key]
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -49,14 +106,17 @@ def _read_yaml_with_bases(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str,
     if path.resolve() in _seen:
         raise ConfigError(f"config file {path} includes itself through _base_.")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} cannot be read: {err}") from None
+    data = load_yaml(text, f"config file {path}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at top level, got {type(data).__name__}.")
     bases = data.pop("_base_", [])
     if isinstance(bases, str):
         bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b for b in bases):
+        raise ConfigError(f"config file {path}: _base_ must be a file name or a list of file names. Got {bases!r}.")
     merged: dict[str, Any] = {}
     for base in bases:
         _deep_merge(merged, _read_yaml_with_bases(path.parent / base, _seen + (path.resolve(),)))
@@ -80,9 +140,9 @@ def _parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"override {item!r} has an empty key.")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = _safe_load(text, f"override {item!r}") if text.strip() else ""
     except yaml.YAMLError:
-        value = text
+        value = text  # not YAML: the text itself is the (string) value
     return key, value
 
 
@@ -148,17 +208,22 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer. Got {value!r}.")
+        if not -INT64 <= value < INT64:
+            raise ConfigError(f"{key} must be an integer that fits in 64 bits. Got {value}.")
         return value
     if hint is float:
-        if isinstance(value, str):
-            # YAML 1.1 reads "1e-5" (no dot) as a string; accept it as the number it means.
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{key} must be a number. Got {value!r}.")
-        return float(value)
+        try:
+            # YAML 1.1 reads "1e-5" (no dot) as a string; accept it as the number it means.
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            number = math.inf
+        except ValueError:
+            raise ConfigError(f"{key} must be a number. Got {value!r}.") from None
+        if not math.isfinite(number):  # NaN or inf is never a setting: it would only poison training
+            raise ConfigError(f"{key} must be a finite number. Got {value!r}.")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string. Got {value!r}.")

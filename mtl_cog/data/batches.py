@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import torch
 
-from mtl_cog.errors import ConfigError
 from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.errors import ConfigError
 
 
 class BatchTransform:

@@ -42,8 +42,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mtl_cog.errors import CacheError, UserError
 from mtl_cog.data.task_api import SplitData, Task, TaskData, TaskSpec
+from mtl_cog.errors import CacheError
 
 FORMAT_VERSION = 1
 META = "meta.json"

@@ -19,7 +19,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from mtl_cog.errors import DataError, UserError
 from mtl_cog.registry import Registry
 
 
@@ -127,6 +126,14 @@ class Task(Protocol):
     def load(self, data_cfg) -> TaskData: ...
 
     def source_files(self, data_cfg) -> list[Path]: ...
+
+    # Optional: ``split_sizes(data_cfg) -> {"train": n, "val": n, "test": n}`` without loading
+    # anything (dry runs estimate run times from it); see ``capped_sizes``.
+
+
+def capped_sizes(sizes: dict[str, int], max_samples: int | None) -> dict[str, int]:
+    """Split sizes after ``data.max_samples`` (the first N of each split)."""
+    return {split: n if max_samples is None else min(n, max_samples) for split, n in sizes.items()}
 
 
 TASKS: Registry[Task] = Registry("task")

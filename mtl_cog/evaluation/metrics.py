@@ -55,6 +55,12 @@ BRIER_PARTS = ("brier_reliability", "brier_resolution", "brier_uncertainty")
 # every error named "<family>@<bins>", per task or multi-task (mtl_cog.evaluation.multitask_metrics)
 BINNED_FAMILIES = (*NORMS, "adaece", "classwise_ece", *multitask.BINNED_FAMILIES)
 HIGHER_IS_BETTER = {"accuracy", "brier_resolution"}
+ONLY_SOME_TASKS = ("classwise_ece",)  # K-class tasks only: empty on the rows of binary tasks
+
+
+def only_some_tasks(name: str) -> bool:
+    """Whether a per-task metric exists only for some tasks (``classwise_ece@B``); the task mean is over those."""
+    return name.split("@")[0] in ONLY_SOME_TASKS
 
 
 def metric_names(bins: list[int] | tuple[int, ...], multiclass: bool = False) -> list[str]:

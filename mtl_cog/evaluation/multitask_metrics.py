@@ -45,6 +45,13 @@ DEFAULT_PAIRS = 10  # k: attribute pairs whose joint calibration is measured (ev
 PAIR_BINS = SUMMARY_BINS  # equal-mass bins of the joint error
 SPREAD_PERCENTILE = 90
 BINNED_FAMILIES = ("pooled_ece", "worst_task_ece", "p90_task_ece")  # named "<family>@<bins>"
+SCALARS = ("count_ece", "pair_joint_ece")
+
+
+def is_multitask_metric(name: str) -> bool:
+    """Whether a metric (a column of test_metrics.csv) is data-set-level: one value, in the ``mean`` row only."""
+    base = name.removeprefix("nf_").split("@")[0]
+    return base in BINNED_FAMILIES or base in SCALARS
 
 
 def task_spread(per_task: dict[str, dict[str, float]], pooled_sums: dict[int, np.ndarray],

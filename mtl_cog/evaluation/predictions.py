@@ -3,15 +3,23 @@
 Keys: ``task_names`` (T strings); for each task t, ``logits/<t>`` ((N,) for a binary task, (N, K)
 for a K-class task) and ``labels/<t>`` ((N,) integers); optionally ``true_probs/<t>`` ((N,)
 P(y=1|x) where the data set knows it, e.g. ``synthetic``).
+
+``load_predictions`` trusts nothing in the file: it reads every array's ``.npy`` header first and
+refuses one that claims more bytes than the archive stores for it, or more than the memory left
+(a file of a few bytes can declare a terabyte array), as well as object arrays (pickles), files
+with no task, duplicate task names, 0 samples, a (N, 1) "one-class" logit column, or arrays
+that do not fit together. Every refusal names the file and the key.
 """
 
 from __future__ import annotations
 
 import zipfile
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from mtl_cog.errors import PredictionFileError
 from mtl_cog.io import atomic_write
@@ -50,6 +58,7 @@ def load_predictions(path: str | Path) -> Predictions:
         raise PredictionFileError(f"prediction file not found: {path}")
     if not zipfile.is_zipfile(path):  # else numpy would take it for a pickle and suggest unpickling it
         raise PredictionFileError(f"{path} is not a readable .npz file (not a zip archive).")
+    check_declared_sizes(path)
     try:
         data = np.load(path, allow_pickle=False)
     except Exception as err:  # noqa: BLE001  (zip/format errors come in many types)
@@ -57,7 +66,15 @@ def load_predictions(path: str | Path) -> Predictions:
     with data:
         if "task_names" not in data.files:
             raise PredictionFileError(f"{path}: missing key 'task_names'.")
-        names = [str(n) for n in _array(path, data, "task_names").reshape(-1)]
+        task_names = _array(path, data, "task_names")
+        if task_names.dtype.kind not in "US":
+            raise PredictionFileError(f"{path}: 'task_names' must be strings, got dtype {task_names.dtype}.")
+        names = [str(n) for n in task_names.reshape(-1)]
+        if not names:
+            raise PredictionFileError(f"{path}: 'task_names' is empty: the file holds no task to score.")
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise PredictionFileError(f"{path}: 'task_names' lists {twice} more than once; each task once, please.")
         logits, labels, probs = [], [], []
         has_probs = all(f"true_probs/{n}" in data.files for n in names) and bool(names)
         for name in names:
@@ -69,11 +86,57 @@ def load_predictions(path: str | Path) -> Predictions:
             logits.append(z.astype(np.float32))
             labels.append(y.astype(np.int64))
             if has_probs:
-                probs.append(_array(path, data, f"true_probs/{name}").astype(np.float32))
+                p = _array(path, data, f"true_probs/{name}")
+                if p.shape != z.shape or not np.issubdtype(p.dtype, np.number) or not np.all(np.isfinite(p)):
+                    raise PredictionFileError(f"{path}: 'true_probs/{name}' must be finite numbers shaped like its "
+                                              f"logits {z.shape}; got {p.shape}, dtype {p.dtype}.")
+                probs.append(p.astype(np.float32))
     lengths = {len(y) for y in labels}
     if len(lengths) > 1:
         raise PredictionFileError(f"{path}: tasks have different numbers of samples: {sorted(lengths)}.")
     return Predictions(names, logits, labels, probs if has_probs else None)
+
+
+def check_declared_sizes(path: Path) -> None:
+    """Refuse arrays whose ``.npy`` header declares more data than stored, or more than fits in memory.
+
+    Reads only the zip directory and each member's header. A header may claim any shape: numpy
+    would allocate it first and fail (or swap) before noticing the data is missing.
+    """
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                key = info.filename[:-4]
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+                    elif version == (2, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+                    else:
+                        raise PredictionFileError(f"{path}: key {key!r}: unsupported .npy format version {version}.")
+                    stored = info.file_size - member.tell()
+                if dtype.hasobject:
+                    raise PredictionFileError(f"{path}: key {key!r} holds Python objects (a pickle). Pickled objects "
+                                              "are refused unread.")
+                declared = prod(shape) * dtype.itemsize
+                if declared > stored:
+                    raise PredictionFileError(
+                        f"{path}: key {key!r} declares a {shape} {dtype} array ({declared:,} bytes) but the file "
+                        f"stores {max(stored, 0):,} bytes for it: the file is damaged or forged."
+                    )
+                total += declared
+    except PredictionFileError:
+        raise
+    except Exception as err:  # noqa: BLE001  (zip and header errors come in many types)
+        raise PredictionFileError(f"{path} is not a readable .npz file: {err}") from None
+    available = psutil.virtual_memory().available
+    if total > available:
+        raise PredictionFileError(f"{path}: its arrays need {total / 2**30:.1f} GiB, more than the "
+                                  f"{available / 2**30:.1f} GiB of memory available; refused unread.")
 
 
 def _array(path: Path, data: np.lib.npyio.NpzFile, key: str) -> np.ndarray:
@@ -81,6 +144,8 @@ def _array(path: Path, data: np.lib.npyio.NpzFile, key: str) -> np.ndarray:
         return data[key]
     except ValueError as err:  # an object array: numpy refuses to unpickle it without allow_pickle
         raise PredictionFileError(f"{path}: key {key!r}: {err}. Pickled objects are refused unread.") from None
+    except Exception as err:  # noqa: BLE001  (a damaged member: zlib, CRC, EOF errors)
+        raise PredictionFileError(f"{path}: key {key!r} cannot be read ({type(err).__name__}: {err}).") from None
 
 
 def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
@@ -88,6 +153,13 @@ def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
         raise PredictionFileError(
             f"{path}: task {name!r}: logits must be (N,) or (N, K) and labels (N,); got {z.shape} and {y.shape}."
         )
+    if z.ndim == 2 and z.shape[1] < 2:
+        raise PredictionFileError(
+            f"{path}: task {name!r}: logits of shape {z.shape} describe a task with {z.shape[1]} class; a binary "
+            "task is stored as (N,) logits of the positive class, a K-class task as (N, K) with K >= 2."
+        )
+    if len(z) == 0:
+        raise PredictionFileError(f"{path}: task {name!r} has 0 samples: there is nothing to score.")
     if not (np.issubdtype(z.dtype, np.floating) or np.issubdtype(z.dtype, np.integer)):
         raise PredictionFileError(f"{path}: task {name!r}: logits must be numbers, got dtype {z.dtype}.")
     if not np.issubdtype(y.dtype, np.integer):

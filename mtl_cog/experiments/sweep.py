@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtl_cog.errors import ConfigError
+from mtl_cog.config import Config
+from mtl_cog.errors import ConfigError, UserError
 from mtl_cog.evaluation.predictions import load_predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.runs import rundir
@@ -70,3 +71,29 @@ def best_index(nlls: list[float]) -> int | None:
     """Index of the lowest finite NLL (the first one on ties), None if no run finished."""
     finite = [(v, i) for i, v in enumerate(nlls) if not math.isnan(v)]
     return min(finite)[1] if finite else None
+
+
+DONE, UNFINISHED, NEW = "done", "unfinished", "new"
+
+
+TRACKING_KEYS = ("tracking", "wandb_project", "wandb_group", "wandb_job_type")  # where a run reports, not what it is
+
+
+def _settings(cfg: Config) -> dict:
+    return {k: v for k, v in cfg.to_dict().items() if k not in TRACKING_KEYS}
+
+
+def run_state(run_dir: Path, resolved: Config) -> str:
+    """What a re-run sweep or reproduction does with ``run_dir``: reuse it, resume it, or start it.
+
+    ``done``: a finished run of exactly ``resolved`` (reused); ``unfinished``: a run of exactly
+    ``resolved`` that was interrupted or failed (continued with ``train --resume``, never counted
+    as failed before it had the chance); ``new``: no run there yet. A run of *other* settings is
+    refused: the folder name would now mean something else.
+    """
+    if not (run_dir / rundir.CONFIG).is_file():
+        return NEW
+    if _settings(rundir.load_run_config(run_dir)) != _settings(resolved):
+        raise UserError(f"{run_dir} holds a run with other settings than this one's; choose another --out "
+                        "(or delete that folder).")
+    return DONE if (run_dir / rundir.DONE).exists() else UNFINISHED

@@ -4,6 +4,11 @@ Registering them with ``timm.models.register_model`` keeps a single way to build
 (``timm.create_model(name, num_classes=0)``) and the timm contract (``num_features``,
 ``forward_features``, ``forward_head``, ``reset_classifier``), so the rest of the code never
 special-cases our own models. Use them for demos and tests; paper configs use timm ResNets.
+
+They take exactly the arguments they use (``num_classes``, ``in_chans``, ``drop_rate``): any other
+``model.timm_kwargs`` entry is a ``TypeError`` that ``mtl_cog.models.network`` reports, rather than
+an option silently ignored. They have no pretrained weights (``model.pretrained=true`` is refused
+before they are built: timm lists no weights for them).
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ def _conv_block(cin: int, cout: int) -> nn.Sequential:
 class SmallCNN(nn.Module):
     """VGG-style stack of conv blocks, global average pool, optional linear classifier."""
 
-    def __init__(self, widths: tuple[int, ...], num_classes: int = 0, in_chans: int = 3, drop_rate: float = 0.0,
-                 **_timm_kwargs) -> None:
+    def __init__(self, widths: tuple[int, ...], num_classes: int = 0, in_chans: int = 3,
+                 drop_rate: float = 0.0) -> None:
         super().__init__()
         blocks, cin = [], in_chans
         for width in widths:
@@ -56,17 +61,21 @@ class SmallCNN(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
+def _small_cnn(name: str, widths: tuple[int, ...], pretrained: bool, pretrained_cfg: object = None,
+               pretrained_cfg_overlay: object = None, cache_dir: object = None, **kwargs) -> SmallCNN:
+    """timm passes the ``pretrained_cfg*`` and ``cache_dir`` arguments to every model; the rest is the user's."""
+    if pretrained:
+        raise ValueError(f"{name} has no pretrained weights.")
+    return SmallCNN(widths, **kwargs)
+
+
 @register_model
 def cog_cnn_tiny(pretrained: bool = False, **kwargs) -> SmallCNN:
     """~30k parameters: for tests."""
-    if pretrained:
-        raise ValueError("cog_cnn_tiny has no pretrained weights.")
-    return SmallCNN((16, 32), **kwargs)
+    return _small_cnn("cog_cnn_tiny", (16, 32), pretrained, **kwargs)
 
 
 @register_model
 def cog_cnn_small(pretrained: bool = False, **kwargs) -> SmallCNN:
     """~290k parameters: the CPU demo backbone."""
-    if pretrained:
-        raise ValueError("cog_cnn_small has no pretrained weights.")
-    return SmallCNN((32, 64, 128), **kwargs)
+    return _small_cnn("cog_cnn_small", (32, 64, 128), pretrained, **kwargs)

@@ -41,6 +41,10 @@ class IdentityCalibrator(nn.Module):
         """The learned parameters per task, readable (none here)."""
         return {}
 
+    def identity_distance(self) -> float | None:
+        """Largest deviation of any parameter from its identity value (None: nothing to learn)."""
+        return None
+
 
 @CALIBRATORS.register("temperature")
 class TemperatureCalibrator(nn.Module):
@@ -65,6 +69,9 @@ class TemperatureCalibrator(nn.Module):
         temperatures = self.temperature.detach().cpu().double().tolist()
         return {"temperature": dict(zip(task_names, temperatures))}
 
+    def identity_distance(self) -> float:
+        return float((self.temperature.detach() - 1).abs().max())
+
 
 @CALIBRATORS.register("vector")
 class VectorCalibrator(nn.Module):
@@ -86,6 +93,9 @@ class VectorCalibrator(nn.Module):
         """{"scale": {task: a or [a_k]}, "bias": {task: b or [b_k]}}."""
         return {"scale": _per_task(self.scale, self.layout, task_names),
                 "bias": _per_task(self.bias, self.layout, task_names)}
+
+    def identity_distance(self) -> float:
+        return float(max((self.scale.detach() - 1).abs().max(), self.bias.detach().abs().max()))
 
 
 @CALIBRATORS.register("matrix")
@@ -110,6 +120,7 @@ class MatrixCalibrator(nn.Module):
                     identity.append(1.0 if i == j else 0.0)
         self.layout = layout
         self.total = layout.total
+        self._identity_values = identity
         self.weight = nn.Parameter(torch.tensor(identity))  # identity at initialisation
         self.bias = nn.Parameter(torch.zeros(layout.total))
         self.register_buffer("flat_index", torch.tensor(rows) * layout.total + torch.tensor(cols), persistent=False)
@@ -128,3 +139,7 @@ class MatrixCalibrator(nn.Module):
         blocks = {name: full[self.layout.task_slice(t), self.layout.task_slice(t)].tolist()
                   for t, name in enumerate(task_names)}
         return {"matrix": blocks, "bias": _per_task(self.bias, self.layout, task_names)}
+
+    def identity_distance(self) -> float:
+        identity = torch.tensor(self._identity_values, device=self.weight.device, dtype=self.weight.dtype)
+        return float(max((self.weight.detach() - identity).abs().max(), self.bias.detach().abs().max()))

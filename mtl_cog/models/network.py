@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import timm
 import torch
@@ -22,16 +27,104 @@ def create_backbone(cfg: ModelConfig) -> nn.Module:
         close = difflib.get_close_matches(cfg.backbone, timm.list_models(), n=5, cutoff=0.6)
         hint = f" Close matches: {', '.join(close)}." if close else " See timm.list_models()."
         raise ConfigError(f"model.backbone: unknown timm model {cfg.backbone!r}.{hint}")
+    if cfg.pretrained:
+        check_pretrained_weights_exist(cfg)
     kwargs = dict(cfg.timm_kwargs)
     if cfg.drop_rate:
         kwargs["drop_rate"] = cfg.drop_rate
     try:
-        backbone = timm.create_model(cfg.backbone, pretrained=cfg.pretrained, num_classes=0, **kwargs)
+        with _missing_weights_reported() as missing:
+            backbone = timm.create_model(cfg.backbone, pretrained=cfg.pretrained, num_classes=0, **kwargs)
     except TypeError as err:
         raise ConfigError(f"model.timm_kwargs {cfg.timm_kwargs} not accepted by {cfg.backbone!r}: {err}") from None
+    except Exception as err:  # noqa: BLE001  (downloads fail in many ways: offline, hub errors, a damaged cache)
+        if not cfg.pretrained:
+            raise
+        raise ConfigError(pretrained_weights_error(cfg, err)) from None
+    if cfg.pretrained and missing and _weight_source(cfg):
+        raise ConfigError(
+            f"model.pretrained=true: the weights from {_weight_source(cfg)} lack {len(missing)} of the tensors of "
+            f"{cfg.backbone!r} (e.g. {', '.join(missing[:3])}), which would stay randomly initialised. Give weights "
+            "of this architecture with timm's parameter names (a checkpoint of the whole model, not a wrapper)."
+        )
     if cfg.cifar_stem:
         _apply_cifar_stem(backbone, cfg.backbone)
     return backbone
+
+
+# Where timm takes weights from instead of its registry (``model.timm_kwargs.pretrained_cfg_overlay``).
+_WEIGHT_SOURCE_KEYS = ("file", "url", "hf_hub_id", "state_dict")
+
+
+def _weight_source(cfg: ModelConfig) -> str | None:
+    """The user-given weight source (``pretrained_cfg_overlay``), or None for timm's own registry weights."""
+    overlay = cfg.timm_kwargs.get("pretrained_cfg_overlay") or {}
+    key = next((k for k in _WEIGHT_SOURCE_KEYS if overlay.get(k)), None)
+    return None if key is None else f"model.timm_kwargs.pretrained_cfg_overlay.{key}"
+
+
+def check_pretrained_weights_exist(cfg: ModelConfig) -> None:
+    """``model.pretrained=true`` must load weights: timm would only warn and train from random ones
+    when it has none for the model, a setting that silently did not take effect."""
+    overlay = cfg.timm_kwargs.get("pretrained_cfg_overlay") or {}
+    if overlay.get("file") and not Path(overlay["file"]).is_file():
+        raise ConfigError(f"model.timm_kwargs.pretrained_cfg_overlay.file: no file at {overlay['file']}.")
+    if _weight_source(cfg) is not None or timm.is_model_pretrained(cfg.backbone):
+        return
+    raise ConfigError(
+        f"model.pretrained=true: timm has no pretrained weights for {cfg.backbone!r}. Set model.pretrained=false, "
+        "choose a model from timm.list_models(pretrained=True) (e.g. resnet18, resnet50, resnet101), or give a "
+        "weights file with model.timm_kwargs.pretrained_cfg_overlay.file=/path/to/weights.safetensors."
+    )
+
+
+@contextmanager
+def _missing_weights_reported() -> Iterator[list[str]]:
+    """The model tensors timm found no weights for while loading pretrained ones.
+
+    timm loads with ``strict=False`` when the classifier is dropped (``num_classes=0``) and reports
+    what it could not place only in an INFO log record ("Missing keys (a, b) discovered ..."). Its
+    own registry weights always fit; a user's file with other names (a wrapper's ``model.`` prefix,
+    another architecture) would leave those layers random without this check.
+    """
+    missing: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found = re.match(r"Missing keys \((.*)\) discovered", record.getMessage())
+            if found:
+                missing.extend(found.group(1).split(", "))
+
+    logger, handler = logging.getLogger("timm.models._builder"), Collect(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(min(level, logging.INFO) if level else logging.INFO)
+    try:
+        yield missing
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def pretrained_weights_error(cfg: ModelConfig, err: Exception) -> str:
+    """The one-line error for weights that could not be fetched or loaded, saying how to fetch them beforehand.
+
+    timm downloads weights from the Hugging Face Hub (or a URL) into a cache; a compute node
+    without internet fails only after the hub's retries. The remedy is timm's own ``cache_dir``
+    argument, filled once on a machine with internet (see docs/tracking.md, "Pretrained weights").
+    """
+    first_line = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    what = f"{type(err).__name__}: {first_line}"
+    if not isinstance(err, OSError):  # the file was read, but the weights do not fit this model
+        return (f"model.pretrained=true: the pretrained weights could not be loaded into {cfg.backbone!r} ({what}). "
+                "Check that model.timm_kwargs.pretrained_cfg_overlay points at weights of this architecture.")
+    return (
+        f"model.pretrained=true: the pretrained weights of {cfg.backbone!r} could not be fetched or read ({what}). "
+        f"On a machine with internet run: python -c \"import timm; timm.create_model('{cfg.backbone}', "
+        "pretrained=True, cache_dir='timm_weights')\", copy timm_weights/ to this machine and add "
+        "model.timm_kwargs.cache_dir=/path/to/timm_weights (with HF_HUB_OFFLINE=1 nothing is tried online); "
+        "or point at a weights file: model.timm_kwargs.pretrained_cfg_overlay.file=/path/to/weights.safetensors."
+    )
 
 
 def _apply_cifar_stem(backbone: nn.Module, name: str) -> None:

@@ -2,9 +2,11 @@
 
 Stage one is ordinary training. Stage two keeps the backbone fixed, puts a new head on it
 (``two_stage.head``: ``mlp`` for TST, ``variational`` for V-TST) and trains only that head with
-the run's loss (the loop is ``mtl_cog.training.loop``). The frozen backbone stays in eval mode
-throughout: in train mode BatchNorm would keep updating its running statistics (the original
-TST code has this quirk), i.e. stage one would be silently retrained.
+the run's loss, plus V-TST's per-task KL term (the loop is ``mtl_cog.training.loop``; the
+authors' stage-two settings are the defaults of ``TwoStageConfig``, differences in
+docs/baselines.md). The frozen backbone stays in eval mode throughout: in train mode BatchNorm
+would keep updating its running statistics (the original TST code has this quirk), i.e. stage
+one would be silently retrained.
 
 A stochastic head is evaluated by averaging the *probabilities* of ``two_stage.mc_samples``
 forwards; prediction files hold logits, so the network returns the logits of the averaged

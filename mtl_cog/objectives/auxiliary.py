@@ -7,9 +7,12 @@ from torch import nn
 
 
 class WithAuxiliaryLoss(nn.Module):
-    """The run's per-task loss plus ``weight * head.auxiliary_loss()`` (the KL term of V-TST).
+    """The run's per-task losses (T,) plus ``weight * head.auxiliary_loss()`` (T,), task by task.
 
-    Added to every task's loss, so the mean over tasks that the training step takes adds it once.
+    For V-TST's head, task t's term is the KL of task t's latent (batch mean of sum_d KL_d / Z),
+    so after the training step's mean over tasks each task's head minimises its NLL + KL / Z,
+    the authors' single-task objective (weight 1), scaled by 1/T like every task's loss. A head
+    without such a term returns 0, which leaves the losses unchanged.
     """
 
     def __init__(self, objective: nn.Module, heads: nn.Module, weight: float) -> None:

@@ -86,8 +86,12 @@ def _pool(predictions: list[Predictions], task: int | None) -> tuple[np.ndarray,
 
 
 def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, truth: np.ndarray | None = None,
-                      title: str = "", small: bool = False, ece_label: str = "ECE") -> float:
-    """Bars: observed frequency per bin; red: the gap to the bin's mean probability; dots: mean p*. -> ECE."""
+                      title: str = "", small: bool = False, ece_label: str = "ECE", counts: bool = True) -> float:
+    """Bars: observed frequency per bin; red: the gap to the bin's mean probability; dots: mean p*. -> ECE.
+
+    With ``counts``, a strip under the diagram shows how many predictions fall in each bin (log
+    scale): a large gap in a bin of 3 predictions is noise, in a bin of 3,000 it is miscalibration.
+    """
     conf = np.clip(prob, CLAMP, 1 - CLAMP)
     index = np.minimum((conf * n_bins).astype(int), n_bins - 1)
     count = np.bincount(index, minlength=n_bins)
@@ -116,7 +120,22 @@ def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, tr
     ax.set_title(f"{title}\n{ece_label}@{n_bins} {ece:.3f}" if title else f"{ece_label}@{n_bins} {ece:.3f}",
                  fontsize=8 if small else 10)
     ax.tick_params(labelsize=7 if small else 9)
+    if counts:
+        bin_count_strip(ax, left, width, count, small)
     return ece
+
+
+def bin_count_strip(ax, left: np.ndarray, width: float, count: np.ndarray, small: bool = False) -> None:
+    """The number of predictions per bin, as grey bars on a log axis in a strip under ``ax``."""
+    # below the diagram's tick labels (the strip shares its x axis and shows no labels of its own)
+    strip = ax.inset_axes((0.0, -0.42 if small else -0.3, 1.0, 0.18 if small else 0.15), sharex=ax)
+    filled = count > 0
+    strip.bar(left[filled], count[filled], width=width, align="edge", color="0.55", edgecolor="white", lw=0.4)
+    strip.set_yscale("log")
+    strip.set_ylim(0.8, max(count.max(), 1) * 1.5)
+    strip.tick_params(labelbottom=False, left=False, labelleft=False, which="both")
+    strip.text(0.01, 1.0, f"predictions per bin (log), max {count.max():,}", transform=strip.transAxes,
+               fontsize=5.5 if small else 7, va="bottom", color="0.3")
 
 
 def _axis_labels(binary: bool) -> tuple[str, str]:
@@ -140,18 +159,19 @@ def reliability_figure(predictions: list[Predictions], title: str, n_bins: int =
     names = predictions[0].task_names
     suffix = f"{len(predictions)} seeds pooled" if len(predictions) > 1 else "1 run"
     if len(names) == 1:
-        figure, ax = plt.subplots(figsize=(4.6, 4.8))
+        figure, ax = plt.subplots(figsize=(4.6, 5.6))
         prob, outcome, truth, binary = _pool(predictions, 0)
         reliability_panel(ax, prob, outcome, n_bins, truth, f"{title}: {names[0]} ({suffix})")
         xlabel, ylabel = _axis_labels(binary)
-        ax.set_xlabel(xlabel)
+        figure.supxlabel(xlabel, y=0.01)  # under the bin-count strip, which sits below the diagram's ticks
         ax.set_ylabel(ylabel)
         ax.legend(loc="upper left", fontsize=7, framealpha=0.9)
+        figure.subplots_adjust(left=0.15, right=0.97, top=0.9, bottom=0.3)
         return figure
     panels = len(names) + 1
     cols = _grid_columns(panels)
     rows = int(np.ceil(panels / cols))
-    figure, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.1 * rows + 0.9), squeeze=False)
+    figure, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.6 * rows + 0.9), squeeze=False)
     flat = axes.reshape(-1)
     prob, outcome, truth, binary = _pool(predictions, None)
     reliability_panel(flat[0], prob, outcome, n_bins, truth, "ALL TASKS POOLED", small=True, ece_label="pooled ECE")
@@ -170,7 +190,7 @@ def reliability_figure(predictions: list[Predictions], title: str, n_bins: int =
     figure.suptitle(f"Reliability: {title} ({suffix}, test set)", fontsize=13, y=1.0)
     figure.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9, frameon=False,
                   bbox_to_anchor=(0.5, 0.985))
-    figure.tight_layout(rect=(0.02, 0.02, 1, 0.965))
+    figure.tight_layout(rect=(0.02, 0.05, 1, 0.965), h_pad=3.5)  # h_pad: room for the bin-count strips
     return figure
 
 
@@ -180,7 +200,7 @@ def reliability_comparison_figure(pooled: dict[str, list[Predictions]], dataset:
     methods = list(pooled)
     cols = min(4, len(methods))
     rows = int(np.ceil(len(methods) / cols))
-    figure, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.5 * rows + 0.6), squeeze=False)
+    figure, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 4.1 * rows + 0.6), squeeze=False)
     flat = axes.reshape(-1)
     binary = True
     for ax, method in zip(flat, methods):
@@ -196,7 +216,7 @@ def reliability_comparison_figure(pooled: dict[str, list[Predictions]], dataset:
     figure.suptitle(f"Reliability on {dataset} (all tasks and seeds pooled, test set)", y=1.0)
     figure.legend(handles, labels, loc="upper center", ncol=min(4, len(labels)), fontsize=8, frameon=False,
                   bbox_to_anchor=(0.5, 0.975))
-    figure.tight_layout(rect=(0.02, 0.02, 1, 0.93 if rows == 1 else 0.96))
+    figure.tight_layout(rect=(0.02, 0.1 if rows == 1 else 0.05, 1, 0.93 if rows == 1 else 0.96), h_pad=3.0)
     return figure
 
 
@@ -237,27 +257,72 @@ def _label_points(ax, x: np.ndarray, y: np.ndarray, names: list[str], front: np.
                                                  "alpha": 0.7})
 
 
+OUTLIER_FENCE = 3.0  # interquartile ranges beyond the quartile: a point there is drawn clipped at the edge
+
+
+def outlier_limit(values: np.ndarray, high: bool) -> float | None:
+    """Where to clip an axis so one far-off point cannot squash the others; None when nothing is that far.
+
+    A point is an outlier when it lies more than ``OUTLIER_FENCE`` interquartile ranges beyond the
+    quartile on the bad side (``high``: large values, e.g. NLL; else small ones, e.g. accuracy).
+    The limit leaves the other points 15 % of their span of room.
+    """
+    values = np.asarray(values, float)
+    values = values[np.isfinite(values)]
+    if len(values) < 4:
+        return None
+    q1, q3 = np.percentile(values, [25, 75])
+    spread = max(q3 - q1, 1e-12)
+    inside = values[values <= q3 + OUTLIER_FENCE * spread] if high else values[values >= q1 - OUTLIER_FENCE * spread]
+    if len(inside) == len(values):
+        return None
+    span = max(np.ptp(inside), spread)
+    return float(inside.max() + 0.15 * span) if high else float(inside.min() - 0.15 * span)
+
+
 def pareto_figure(summary: pd.DataFrame, dataset: str) -> Figure:
-    """Accuracy (x, higher is better) against NLL and Brier (y, lower is better), mean ± std over seeds."""
+    """Accuracy (x, higher is better) against NLL and Brier (y, lower is better), mean ± std over seeds.
+
+    A method far worse than the rest (e.g. matrix scaling overfitting 100 classes) would squash
+    every other point into a corner: such points are drawn as triangles on the clipped axis edge,
+    with their value in a note under the panel (``outlier_limit``).
+    """
     rows = summary[summary["dataset"] == dataset].reset_index(drop=True)
     colors = method_colors(list(rows["method"]))
-    figure, axes = plt.subplots(1, 2, figsize=(12, 5.2))
+    figure, axes = plt.subplots(1, 2, figsize=(12, 5.6))
     for ax, metric, label in ((axes[0], "nll", "NLL (nats) ↓"), (axes[1], "brier", "Brier score ↓")):
         front = pareto_front(rows["accuracy"], rows[metric])
+        y_limit = outlier_limit(rows[metric].to_numpy(), high=True)
+        x_limit = outlier_limit(rows["accuracy"].to_numpy(), high=False)
+        x_shown = rows["accuracy"].to_numpy(float) if x_limit is None else np.maximum(rows["accuracy"], x_limit)
+        y_shown = rows[metric].to_numpy(float) if y_limit is None else np.minimum(rows[metric], y_limit)
         order = np.argsort(rows["accuracy"].to_numpy()[front])
         ax.plot(rows["accuracy"][front].to_numpy()[order], rows[metric][front].to_numpy()[order], "-", lw=6,
                 color="#ffd92f", alpha=0.8, zorder=1, solid_capstyle="round", label="Pareto front")
+        clipped = []
         for i, row in rows.iterrows():
-            ax.errorbar(row["accuracy"], row[metric], xerr=row.get("accuracy_std", 0), yerr=row.get(f"{metric}_std", 0),
-                        fmt="o", ms=9 if front[i] else 6, color=colors[row["method"]], ecolor="0.6", elinewidth=1,
-                        capsize=2, mec="black" if front[i] else colors[row["method"]], mew=1.5 if front[i] else 0.5,
-                        zorder=3, label=row["method"])
-        _label_points(ax, rows["accuracy"].to_numpy(), rows[metric].to_numpy(), list(rows["method"]), front)
+            outside = x_shown[i] != row["accuracy"] or y_shown[i] != row[metric]
+            xerr, yerr = (0, 0) if outside else (np.nan_to_num(row.get("accuracy_std", 0)),
+                                                 np.nan_to_num(row.get(f"{metric}_std", 0)))
+            ax.errorbar(x_shown[i], y_shown[i], xerr=xerr, yerr=yerr,
+                        fmt="^" if outside else "o", ms=9 if front[i] else 6, color=colors[row["method"]], ecolor="0.6",
+                        elinewidth=1, capsize=2, mec="black" if front[i] else colors[row["method"]],
+                        mew=1.5 if front[i] else 0.5, zorder=3, label=row["method"], clip_on=not outside)
+            if outside:
+                clipped.append(f"{row['method']} (accuracy {row['accuracy']:.3f}, {metric.upper()} {row[metric]:.3f})")
+        _label_points(ax, x_shown, y_shown, list(rows["method"]), front)
+        if clipped:
+            ax.text(0.0, -0.16, "axes clipped; ▲ on the edge: " + "; ".join(clipped), transform=ax.transAxes,
+                    fontsize=8, va="top", wrap=True)
         ax.set_xlabel("accuracy ↑")
         ax.set_ylabel(label)
         ax.set_title(f"{dataset}: accuracy vs {metric.upper() if metric == 'nll' else 'Brier'}")
         ax.grid(alpha=0.3)
         ax.margins(0.12)
+        if y_limit is not None:
+            ax.set_ylim(top=y_limit)
+        if x_limit is not None:
+            ax.set_xlim(left=x_limit)
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
                   title="method\n(black ring and ◆:\non that panel's front)", title_fontsize=9)
@@ -489,5 +554,92 @@ def drift_figure(lines: list[dict], title: str, ece_key: str = f"val_ece@{SUMMAR
     axes[-1, 0].set_xlabel("epoch")
     axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     figure.suptitle(title, fontsize=11)
+    figure.tight_layout()
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------
+# The learned calibrator, and the worst-calibrated tasks
+
+IDENTITY = {"temperature": 1.0, "scale": 1.0, "bias": 0.0, "matrix": 1.0, "matrix (diagonal)": 1.0}
+
+
+def calibrator_figure(trajectories: pd.DataFrame, dataset: str,
+                      identity_flags: dict[str, bool] | None = None) -> Figure:
+    """Per calibrator parameter (a row): the last epoch's value per task, and the values over epochs.
+
+    ``trajectories``: columns method, seed, epoch, parameter, task, value (mtl_cog.reporting.trajectories).
+    Left: tasks sorted by the value, mean over seeds with their range. Right: median over tasks per
+    epoch, the band spanning all tasks. The dashed line is the identity; a method whose calibrator
+    never left it is marked "(at identity)" in the legend.
+    """
+    parameters = list(dict.fromkeys(trajectories["parameter"]))
+    methods = sorted(set(trajectories["method"]))
+    colors = method_colors(methods)
+    flags = identity_flags or {}
+    figure, axes = plt.subplots(len(parameters), 2, figsize=(13, 3.9 * len(parameters)), squeeze=False)
+    for row, parameter in enumerate(parameters):
+        rows = trajectories[trajectories["parameter"] == parameter]
+        across, over = axes[row]
+        for method in methods:
+            mine = rows[rows["method"] == method]
+            if mine.empty:
+                continue
+            label = f"{method}{' (at identity)' if flags.get(method) else ''}"
+            last = mine[mine["epoch"] == mine.groupby("seed")["epoch"].transform("max")]
+            per_task = last.groupby("task")["value"].agg(["mean", "min", "max"]).sort_values("mean")
+            x = np.arange(len(per_task))
+            across.errorbar(x, per_task["mean"], yerr=[per_task["mean"] - per_task["min"],
+                                                       per_task["max"] - per_task["mean"]],
+                            fmt="o-", ms=3, lw=1, capsize=1.5, color=colors[method], label=label)
+            by_epoch = mine.groupby("epoch")["value"]
+            epochs = np.array(sorted(mine["epoch"].unique()))
+            over.plot(epochs, by_epoch.median().loc[epochs], color=colors[method], lw=1.5, label=label)
+            over.fill_between(epochs, by_epoch.min().loc[epochs], by_epoch.max().loc[epochs], color=colors[method],
+                              alpha=0.15, lw=0)
+        for ax in (across, over):
+            if parameter in IDENTITY:
+                ax.axhline(IDENTITY[parameter], color="0.3", ls="--", lw=1)
+            ax.grid(alpha=0.3)
+            ax.set_ylabel(parameter)
+        many = len(set(rows["task"])) > 1
+        across.set_xlabel("tasks, sorted by the learned value" if many else "task")
+        if len(set(rows["task"])) <= 12:
+            ticks = rows.groupby("task")["value"].mean().sort_values().index
+            across.set_xticks(np.arange(len(ticks)), ticks, rotation=45, ha="right", fontsize=8)
+        across.set_title(f"{parameter} at the last epoch, per task (mean and range over seeds)", fontsize=10)
+        over.set_xlabel("epoch")
+        over.set_title(f"{parameter} over epochs (median over tasks; band: all tasks)", fontsize=10)
+    handles, labels = axes[0, 1].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
+                  title="method (dashed: identity)")
+    figure.suptitle(f"{dataset}: the learned calibrator")
+    figure.tight_layout()
+    return figure
+
+
+def worst_tasks_figure(per_task: pd.DataFrame, dataset: str, metric: str = "ece@15", k: int = 10) -> Figure:
+    """One panel per method: its ``k`` worst-calibrated tasks by ``metric``, sorted, worst on top."""
+    rows = per_task[per_task["dataset"] == dataset]
+    methods = list(dict.fromkeys(rows["method"]))
+    colors = method_colors(methods)
+    cols = min(3, len(methods))
+    nrows = int(np.ceil(len(methods) / cols))
+    figure, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 0.28 * k * nrows + 1.2 * nrows + 0.6),
+                                sharex=True, squeeze=False)
+    for ax, method in zip(axes.reshape(-1), methods):
+        mine = rows[rows["method"] == method].sort_values(metric, ascending=False).head(k)
+        y = np.arange(len(mine))[::-1]
+        std = mine[f"{metric}_std"] if f"{metric}_std" in mine else None
+        ax.barh(y, mine[metric], xerr=None if std is None else std.fillna(0), color=colors[method],
+                ecolor="0.35", capsize=1.5, height=0.7)
+        ax.set_yticks(y, mine["task"], fontsize=8)
+        ax.tick_params(labelbottom=True)  # a shared axis, but every panel is read on its own
+        ax.set_title(method, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    for ax in axes.reshape(-1)[len(methods):]:
+        ax.axis("off")
+    figure.supxlabel(f"{metric.upper()} (test, mean over seeds; bar: std where there are 2+ seeds)")
+    figure.suptitle(f"{dataset}: the {k} worst-calibrated tasks of each method")
     figure.tight_layout()
     return figure

@@ -33,10 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy.stats import rankdata
 
-from mtl_cog.errors import ReportError
+from mtl_cog.config.loader import load_yaml
+from mtl_cog.constants import SUMMARY_BINS
+from mtl_cog.errors import ConfigError, ReportError
 from mtl_cog.evaluation.metrics import (
     BASE_METRICS,
     BINNED_FAMILIES,
@@ -44,18 +45,26 @@ from mtl_cog.evaluation.metrics import (
     compute_metrics,
     lower_is_better,
     metrics_frame,
+    only_some_tasks,
 )
+from mtl_cog.evaluation.multitask_metrics import is_multitask_metric
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.evaluation.truth import truth_metrics
+from mtl_cog.progress import track
 from mtl_cog.runs import rundir
+from mtl_cog.runs.task_spec import load_task_spec
 
 RANK_METRICS = ("accuracy", "nll", "brier")
-POSTHOC_METRICS = "posthoc_metrics.csv"
-POSTHOC_PREFIX = "predictions_test_"
+POSTHOC_PREFIX = rundir.posthoc_predictions_file("test", "")[: -len(".npz")]  # "predictions_test_"
 ID_COLUMNS = ["dataset", "method", "seed", "run", "task"]
 # Keys that do not change what a run computes; differences elsewhere between runs grouped together warn.
-_IRRELEVANT_KEYS = {"seed", "run_name", "output_dir", "tracking", "wandb_project", "data.root", "data.cache_dir",
-                    "data.download", "train.eval_batch_size", "train.log_every_steps"}
+_IRRELEVANT_KEYS = {"seed", "run_name", "output_dir", "tracking", "wandb_project", "wandb_group",
+                    "wandb_job_type", "data.root", "data.cache_dir",
+                    "data.download", "data.use_cache", "train.eval_batch_size", "train.log_every_steps"}
+# Besides every data option: settings every method of a comparison must share (the protocol).
+# Runs that differ in one of them are ranked separately, never together. Learning rates and the
+# method's own knobs are not here: they are tuned per method.
+PROTOCOL_KEYS = ("train.epochs", "model.backbone", "model.cifar_stem", "model.pretrained", "model.timm_kwargs")
 
 
 @dataclass
@@ -119,9 +128,9 @@ def _read_config(run_dir: Path) -> dict:
     # written by an older or newer version of the config schema.
     path = run_dir / rundir.CONFIG
     try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ReportError(f"{path} is not valid YAML: {err}") from None
+        config = load_yaml(path.read_text(), str(path))  # refuses alias bombs (mtl_cog.config.loader)
+    except (ConfigError, OSError, UnicodeDecodeError) as err:
+        raise ReportError(str(err) if isinstance(err, ConfigError) else f"{path} cannot be read: {err}") from None
     for key in ("data.task", "method.name", "seed"):
         node = config
         for part in key.split("."):
@@ -131,14 +140,45 @@ def _read_config(run_dir: Path) -> dict:
     return config
 
 
-def _read_metrics_csv(path: Path) -> pd.DataFrame:
+def _read_metrics_csv(path: Path, expected_tasks: list[str] | None = None) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
+        complete = path.read_bytes().endswith(b"\n")
     except Exception as err:  # noqa: BLE001  (pandas raises many parser error types)
         raise ReportError(f"{path} is not a readable CSV: {err}") from None
     if "task" not in frame.columns:
         raise ReportError(f"{path}: missing column 'task' (columns: {', '.join(frame.columns)}).")
+    if not complete:  # every CSV we write ends with a newline: this one was cut short (a partial copy)
+        raise ReportError(f"{path} does not end with a newline: it was cut short. Copy it again, or re-evaluate.")
+    if expected_tasks is not None:
+        _check_complete_run_metrics(path, frame, expected_tasks)
     return frame
+
+
+def _check_complete_run_metrics(path: Path, frame: pd.DataFrame, expected_tasks: list[str]) -> None:
+    """A run's test_metrics.csv: one row per task of its task_spec.json, whose mean is its ``mean`` row.
+
+    Multi-task metrics (``is_multitask_metric``) are one value in the ``mean`` row; a metric only
+    some tasks have (``classwise_ece@B``) is empty on the other rows and averaged over the rest.
+    """
+    tasks = [str(t) for t in frame["task"] if t != "mean"]
+    numeric = frame.drop(columns=["task"]).select_dtypes("number")
+    is_mean = (frame["task"] == "mean").to_numpy()
+    per_task = numeric[[c for c in numeric.columns if not is_multitask_metric(c)]]
+    task_rows, mean_row = per_task[~is_mean], per_task[is_mean]
+    every_task = [c for c in per_task.columns if not only_some_tasks(c)]
+    multitask = [c for c in numeric.columns if is_multitask_metric(c)]
+    problem = None
+    if sorted(tasks) != sorted(expected_tasks) or "mean" not in set(frame["task"]):
+        problem = f"it has rows for {len(tasks)} of the run's {len(expected_tasks)} tasks (and the mean)"
+    elif (per_task[every_task].isna().any(axis=None) or numeric.loc[is_mean, multitask].isna().any(axis=None)
+          or (mean_row.iloc[0].isna() != task_rows.isna().all()).any()):  # a partial metric: a mean iff some task
+        problem = "it has empty cells"
+    elif not np.allclose(mean_row.iloc[0], task_rows.mean(), rtol=1e-6, atol=1e-9, equal_nan=True):
+        problem = "its mean row is not the mean of its task rows"
+    if problem:
+        raise ReportError(f"{path} is incomplete or damaged: {problem}. Re-create it with scripts/evaluate.py "
+                          f"--run {path.parent}, or copy the run again.")
 
 
 def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
@@ -146,7 +186,7 @@ def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
     for path in sorted(run_dir.glob(f"{POSTHOC_PREFIX}*.npz")):
         name = path.stem[len(POSTHOC_PREFIX):]
         variants[name] = Variant(f"{method}+{name}", predictions=path)
-    csv = run_dir / POSTHOC_METRICS
+    csv = run_dir / rundir.POSTHOC_METRICS
     if csv.is_file():
         frame = _read_metrics_csv(csv)
         column = next((c for c in ("posthoc", "calibrator", "method") if c in frame.columns), None)
@@ -168,7 +208,9 @@ def load_run_record(run_dir: str | Path) -> RunRecord:
     if test_predictions.is_file():
         record.variants.append(Variant(method, predictions=test_predictions))
     else:
-        record.variants.append(Variant(method, metrics=_read_metrics_csv(run_dir / rundir.TEST_METRICS)))
+        spec = run_dir / rundir.TASK_SPEC  # runs before task_spec.json existed are checked less
+        tasks = list(load_task_spec(spec).task_names) if spec.is_file() else None
+        record.variants.append(Variant(method, metrics=_read_metrics_csv(run_dir / rundir.TEST_METRICS, tasks)))
     record.variants.extend(_posthoc_variants(run_dir, method))
     return record
 
@@ -183,31 +225,48 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def label_datasets(records: list[RunRecord]) -> None:
-    """Tell apart runs of one task on different data (e.g. another ``data.max_samples``).
+def protocol_settings(config: dict) -> dict[str, str]:
+    """The settings that must agree for runs to be ranked together: data options and ``PROTOCOL_KEYS``."""
+    flat = _flatten(config)
+    return {k: v for k, v in flat.items()
+            if (k.startswith("data.") or k in PROTOCOL_KEYS) and k not in _IRRELEVANT_KEYS}
 
-    Runs of the same ``data.task`` whose data settings differ are different test sets and must
-    not be averaged together: each distinct setting is labelled ``<task>[key=value,...]`` with the
-    data keys that differ (at most three, else a short hash of the setting).
+
+def label_datasets(records: list[RunRecord]) -> list[str]:
+    """Split runs of one task that followed different protocols; -> one note per split, saying why.
+
+    Runs of the same ``data.task`` whose data options, epochs, backbone or image size differ
+    (``protocol_settings``) are not comparable: averaging or ranking them together would credit
+    a method with its longer training or bigger images. Each distinct protocol is labelled
+    ``<task>[key=value,...]`` with the keys that differ (at most three, else a short hash of the
+    setting) and ranked on its own. The notes name the runs set apart from the largest group.
     """
-    def data_settings(record: RunRecord) -> dict[str, str]:
-        flat = _flatten(record.config.get("data", {}), "data.")
-        return {k: v for k, v in flat.items() if k not in _IRRELEVANT_KEYS}
-
-    by_task: dict[str, list[dict[str, str]]] = {}
+    by_task: dict[str, list[RunRecord]] = {}
     for record in records:
-        by_task.setdefault(record.dataset, []).append(data_settings(record))
-    for record in records:
-        settings = by_task[record.dataset]
+        by_task.setdefault(record.dataset, []).append(record)
+    notes = []
+    for task, members in by_task.items():
+        settings = [protocol_settings(r.config) for r in members]
         differing = sorted({k for s in settings for k in s if len({t.get(k) for t in settings}) > 1})
         if not differing:
             continue
-        mine = data_settings(record)
-        if len(differing) <= 3:
-            tag = ",".join(f"{k.rsplit('.', 1)[-1]}={json.loads(mine.get(k, 'null'))}" for k in differing)
-        else:
-            tag = hashlib.sha1(json.dumps(mine, sort_keys=True).encode()).hexdigest()[:6]
-        record.dataset = f"{record.dataset}[{tag}]"
+        for record, mine in zip(members, settings):
+            if len(differing) <= 3:
+                tag = ",".join(f"{k.rsplit('.', 1)[-1]}={json.loads(mine.get(k, 'null'))}" for k in differing)
+            else:
+                tag = hashlib.sha1(json.dumps(mine, sort_keys=True).encode()).hexdigest()[:6]
+            record.dataset = f"{task}[{tag}]"
+        groups: dict[str, list[RunRecord]] = {}
+        for record in members:
+            groups.setdefault(record.dataset, []).append(record)
+        main = max(groups, key=lambda label: (len(groups[label]), len({r.method for r in groups[label]}), label))
+        for label, group in groups.items():
+            if label == main:
+                continue
+            names = ", ".join(r.run_dir.name for r in group[:6]) + (" ..." if len(group) > 6 else "")
+            notes.append(f"{task}: {len(group)} run(s) set apart from the {len(groups[main])} of {main} "
+                         f"(they differ in {', '.join(differing)}); ranked separately as {label}: {names}")
+    return notes
 
 
 def warn_on_mixed_groups(records: list[RunRecord]) -> None:
@@ -227,9 +286,12 @@ def warn_on_mixed_groups(records: list[RunRecord]) -> None:
                           stacklevel=2)
 
 
-def load_runs(paths: list[str | Path]) -> list[RunRecord]:
+def load_runs(paths: list[str | Path], notes: list[str] | None = None) -> list[RunRecord]:
+    """Every run under ``paths``, labelled by protocol; ``notes`` (if given) receives what was set apart and why."""
     records = [load_run_record(path) for path in find_run_dirs(paths)]
-    label_datasets(records)
+    set_apart = label_datasets(records)
+    if notes is not None:
+        notes.extend(set_apart)
     warn_on_mixed_groups(records)
     return records
 
@@ -262,7 +324,7 @@ def score_variant(variant: Variant, bins: list[int]) -> pd.DataFrame:
 
 def score_runs(records: list[RunRecord], bins: list[int]) -> pd.DataFrame:
     frames = []
-    for record in records:
+    for record in track(records, "compare: scoring runs"):
         for variant in record.variants:
             frame = score_variant(variant, bins)
             frame.insert(0, "run", str(record.run_dir))
@@ -302,10 +364,13 @@ def average_ranks(means: pd.DataFrame, metrics: tuple[str, ...] = RANK_METRICS) 
 def _mean_std(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
     grouped = frame.groupby(keys, sort=False)
     means = grouped[columns].mean()
-    stds = grouped[columns].std(ddof=1).fillna(0.0)  # one seed: std 0 rather than NaN ...
-    stds = stds.where(means.notna())  # ... but no std where there is no value at all
+    # A spread over seeds needs two distinct seeds: runs repeating one seed measure nothing but
+    # nondeterminism, so their std is left empty (NaN) rather than shown as a seed spread.
+    counts = grouped["seed"].agg(n_seeds="nunique", n_runs="count",
+                                 seeds=lambda s: " ".join(str(v) for v in sorted(set(s))))
+    stds = grouped[columns].std(ddof=1)
+    stds = stds.where((counts["n_seeds"] >= 2).to_numpy()[:, None] & means.notna().to_numpy())
     stds.columns = [f"{c}_std" for c in columns]
-    counts = grouped["seed"].agg(n_seeds="count", seeds=lambda s: " ".join(str(v) for v in sorted(s)))
     return pd.concat([counts, means, stds], axis=1)
 
 
@@ -338,9 +403,10 @@ def calibration_error_table(scores: pd.DataFrame) -> pd.DataFrame:
             values = group[column].dropna()
             if values.empty:  # e.g. noise-free errors of a data set without true probabilities
                 continue
+            n_seeds = group.loc[values.index, "seed"].nunique()
             rows.append({"dataset": dataset, "method": method, "norm": norm, "bins": int(bins),
-                         "mean": values.mean(), "std": values.std(ddof=1) if len(values) > 1 else 0.0,
-                         "n_seeds": len(values)})
+                         "mean": values.mean(), "std": values.std(ddof=1) if n_seeds >= 2 else np.nan,
+                         "n_seeds": n_seeds})
     table = pd.DataFrame(rows)
     if table.empty:
         return table
@@ -364,7 +430,16 @@ def per_task_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell(mean: float, std: float, digits: int = 4) -> str:
-    return "–" if pd.isna(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    """``mean ± std``; the ± only where a std exists (at least two distinct seeds)."""
+    if pd.isna(mean):
+        return "–"
+    return f"{mean:.{digits}f}" if pd.isna(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _seeds_cell(row: pd.Series) -> str:
+    """Distinct seeds, and the run count when runs repeat a seed (``1 (3 runs)``)."""
+    runs = row.get("n_runs", row["n_seeds"])
+    return str(row["n_seeds"]) if pd.isna(runs) or runs == row["n_seeds"] else f"{row['n_seeds']} ({runs} runs)"
 
 
 def summary_markdown(summary: pd.DataFrame, bins: int, truth_bins: int | None = None) -> str:
@@ -373,7 +448,9 @@ def summary_markdown(summary: pd.DataFrame, bins: int, truth_bins: int | None = 
     headers = ["method", "seeds", "accuracy ↑", "NLL ↓", "Brier ↓", f"ECE@{bins} ↓", f"RMSCE@{bins} ↓",
                f"MCE@{bins} ↓", "avg rank ↓"]
     lines = ["# Comparison of methods", "",
-             "Test-set metrics, mean ± std over seeds (unweighted mean over tasks for multi-task data sets). "
+             "Test-set metrics, mean ± std over distinct seeds (no ± with a single seed; unweighted mean over "
+             "tasks for multi-task data sets). Only runs of the same protocol (data options, epochs, backbone, "
+             "image size) are ranked together. "
              "Average rank over accuracy, NLL and Brier (1 = best; ties share the average rank); "
              "**bold ★** = top-ranked.", ""]
     for dataset, group in summary.groupby("dataset", sort=False):
@@ -383,7 +460,7 @@ def summary_markdown(summary: pd.DataFrame, bins: int, truth_bins: int | None = 
             name, rank = str(row["method"]), f"{row['avg_rank']:.2f}"
             if row["top_ranked"]:
                 name, rank = f"**{name} ★**", f"**{rank}**"
-            lines.append("| " + " | ".join([name, str(row["n_seeds"]), *cells, rank]) + " |")
+            lines.append("| " + " | ".join([name, _seeds_cell(row), *cells, rank]) + " |")
         lines.append("")
         if truth_bins is not None and f"nf_ece@{truth_bins}" in group and group[f"nf_ece@{truth_bins}"].notna().any():
             lines += truth_markdown(group, truth_bins)
@@ -407,6 +484,68 @@ def truth_markdown(group: pd.DataFrame, bins: int) -> list[str]:
               f"in expectation over labels accuracy {first['bayes_accuracy_exp']:.4f}, NLL "
               f"{first['bayes_nll_exp']:.4f}, Brier {first['bayes_brier_exp']:.4f}.", ""]
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# LaTeX (booktabs), the worst-calibrated tasks
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(char, char) for char in str(text))
+
+
+def _latex_cell(mean: float, std: float, digits: int = 4) -> str:
+    if pd.isna(mean):
+        return "--"
+    return f"{mean:.{digits}f}" if pd.isna(std) else f"{mean:.{digits}f} $\\pm$ {std:.{digits}f}"
+
+
+def summary_latex(summary: pd.DataFrame, bins: int) -> str:
+    """summary.md's tables as LaTeX, one ``table`` per data set (booktabs rules; top-ranked in bold).
+
+    ``\\input`` it in a document that loads ``booktabs``. Cells are joined by pandas' Styler.to_latex.
+    """
+    columns = [*BASE_METRICS, f"ece@{bins}"]
+    headers = ["Method", "Seeds", "Acc. $\\uparrow$", "NLL $\\downarrow$", "Brier $\\downarrow$",
+               f"ECE@{bins} $\\downarrow$", "Avg. rank $\\downarrow$"]
+    parts = ["% Written by scripts/compare.py; needs \\usepackage{booktabs}. Mean $\\pm$ std over distinct seeds."]
+    for dataset, group in summary.groupby("dataset", sort=False):
+        rows = []
+        for _, row in group.sort_values("avg_rank", kind="stable").iterrows():
+            cells = [latex_escape(row["method"]), latex_escape(_seeds_cell(row)),
+                     *(_latex_cell(row.get(c, np.nan), row.get(f"{c}_std", np.nan)) for c in columns),
+                     f"{row['avg_rank']:.2f}"]
+            if row["top_ranked"]:
+                cells = [f"\\textbf{{{c}}}" for c in cells]
+            rows.append(cells)
+        body = pd.DataFrame(rows, columns=headers).style.hide(axis="index").to_latex(
+            hrules=True, column_format="l" + "r" * (len(headers) - 1))
+        parts += ["\\begin{table}[t]", "\\centering", f"\\caption{{{latex_escape(dataset)}: test metrics "
+                  f"(mean over tasks), average rank over accuracy, NLL and Brier; bold: top-ranked.}}",
+                  body.rstrip(), "\\end{table}", ""]
+    return "\n".join(parts)
+
+
+WORST_TASKS_SHOWN = 5
+
+
+def worst_tasks_line(task_metrics: dict[str, dict[str, float]], bins: list[int], k: int = WORST_TASKS_SHOWN) -> str:
+    """The console line after training: the ``k`` worst-calibrated tasks by ECE; "" for a single task."""
+    if len(task_metrics) < 2:
+        return ""
+    n_bins = SUMMARY_BINS if SUMMARY_BINS in bins else bins[0]
+    worst = worst_tasks(task_metrics, f"ece@{n_bins}", k)
+    return f"worst-calibrated tasks (test ECE@{n_bins}): " + ", ".join(f"{task} {value:.4f}" for task, value in worst)
+
+
+def worst_tasks(task_metrics: dict[str, dict[str, float]], metric: str, k: int) -> list[tuple[str, float]]:
+    """The ``k`` tasks with the largest ``metric`` (e.g. ece@15), worst first; tasks without a value skipped."""
+    values = [(task, float(m[metric])) for task, m in task_metrics.items()
+              if metric in m and m[metric] is not None and np.isfinite(m[metric])]
+    return sorted(values, key=lambda item: (-item[1], item[0]))[:k]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,10 @@
-"""Model checkpoints as safetensors: tensors only, so loading never runs code."""
+"""Model checkpoints as safetensors: tensors only, so loading never runs code.
+
+Loading refuses a checkpoint that does not fit the model (names, shapes) or holds NaN/inf values:
+training never writes such weights (a non-finite loss stops the run or skips the batch before any
+update), so they mean a damaged or foreign file, and a network built from them would only
+produce NaN predictions that every metric then averages.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from mtl_cog.errors import CheckpointError, UserError
+from mtl_cog.errors import CheckpointError
 from mtl_cog.io import atomic_write
 
 
@@ -56,4 +62,16 @@ def load_weights(path: str | Path, model: torch.nn.Module, state: dict[str, torc
             f"{path} does not match the model of this config: missing {missing[:5]}, unexpected {unexpected[:5]}, "
             f"other shape (saved vs model) {reshaped[:5]}. Was the config (backbone, head, tasks) changed?"
         )
+    check_finite(path, state)
     model.load_state_dict(state)
+
+
+def check_finite(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse floating-point tensors holding NaN or inf (see the module docstring)."""
+    bad = [name for name, value in tensors.items()
+           if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+    if bad:
+        raise CheckpointError(
+            f"{path} holds NaN or infinite values in {len(bad)} tensor(s) ({', '.join(bad[:5])}); it is damaged "
+            "and was not loaded. Retrain, or resume from an intact copy of the run folder."
+        )

@@ -14,7 +14,14 @@ Write order at the end of epoch e (``mtl_cog.training.loop.run_stage``): the ``m
 this state, then (if e is the best epoch) ``best_model.safetensors``. ``restore_run`` repairs the
 two gaps a kill can leave: lines after the saved count are dropped (that epoch is redone), and
 a best model that missed its write is rebuilt from the state's weights (the model evaluated at
-the end of epoch e is exactly the one saved in the state of that moment).
+the end of epoch e is exactly the one saved in the state of that moment). ``metrics.jsonl`` is
+appended to (``mtl_cog.io.append_jsonl``); a kill in the middle of an append leaves a partial
+last line, which is beyond the saved count and therefore cut too.
+
+A state is checked before it is used: its progress must be possible (epoch >= 1, counts >= 0,
+best epoch before the next epoch), every optimiser tensor must have its parameter's shape, and
+no tensor may hold NaN/inf. A damaged state is refused with a ``CheckpointError`` naming the file,
+instead of failing at the first step or training from nonsense.
 """
 
 from __future__ import annotations
@@ -31,12 +38,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from mtl_cog.runs import rundir
-from mtl_cog.runs.checkpoint import load_weights, read_metadata, save_model
 from mtl_cog.errors import CheckpointError
-from mtl_cog.io import atomic_write, atomic_write_text
+from mtl_cog.io import atomic_write
+from mtl_cog.runs import rundir
+from mtl_cog.runs.checkpoint import check_finite, load_weights, read_metadata, save_model
 
-FORMAT = "mtl_cog.training_state.v1"
+FORMAT = rundir.STATE_FORMAT
 
 
 @dataclass
@@ -61,7 +68,25 @@ class Progress:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Progress:
-        return cls(**{**raw, "within": EpochProgress(**raw["within"])})
+        progress = cls(**{**raw, "within": EpochProgress(**raw["within"])})
+        progress.check()
+        return progress
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first impossible value (a damaged or hand-edited state)."""
+        counts = {"epoch": self.epoch, "best_epoch": self.best_epoch, "metrics_lines": self.metrics_lines,
+                  "within.step": self.within.step, "within.trained": self.within.trained,
+                  "within.skipped": self.within.skipped}
+        for name, value in counts.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "epoch" else 0):
+                raise ValueError(f"progress {name} = {value!r} is impossible")
+        if self.best_epoch >= self.epoch:
+            raise ValueError(f"progress best_epoch = {self.best_epoch} is not before the next epoch {self.epoch}")
+        if self.best is not None and (isinstance(self.best, bool) or not isinstance(self.best, (int, float))):
+            raise ValueError(f"progress best = {self.best!r} is not a number")
+        if not isinstance(self.within.loss_sums, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.within.loss_sums):
+            raise ValueError(f"progress within.loss_sums = {self.within.loss_sums!r} is not a list of numbers")
 
 
 # ---------------------------------------------------------------------------------------- save
@@ -138,12 +163,38 @@ def load_training_state(
                 f"{[len(g['params']) for g in groups]}) do not match this run's "
                 f"({[len(g['params']) for g in optimizer.param_groups]}): was the method changed?"
             )
+        _check_optimizer_state(path, state, groups, optimizer)
+        check_finite(path, {k: v for k, v in tensors.items() if k.startswith("optimizer/")})
         optimizer.load_state_dict({"state": state, "param_groups": groups})
         scheduler.load_state_dict(json.loads(metadata["scheduler"]))
         _set_rng_state(json.loads(metadata["rng"]), tensors)
         return Progress.from_dict(json.loads(metadata["progress"]))
-    except (KeyError, ValueError, TypeError) as err:
-        raise CheckpointError(f"{path} is not a usable mtl_cog training state ({err!r}).") from None
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as err:
+        raise CheckpointError(f"{path} is not a usable mtl_cog training state ({err}). Delete it to restart "
+                              "the run from the beginning, or resume from an intact copy.") from None
+
+
+def _check_optimizer_state(path: Path, state: dict[int, dict[str, Any]], groups: list[dict[str, Any]],
+                           optimizer: torch.optim.Optimizer) -> None:
+    """Every saved per-parameter tensor (Adam's moments) must have its parameter's shape.
+
+    ``torch.optim.Optimizer.load_state_dict`` does not check this; a wrong shape would only fail
+    (or broadcast silently) at the first step after resuming.
+    """
+    ids = [index for group in groups for index in group["params"]]
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    by_id = dict(zip(ids, params))
+    for index, values in state.items():
+        if index not in by_id:
+            raise CheckpointError(f"{path}: optimiser state for parameter {index}, which no parameter group "
+                                  "lists; the file is damaged.")
+        shape = tuple(by_id[index].shape)
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and value.ndim > 0 and tuple(value.shape) != shape:
+                raise CheckpointError(
+                    f"{path}: optimiser state {key!r} of parameter {index} has shape {tuple(value.shape)}, but the "
+                    f"parameter has shape {shape}; the file is damaged or belongs to another model."
+                )
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -219,12 +270,43 @@ def restore_run(
 
 
 def _truncate_lines(path: Path, keep: int) -> None:
+    """Cut ``path`` back to its first ``keep`` complete lines (drops a partial line a kill left)."""
     if not path.exists():
         return
-    lines = path.read_text().splitlines(keepends=True)
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
+    complete = [line for line in lines if line.endswith(b"\n")]
+    if len(complete) < keep:
+        raise CheckpointError(
+            f"{path} has {len(complete)} complete lines, but the training state was saved after line {keep}: the "
+            "file was cut or edited, and the resumed run would miss epochs. Restore it, or start the run over."
+        )
     if len(lines) != keep:
-        atomic_write_text(path, "".join(lines[:keep]))
+        atomic_write(path, lambda tmp: tmp.write_bytes(b"".join(lines[:keep])))
+        _line_counts.pop(path, None)
+
+
+# path -> (inode, bytes counted, newlines in them): lets count_lines read only what was appended
+_line_counts: dict[Path, tuple[int, int, int]] = {}
 
 
 def count_lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    """Complete lines (newlines) in ``path``; O(appended bytes) per call, not O(file).
+
+    Called at every saved state; the file only grows by appends in between (a rewrite by
+    ``_truncate_lines`` makes a new file, a new inode, which starts the count over).
+    """
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return 0
+    inode, counted, count = _line_counts.get(path, (None, 0, 0))
+    if inode != stat.st_ino or counted > stat.st_size:
+        counted, count = 0, 0
+    with open(path, "rb") as handle:
+        handle.seek(counted)
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            count += chunk.count(b"\n")
+            counted += len(chunk)
+    _line_counts[path] = (stat.st_ino, counted, count)
+    return count

@@ -15,8 +15,10 @@ at any moment; the data flow of one step and of one evaluation is in ``docs/arch
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,10 +28,11 @@ from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 
 import tasks  # noqa: F401  (registers the built-in data sets)
-from mtl_cog.config import Config, EvalConfig, TrainConfig, save_config
+from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.errors import RunFolderError, UserError
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
@@ -39,12 +42,15 @@ from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
+from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
 from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
 from mtl_cog.runs.task_spec import save_task_spec
 from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
+from mtl_cog.training import resume_settings
 from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.calibrator_view import CalibratorRecord, calibrator_record, flag_identity_calibrator
 from mtl_cog.training.optim import build_optimizer, build_scheduler, learning_rates
 from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.speed import apply_speed_options
@@ -103,29 +109,58 @@ def is_better(metric: str, value: float, best: float | None) -> bool:
     return value > best if metric == "accuracy" else value < best
 
 
-def open_run_folder(cfg: Config, accelerator: Accelerator, resume_dir: Path | None, overwrite: bool) -> Path:
-    """The run folder: the one being resumed, or a new one (never silently over a previous run)."""
+def open_run_folder(cfg: Config, accelerator: Accelerator, resume_dir: Path | None, overwrite: bool,
+                    held: ExitStack) -> Path:
+    """The run folder: the one being resumed (locked now, into ``held``), or a new one's path (never
+    silently over a previous run; created and locked by ``rundir.create_run_folder`` once the run starts)."""
     if resume_dir is not None:
+        on_main_process(accelerator, lambda: held.enter_context(rundir.open_for_resume(resume_dir)))
         return resume_dir
     # One run name for all processes (timestamps differ between them).
     name = [cfg.run_name or rundir.default_run_name(cfg.data.task, cfg.method.name, cfg.seed)]
     run_name = broadcast_object_list(name)[0] if accelerator.num_processes > 1 else name[0]
     run_dir = Path(cfg.output_dir) / run_name
+    rundir.check_output_dir(Path(cfg.output_dir))
     rundir.check_new_run(run_dir, overwrite)  # on every process, so all stop together
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process and overwrite:
-        rundir.clear_run(run_dir)
     return run_dir
+
+
+def on_main_process(accelerator: Accelerator, action: Callable[[], object]) -> None:
+    """Run ``action`` on the main process only; a ``UserError`` there stops every process with its message."""
+    error = None
+    if accelerator.is_main_process:
+        try:
+            action()
+        except UserError as err:
+            error = err
+    message = str(error) if error is not None else None
+    if accelerator.num_processes > 1:
+        message = broadcast_object_list([message])[0]
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RunFolderError(message)
 
 
 def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         hooks: Hooks | None = None) -> RunResult:
-    """Train, select, evaluate and save one run described by ``cfg``; see the module docstring."""
-    hooks = hooks or Hooks()
+    """Train, select, evaluate and save one run described by ``cfg``; see the module docstring.
+
+    The run folder is locked (``mtl_cog.runs.lock``) while ``fit`` writes into it, and unlocked
+    however ``fit`` ends (a killed run leaves a stale lock, which the next ``--resume`` takes over).
+    """
+    with ExitStack() as held:
+        return _fit(cfg, resume_dir, overwrite, hooks or Hooks(), held)
+
+
+def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, held: ExitStack) -> RunResult:
     check_registered_names(cfg)  # a misspelt head or loss fails now, not after hours of stage one
     accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision)
     set_seed(cfg.seed)
-    run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite)
+    run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite, held)
+    saved_cfg = load_config(run_dir / rundir.CONFIG) if resume_dir is not None else None
+    if saved_cfg is not None:  # refused changes stop here, before config.yaml is rewritten
+        resume_settings.check_changes(resume_settings.changed_settings(saved_cfg, cfg))
     accelerator.print(f"run folder: {run_dir}")
 
     with accelerator.main_process_first():  # the main process builds any data cache first
@@ -144,13 +179,15 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
     optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
     prepared, optimizer = accelerator.prepare(network, optimizer)
-    if accelerator.is_main_process:  # only now: bad data or a bad model name leave no half-made run folder
-        run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_dir is None:  # only now: bad data or a bad model name leave no half-made run folder
+        on_main_process(accelerator, lambda: held.enter_context(rundir.create_run_folder(run_dir, overwrite)))
+    if accelerator.is_main_process:
         save_config(cfg, run_dir / rundir.CONFIG)
         save_task_spec(spec, run_dir / rundir.TASK_SPEC)
         atomic_write_json(run_dir / rundir.PARAMS, {"counts": counts, "leader": cfg.method.leader})
     accelerator.wait_for_everyone()
-    tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict())
+    tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict(), group=cfg.wandb_group,
+                      job_type=cfg.wandb_job_type)
     model = accelerator.unwrap_model(prepared)
 
     stage_one_best = run_dir / rundir.STAGE_ONE_MODEL
@@ -161,13 +198,22 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         state.StageFiles(run_dir / rundir.STATE, run_dir / rundir.METRICS,
                          stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL),
     )
-    best_epoch = run_stage(accelerator, stage_one, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
+    progress = restore_stage(accelerator, stage_one)
+    if accelerator.is_main_process:
+        replay_to_tracker(tracker, stage_one.files.metrics)
+    if saved_cfg is not None:
+        apply_resumed_settings(accelerator, saved_cfg, cfg, stage_one, progress, run_dir)
+    best_epoch = run_stage(accelerator, stage_one, progress, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
 
     # The best checkpoint (validation Brier by default), on every process.
     accelerator.wait_for_everyone()
     load_model(stage_one.files.best_model, model)
+    calibrator_at_identity = flag_identity_calibrator(accelerator, model)
+    selected = f"epoch {best_epoch}, by validation {cfg.eval.selection_metric}"
     if cfg.two_stage.enabled:  # TST / V-TST: a new head on the frozen backbone, trained by the same loop
         prepared = run_second_stage(accelerator, cfg, model, objective, spec, train, val, run_dir, hooks)
+        head_epoch = read_metadata(run_dir / rundir.BEST_MODEL).get("epoch")
+        selected = f"stage one epoch {best_epoch}, stage-two head epoch {head_epoch} by validation nll"
 
     results = {}
     for split_name, split in (("val", val), ("test", test)):
@@ -175,11 +221,13 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
-    tracker.log_epoch(
-        cfg.train.epochs + 1,
-        {"final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
-         "test_multitask": results["test"].get("multitask", {})},
-        flatten_metrics("test", results["test"]),
+    # The best network's numbers: one value per key, in the W&B run summary (never a one-point
+    # chart at an invented step); metrics.jsonl keeps its final line.
+    tracker.log_final(
+        {"epoch": cfg.train.epochs + 1, "final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
+         "test_multitask": results["test"].get("multitask", {}), "calibrator_at_identity": calibrator_at_identity},
+        {**flatten_metrics("val", results["val"]), **flatten_metrics("test", results["test"]),
+         "best_epoch": best_epoch, "calibrator_at_identity": calibrator_at_identity},
     )
     report = None
     if accelerator.is_main_process:
@@ -189,24 +237,29 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
     publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
     tracker.finish()
-    accelerator.print(
-        f"\ntest metrics of the best checkpoint (epoch {best_epoch}, by validation {cfg.eval.selection_metric}):"
-    )
+    accelerator.print(f"\ntest metrics of the best checkpoint ({selected}):")
     accelerator.print(format_table(results["test"]))
+    if worst := worst_tasks_line(results["test"]["tasks"], cfg.eval.bins):  # multi-task: where to look first
+        accelerator.print(worst)
     accelerator.print(f"run folder: {run_dir}")
     accelerator.print(str(run_dir))
     return RunResult(run_dir, best_epoch, results)
 
 
-def run_stage(accelerator: Accelerator, stage: Stage, spec: TaskSpec, train: SplitData, val: SplitData,
-              train_cfg: TrainConfig, eval_cfg: EvalConfig, tracker: Tracker | None, hooks: Hooks) -> int:
-    """Train ``stage`` from its last saved state to its last epoch; return the best epoch.
+def restore_stage(accelerator: Accelerator, stage: Stage) -> state.Progress:
+    """The stage's last saved state loaded into its model, optimiser and scheduler (fresh if none)."""
+    return state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler, accelerator.is_main_process)
 
-    One epoch = train, validate, log, keep the best checkpoint, save the resumable state.
-    ``tracker`` receives stage one's epochs (stage two writes only its own metrics file).
+
+def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, spec: TaskSpec, train: SplitData,
+              val: SplitData, train_cfg: TrainConfig, eval_cfg: EvalConfig, tracker: Tracker | None,
+              hooks: Hooks) -> int:
+    """Train ``stage`` from ``progress`` (see ``restore_stage``) to its last epoch; return the best epoch.
+
+    One epoch = train, validate, let adaptive parts see the validation predictions, log, keep the
+    best checkpoint, save the resumable state. ``tracker`` receives stage one's epochs (stage two
+    writes only its own metrics file).
     """
-    progress = state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler,
-                                 accelerator.is_main_process)
     best, best_epoch = progress.best, progress.best_epoch
     if progress.epoch > 1 or progress.within.step:
         accelerator.print(f"{stage.name}: resumed at epoch {progress.epoch}, step {progress.within.step} "
@@ -232,10 +285,12 @@ def run_stage(accelerator: Accelerator, stage: Stage, spec: TaskSpec, train: Spl
         improved = is_better(stage.selection_metric, val_metrics["mean"][stage.selection_metric], best)
         if improved:
             best, best_epoch = val_metrics["mean"][stage.selection_metric], epoch
-        log_epoch(accelerator, stage, tracker, epoch, stats, lrs, val_metrics, best_epoch)
+        calibrator = calibrator_record(stage.model, spec) if stage.name == "stage_one" else None
+        log_epoch(accelerator, stage, tracker, epoch, stats, lrs, val_metrics, best_epoch, calibrator)
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(EpochEnd(stage.name, epoch, stats["loss"], val_metrics, predictions, stage.model,
                                         improved, best_epoch, accelerator.is_main_process))
+        notify_validation_end(stage, predictions)  # before the save: an adapted part is saved with the state
         stage.scheduler.step()
         stopping = stage.patience is not None and epoch - best_epoch >= stage.patience
         # Order matters for resuming (mtl_cog/runs/training_state.py): metrics line, then state, then best model.
@@ -250,17 +305,46 @@ def run_stage(accelerator: Accelerator, stage: Stage, spec: TaskSpec, train: Spl
     return best_epoch
 
 
+def apply_resumed_settings(accelerator: Accelerator, saved: Config, cfg: Config, stage: Stage,
+                           progress: state.Progress, run_dir: Path) -> None:
+    """Apply the settings changed on ``--resume`` to the restored optimiser and record them (see resume_settings)."""
+    changes = resume_settings.changed_settings(saved, cfg)
+    if not changes:
+        return
+    resume_settings.check_changes(changes, progress.epoch)
+    resume_settings.apply_to_optimizer(cfg, changes, stage.optimizer, stage.scheduler)
+    if accelerator.is_main_process:
+        resume_settings.record_resume(run_dir / rundir.RESUMES, progress.epoch, progress.within.step, changes)
+    accelerator.print("resumed with " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
+
+
+def notify_validation_end(stage: Stage, predictions: Predictions) -> None:
+    """Parts that adapt between epochs see the validation predictions (``on_validation_end(predictions)``).
+
+    Any sub-module of the network or the objective may define the method (for example a layer
+    whose scale is moved toward the value at which the network is calibrated); it runs on every
+    process with the same gathered predictions, so all processes stay identical.
+    """
+    for root in (stage.model, stage.objective):
+        for module in root.modules():
+            hook = getattr(module, "on_validation_end", None)
+            if callable(hook):
+                hook(predictions)
+
+
 def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, epoch: int, stats: dict, lrs: dict,
-              val_metrics: dict, best_epoch: int) -> None:
-    """One line of the stage's metrics file (stage one also to W&B) and one console line."""
+              val_metrics: dict, best_epoch: int, calibrator: CalibratorRecord | None = None) -> None:
+    """One line of the stage's metrics file (stage one also to W&B) and one console line (two with a calibrator)."""
     mean = val_metrics["mean"]
     if tracker is not None:
         record = {"train_loss": stats["loss"], "lr": lrs, "val": mean, "best_epoch": best_epoch,
                   "nonfinite_skipped": stats["skipped"]}
-        flat = {"train/loss": stats["loss"], **{f"lr/{k}": v for k, v in lrs.items()},
-                **flatten_metrics("val", val_metrics)}
-        tracker.log_epoch(epoch, {**record, "val_tasks": val_metrics["tasks"],
-                                  "val_multitask": val_metrics.get("multitask", {})}, flat)
+        if calibrator is not None:
+            record["calibrator"] = {"summary": calibrator.summary, "tasks": calibrator.by_task}
+        record["val_tasks"] = val_metrics["tasks"]
+        record["val_multitask"] = val_metrics.get("multitask", {})
+        record["val_pairs"] = val_metrics.get("pairs", [])
+        tracker.log_epoch(epoch, record, wandb_row(record))
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
     else:
         if accelerator.is_main_process:
@@ -271,6 +355,26 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
         f"{prefix}  loss {stats['loss']:.4f}  val acc {mean['accuracy']:.4f}  nll {mean['nll']:.4f}"
         f"  brier {mean['brier']:.4f}  ece@15 {mean['ece@15']:.4f}{'  *' if best_epoch == epoch else ''}"
     )
+    if calibrator is not None:
+        accelerator.print(f"           calibrator: {calibrator.one_line()}")
+
+
+def wandb_row(record: dict) -> dict[str, float]:
+    """The W&B history row of one stage-one ``metrics.jsonl`` line: the same row live and on ``--resume``."""
+    val = {"tasks": record.get("val_tasks", {}), "mean": record["val"], "multitask": record.get("val_multitask", {}),
+           "pairs": record.get("val_pairs", [])}
+    row = {"train/loss": record["train_loss"], **{f"lr/{k}": v for k, v in record["lr"].items()},
+           **flatten_metrics("val", val)}
+    if "calibrator" in record:
+        row.update(CalibratorRecord(record["calibrator"]["tasks"], record["calibrator"]["summary"]).wandb_values())
+    return row
+
+
+def replay_to_tracker(tracker: Tracker, metrics_path: Path) -> None:
+    """The epochs of ``metrics.jsonl`` (as repaired by ``restore_stage``) that W&B lacks, on ``--resume``."""
+    if tracker.enabled and metrics_path.exists():
+        lines = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        tracker.replay({line["epoch"]: wandb_row(line) for line in lines if not line.get("final")})
 
 
 def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, objective: nn.Module,
@@ -289,7 +393,9 @@ def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, 
     two = cfg.two_stage
     model = attach_second_stage_head(network, two, spec.layout)
     counts = parameter_counts(model)
-    accelerator.print(f"two-stage ({two.head} head, Z={two.latent_dim}): trainable parameters {counts}")
+    accelerator.print(f"two-stage ({two.head} head, Z={two.latent_dim}): trainable parameters {counts}; Adam lr "
+                      f"{two.lr:g}, {two.epochs} epochs, best validation NLL kept, "
+                      + ("no early stopping" if two.patience is None else f"patience {two.patience}"))
     if accelerator.is_main_process:
         atomic_write_json(run_dir / rundir.STAGE_TWO_PARAMS, {"counts": counts, "trained": ["heads"]})
     optimizer = torch.optim.Adam([{"name": "heads", "params": list(model.heads.parameters())}], lr=two.lr,
@@ -305,6 +411,7 @@ def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, 
                          run_dir / rundir.BEST_MODEL),
         patience=two.patience,
     )
-    run_stage(accelerator, stage, spec, train, val, cfg.train, cfg.eval, None, hooks or Hooks())
+    run_stage(accelerator, stage, restore_stage(accelerator, stage), spec, train, val, cfg.train, cfg.eval, None,
+              hooks or Hooks())
     load_model(stage.files.best_model, model)
     return prepared

@@ -4,6 +4,10 @@
 ``two_stage.head``, ``method.calibrator``, ``method.loss`` and ``data.task`` name something
 registered is only known once the models, objectives and tasks are imported. Checking them
 here, first, means a misspelt second-stage head fails at once, not after stage one trained.
+
+A head that only the two-stage network can run (``supports_one_stage = False``: V-TST's
+variational head, whose KL term and sample averaging only stage two applies) is refused as the
+one-stage ``model.head``: the run would silently drop the KL term and evaluate single random draws.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from mtl_cog.registry import Registry
 
 
 def check_registered_names(cfg: Config) -> None:
-    """Raise ``ConfigError`` naming the key if a config names an unregistered part."""
+    """Raise ``ConfigError`` naming the key if a config names an unregistered part, or a
+    second-stage-only head as ``model.head``."""
     checks: list[tuple[str, str, Registry]] = [
         ("data.task", cfg.data.task, TASKS),
         ("model.head", cfg.model.head, HEADS),
@@ -32,3 +37,10 @@ def check_registered_names(cfg: Config) -> None:
             registry.get(name)
         except UnknownNameError as err:  # its message suggests close matches and lists the options
             raise ConfigError(f"{key}: {err}") from None
+    if not HEADS.get(cfg.model.head).supports_one_stage:
+        raise ConfigError(
+            f"model.head={cfg.model.head!r} only works as a second-stage head: one-stage training would drop "
+            f"its loss term and evaluate a single random draw. Use two_stage.head={cfg.model.head} with "
+            f"two_stage.enabled=true (as configs/<dataset>/vtst.yaml does) and keep model.head=linear, "
+            f"or a one-stage head (model.head=linear or mlp)."
+        )

@@ -1,0 +1,119 @@
+"""Training-step cost of each method over the baseline's, measured side by side.
+
+COG's promise (paper Sec. 3) is that calibrating in one go costs what standard training costs:
+leader and follower are two parameter groups of one optimiser, updated from one backward pass.
+This measurement times the library's own step (``batch_loss`` + ``apply_update``, what
+``train_one_epoch`` runs, plus the batch augmentation) for every method named, on the same
+initial backbone and the same batches. Steps of the methods are interleaved in a rotating order
+so that load from other processes hits all of them alike; the figure is the ratio of medians.
+
+A method is a config file in ``configs/methods/``, so a method added later is timed by naming it
+(``--methods baseline,cog_fc,cog_ts,mbls``). Targets: COG-FC and COG-TS add no work beyond a
+second parameter group (and one division per logit for COG-TS): <= 1.03. Any other method may
+legitimately add work (a larger head, a second loss term): <= 1.10.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mtl_cog.benchmarks.common import (
+    NUM_TASKS,
+    Trainee,
+    Workload,
+    binary_spec,
+    build_trainee,
+    method_config,
+    random_split,
+    timed,
+)
+from mtl_cog.data.batches import BatchTransform
+from mtl_cog.data.task_api import SplitData
+from mtl_cog.errors import ConfigError
+from mtl_cog.training.accelerator import create_accelerator
+
+REFERENCE = "baseline"  # every ratio is over standard training's step
+DEFAULT_METHODS = ("baseline", "cog_fc", "cog_ts")
+STEP_RATIO_TARGETS = {"cog_fc": 1.03, "cog_ts": 1.03}
+OTHER_METHOD_TARGET = 1.10
+BATCHES = 4  # distinct batches cycled through (the same for every method)
+
+
+def step_ratio_target(method: str) -> float:
+    return STEP_RATIO_TARGETS.get(method, OTHER_METHOD_TARGET)
+
+
+def ratio_key(method: str) -> str:
+    return f"{method}_step_ratio"
+
+
+def methods_to_time(methods: list[str]) -> list[str]:
+    """``methods`` with the reference first and no name twice; an empty list is refused."""
+    names = [m.strip() for m in methods if m.strip()]
+    if not names:
+        raise ConfigError("--methods names no method (e.g. --methods baseline,cog_fc,cog_ts).")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--methods names a method twice: {','.join(names)}.")
+    return [REFERENCE, *(m for m in names if m != REFERENCE)]
+
+
+def measure_step_ratios(workload: Workload, methods_dir: Path, methods: list[str], steps: int, warmup: int,
+                        profile_steps: int = 0) -> dict:
+    """Median step time per method, each method's ratio over the baseline's, and the baseline's images/s."""
+    names = methods_to_time(methods)
+    configs = {m: method_config(methods_dir, m, workload) for m in names}  # unknown names fail before any work
+    accelerator = create_accelerator(None, workload.precision)
+    device = accelerator.device
+    spec = binary_spec(NUM_TASKS, pad_crop=workload.image_size // 8)  # crop + flip: the heaviest augmentation
+    trainees = {m: build_trainee(accelerator, cfg, spec.layout, seed=0) for m, cfg in configs.items()}
+    transform = BatchTransform(spec, train=True, device=device)
+    data = random_split(workload.batch_size * BATCHES, workload.image_size, NUM_TASKS, seed=1)
+    generator = torch.Generator().manual_seed(0)
+    times: dict[str, list[float]] = {m: [] for m in names}
+    for step in range(warmup + steps):
+        idx = torch.arange(workload.batch_size) + (step % BATCHES) * workload.batch_size
+        shift = step % len(names)
+        for method in names[shift:] + names[:shift]:  # rotate who goes first
+            def one_step(method: str = method, idx: torch.Tensor = idx) -> torch.Tensor:
+                images = transform(data.images[idx].to(device, non_blocking=True), generator)
+                return trainees[method].step(images, data.labels[idx].to(device, non_blocking=True))
+
+            seconds, _ = timed(device, one_step)
+            if step >= warmup:
+                times[method].append(seconds)
+    median = {m: statistics.median(t) for m, t in times.items()}
+    profiled = [m for m in ("cog_ts", names[-1]) if m in trainees][0]
+    top_ops = profile_top_ops(trainees[profiled], transform, data, workload.batch_size, profile_steps)
+    result = {
+        "median_step_seconds": median,
+        "step_ratio_targets": {m: step_ratio_target(m) for m in names if m != REFERENCE},
+        "steps_per_method": steps,
+        "images_per_s": {**workload.describe(), "device": str(device),
+                         "value": workload.batch_size / median[REFERENCE]},
+        f"profile_{profiled}_step": top_ops,
+    }
+    result.update({ratio_key(m): median[m] / median[REFERENCE] for m in names if m != REFERENCE})
+    return result
+
+
+def profile_top_ops(trainee: Trainee, transform: BatchTransform, data: SplitData, batch_size: int,
+                    steps: int) -> list | None:
+    """torch.profiler over ``steps`` steps: the 20 ops with the most self time (None when steps is 0)."""
+    if not steps:
+        return None
+    device = trainee.accelerator.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    idx = torch.arange(batch_size)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            timed(device, lambda: trainee.step(transform(data.images[idx].to(device)), data.labels[idx].to(device)))
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    averages = prof.key_averages()
+    total = sum(getattr(e, key) for e in averages) or 1.0
+    events = sorted(averages, key=lambda e: getattr(e, key), reverse=True)[:20]
+    return [{"op": e.key, "calls": e.count, "self_ms": getattr(e, key) / 1e3 / steps,
+             "share": getattr(e, key) / total} for e in events]

@@ -1,0 +1,174 @@
+"""What happened *during* training, read back from a run's ``metrics.jsonl``: the learned calibrator and convergence.
+
+Every epoch line of stage one carries ``"calibrator": {"summary": ..., "tasks": {name: {task: value}}}``
+(written by ``mtl_cog.training.calibrator_view``) and the final line ``"calibrator_at_identity"``.
+A report shows from them
+
+- ``calibrator_table``: per run and task, the learned value of each calibrator parameter
+  (temperature; scale/bias per class; a matrix's diagonal) at the first and last epoch, and whether the run's
+  calibrator never left the identity (``calibrator_at_identity``; for runs written before that
+  flag existed, recomputed with the same tolerance from the last epoch's values);
+- ``convergence``: whether stage one settled, so that "trained long enough" is checked, not
+  assumed: the best validation NLL improved by at most ``NLL_PLATEAU`` (1 %) during the final
+  ``LAST_FRACTION`` (20 %) of epochs, and a calibrator made at most ``CALIBRATOR_SETTLED`` (10 %)
+  of its total move (max abs change over all its parameters, first to last epoch) in that part.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mtl_cog.runs import rundir
+
+IDENTITY_TOLERANCE = 0.01  # as mtl_cog.training.calibrator_view (a higher layer): every value within 0.01 of identity
+IDENTITY_VALUES = {"temperature": 1.0, "scale": 1.0, "bias": 0.0, "matrix": 1.0, "matrix (diagonal)": 1.0}
+LAST_FRACTION = 0.2
+NLL_PLATEAU = 0.01
+CALIBRATOR_SETTLED = 0.1
+
+
+def read_metrics_lines(run_dir: Path) -> tuple[list[dict], dict]:
+    """(stage one's epoch lines, the final line) of a run's metrics.jsonl; empty when there is none."""
+    path = Path(run_dir) / rundir.METRICS
+    if not path.is_file():
+        return [], {}
+    lines = []
+    for text in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(text))
+        except ValueError:  # a torn last line of a killed run: the epochs before it still count
+            continue
+    epochs = [line for line in lines if not line.get("final") and isinstance(line.get("val"), dict)]
+    final = next((line for line in reversed(lines) if line.get("final")), {})
+    return epochs, final
+
+
+def calibrator_trajectory(run_dir: Path) -> pd.DataFrame:
+    """Long table: epoch, parameter, task, value, for every per-task *scalar* of the calibrator."""
+    epochs, _ = read_metrics_lines(run_dir)
+    rows = []
+    for line in epochs:
+        for name, per_task in ((line.get("calibrator") or {}).get("tasks") or {}).items():
+            for task, value in per_task.items():
+                for label, parameter, number in _scalars(name, task, value):
+                    rows.append({"epoch": line["epoch"], "parameter": parameter, "task": label, "value": number})
+    return pd.DataFrame(rows, columns=["epoch", "parameter", "task", "value"])
+
+
+def _scalars(name: str, task: str, value) -> list[tuple[str, str, float]]:
+    """(task label, parameter, value) of one task's calibrator value: a number, a per-class list
+    (``task[k]``), or a K x K matrix, of which the diagonal is shown (``matrix (diagonal)``)."""
+    array = np.asarray(value, dtype=float)
+    if array.ndim == 0:
+        return [(task, name, float(array))]
+    if array.ndim == 1:
+        return [(f"{task}[{k}]", name, float(v)) for k, v in enumerate(array)] if len(array) > 1 else \
+            [(task, name, float(array[0]))]
+    diagonal = np.diagonal(array)
+    if len(diagonal) == 1:
+        return [(task, name, float(diagonal[0]))]
+    return [(f"{task}[{k}]", f"{name} (diagonal)", float(v)) for k, v in enumerate(diagonal)]
+
+
+def at_identity(run_dir: Path) -> bool | None:
+    """The run's ``calibrator_at_identity`` flag (None: no calibrator with parameters, or unknown)."""
+    epochs, final = read_metrics_lines(run_dir)
+    if "calibrator_at_identity" in final:
+        return bool(final["calibrator_at_identity"]) if _has_calibrator(epochs) else None
+    trajectory = calibrator_trajectory(run_dir)
+    if trajectory.empty:
+        return None
+    last = trajectory[trajectory["epoch"] == trajectory["epoch"].max()]
+    identity = last["parameter"].map(IDENTITY_VALUES)
+    if identity.isna().any():
+        return None
+    return bool((last["value"] - identity).abs().max() < IDENTITY_TOLERANCE)
+
+
+def _has_calibrator(epochs: list[dict]) -> bool:
+    return any((line.get("calibrator") or {}).get("tasks") for line in epochs)
+
+
+def calibrator_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
+    """Per (data set, method, seed, run) and task: the calibrator's first/last value and the identity flag.
+
+    ``runs`` holds (data set label, method, seed, run folder); runs without a calibrator are left out.
+    """
+    rows = []
+    for dataset, method, seed, run_dir in runs:
+        trajectory = calibrator_trajectory(run_dir)
+        if trajectory.empty:
+            continue
+        flag = at_identity(run_dir)
+        first, last = trajectory["epoch"].min(), trajectory["epoch"].max()
+        for (parameter, task), group in trajectory.groupby(["parameter", "task"], sort=False):
+            values = group.set_index("epoch")["value"]
+            rows.append({"dataset": dataset, "method": method, "seed": seed, "run": str(run_dir),
+                         "parameter": parameter, "task": task, "first_epoch_value": values.get(first),
+                         "last_epoch_value": values.get(last), "epochs": int(last),
+                         "calibrator_at_identity": flag})
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Convergence:
+    epochs: int
+    nll_gain_last: float  # relative improvement of the best validation NLL in the final part of training
+    calibrator_move_last: float | None  # calibrator change in the final part / its change over the run
+
+    @property
+    def converged(self) -> bool:
+        settled = self.calibrator_move_last is None or self.calibrator_move_last <= CALIBRATOR_SETTLED
+        return self.nll_gain_last <= NLL_PLATEAU and settled
+
+    def why_not(self) -> str:
+        reasons = []
+        part = f"the last {100 * LAST_FRACTION:.0f}% of epochs"
+        if self.nll_gain_last > NLL_PLATEAU:
+            reasons.append(f"validation NLL still fell {100 * self.nll_gain_last:.1f}% in {part}")
+        if self.calibrator_move_last is not None and self.calibrator_move_last > CALIBRATOR_SETTLED:
+            reasons.append(f"the calibrator made {100 * self.calibrator_move_last:.0f}% of its move in {part}")
+        return "; ".join(reasons)
+
+
+def _calibrator_vector(line: dict) -> np.ndarray | None:
+    tasks = (line.get("calibrator") or {}).get("tasks")
+    if not tasks:
+        return None
+    values = [np.asarray(v, dtype=float).ravel() for name in sorted(tasks) for _, v in sorted(tasks[name].items())]
+    return np.concatenate(values) if values else None
+
+
+def convergence(run_dir: Path) -> Convergence | None:
+    """Did stage one settle? None when the run has fewer than 5 epoch lines (nothing to judge)."""
+    epochs, _ = read_metrics_lines(run_dir)
+    if len(epochs) < 5:
+        return None
+    nll = np.array([line["val"].get("nll", np.nan) for line in epochs], dtype=float)
+    cut = len(epochs) - max(1, round(LAST_FRACTION * len(epochs)))
+    before, overall = np.nanmin(nll[:cut]), np.nanmin(nll)
+    gain = float((before - overall) / before) if before > 0 else 0.0
+    vectors = [_calibrator_vector(line) for line in epochs]
+    move = None
+    if all(v is not None for v in vectors) and len({len(v) for v in vectors}) == 1:
+        total = float(np.abs(vectors[-1] - vectors[0]).max())
+        last = float(np.abs(vectors[-1] - vectors[cut - 1]).max())
+        move = last / total if total > 0 else 0.0
+    return Convergence(len(epochs), max(gain, 0.0), move)
+
+
+def convergence_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
+    rows = []
+    for dataset, method, seed, run_dir in runs:
+        result = convergence(run_dir)
+        if result is None:
+            continue
+        rows.append({"dataset": dataset, "method": method, "seed": seed, "run": str(run_dir), "epochs": result.epochs,
+                     "nll_gain_last_20pct": result.nll_gain_last, "calibrator_move_last_20pct":
+                     result.calibrator_move_last, "converged": result.converged, "why_not": result.why_not()})
+    return pd.DataFrame(rows)

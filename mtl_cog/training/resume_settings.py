@@ -1,0 +1,80 @@
+"""Changed settings on ``--resume``: applied exactly, or refused; never written and then ignored.
+
+``--resume RUN_DIR key=value`` loads the run's ``config.yaml`` with the overrides on top. What
+can change mid-run is listed in ``APPLIED``; every other key is refused, because the saved state
+(weights, optimiser moments, data order, best-so-far value) was made under the old value and
+would silently disagree with it. Optimiser changes take effect from the first resumed step:
+each group's rate becomes the new configured rate (when that rate changed), the step schedule
+continues with the new ``lr_step_epochs`` / ``lr_gamma`` from the epoch reached, and
+``resumes.jsonl`` in the run folder records when which keys changed (old -> new), so the run
+folder says what ran: ``config.yaml`` holds the latest values, ``resumes.jsonl`` the history.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mtl_cog.config import Config
+from mtl_cog.errors import ConfigError
+from mtl_cog.io import append_jsonl
+
+# Keys whose change on --resume is applied exactly (the optimiser/scheduler ones by
+# ``apply_to_optimizer``, the others are read from the config as the run continues).
+APPLIED = {
+    "optim.follower_lr", "optim.leader_lr", "optim.lr_step_epochs", "optim.lr_gamma", "optim.weight_decay",
+    "optim.allow_leader_lr_geq_follower",
+    "train.epochs", "train.save_every_steps", "train.log_every_steps", "train.nonfinite", "train.eval_batch_size",
+    "train.precision", "train.channels_last", "train.compile", "train.images_on_device",
+    "tracking", "wandb_project", "wandb_group", "wandb_job_type",
+}
+
+
+def _flatten(raw: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict) and key != "timm_kwargs":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def changed_settings(old: Config, new: Config) -> dict[str, tuple[object, object]]:
+    """{key: (old, new)} for every key whose value differs."""
+    before, after = _flatten(old.to_dict()), _flatten(new.to_dict())
+    return {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)}
+
+
+def check_changes(changes: dict[str, tuple[object, object]], next_epoch: int | None = None) -> None:
+    """Refuse any change outside ``APPLIED``, and (given ``next_epoch``) an epoch count below what already ran."""
+    refused = sorted(set(changes) - APPLIED)
+    if refused:
+        detail = ", ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused)
+        raise ConfigError(
+            f"--resume cannot change {detail}: the saved training state was made with the old value. "
+            f"Start a new run for that (keys that can change on resume: {', '.join(sorted(APPLIED))})."
+        )
+    if next_epoch is not None and "train.epochs" in changes and changes["train.epochs"][1] < next_epoch - 1:
+        raise ConfigError(f"--resume: train.epochs={changes['train.epochs'][1]} is below the {next_epoch - 1} "
+                          "epochs this run already trained.")
+
+
+def apply_to_optimizer(cfg: Config, changes: dict[str, tuple[object, object]], optimizer: torch.optim.Optimizer,
+                       scheduler: torch.optim.lr_scheduler.StepLR) -> None:
+    """Make the restored optimiser and schedule follow the new ``cfg.optim`` (see the module docstring)."""
+    configured = {"follower": cfg.optim.follower_lr, "leader": cfg.optim.leader_lr}
+    changed_rates = {"follower": "optim.follower_lr" in changes, "leader": "optim.leader_lr" in changes}
+    for group in optimizer.param_groups:
+        name = group.get("name")
+        if changed_rates.get(name):
+            group["lr"] = group["initial_lr"] = configured[name]
+        group["weight_decay"] = cfg.optim.weight_decay
+    scheduler.step_size, scheduler.gamma = cfg.optim.lr_step_epochs, cfg.optim.lr_gamma
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+
+
+def record_resume(path, epoch: int, step: int, changes: dict[str, tuple[object, object]]) -> None:
+    append_jsonl(path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "epoch": epoch, "step": step,
+                        "changed": {k: {"old": old, "new": new} for k, (old, new) in changes.items()}})

@@ -1,0 +1,260 @@
+"""The fair protocol: tuning settings, paired bootstrap differences, rank spread, convergence, time estimates."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mtl_cog.config import load_config
+from mtl_cog.errors import UserError
+from mtl_cog.experiments import gpu_time, protocol
+from mtl_cog.reporting.paired import counterpart_pairs, crossed_bootstrap, paired_differences, rank_spread
+from mtl_cog.reporting.trajectories import at_identity, calibrator_table, convergence
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------------------------------ bootstrap
+
+
+def test_constant_differences_give_a_zero_width_interval():
+    mean, low, high = crossed_bootstrap(np.full((3, 40), -0.02))
+    assert mean == low == high == pytest.approx(-0.02)
+
+
+def test_two_seeds_one_task_matches_the_enumerated_bootstrap():
+    # resampling 2 seeds: means 0, .5, .5, 1 with probability 1/4 each -> 2.5% / 97.5% quantiles 0 and 1
+    mean, low, high = crossed_bootstrap(np.array([[0.0], [1.0]]))
+    assert mean == 0.5 and low == 0.0 and high == 1.0
+
+
+def test_seeds_and_tasks_are_resampled_as_crossed_factors():
+    # every seed sees the same task effects: resampling tasks must widen the interval; seeds add nothing
+    tasks_only = np.tile(np.linspace(-1, 1, 10), (3, 1))
+    _, low, high = crossed_bootstrap(tasks_only)
+    assert low < -0.2 and high > 0.2
+    seeds_only = np.tile(np.array([[-1.0], [0.0], [1.0]]), (1, 10))
+    _, low2, high2 = crossed_bootstrap(seeds_only)
+    assert low2 < -0.3 and high2 > 0.3
+
+
+@pytest.mark.parametrize("bad", [np.zeros((0, 3)), np.zeros(4), np.array([[np.nan, 1.0]])])
+def test_bootstrap_refuses_empty_flat_or_nan_input(bad):
+    with pytest.raises(ValueError):
+        crossed_bootstrap(bad)
+
+
+def _scores(rows):
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "run", "task", "accuracy", "nll", "brier",
+                                       "ece@15"])
+
+
+def test_paired_differences_pair_seeds_and_tasks_and_say_who_is_better():
+    rows = []
+    for seed in (0, 1, 2):
+        for task in ("a", "b"):
+            base = 0.5 + 0.1 * seed  # seed effects cancel in the pairing
+            rows.append(["ds", "baseline", seed, "r", task, 0.8, base, 0.2, 0.10])
+            rows.append(["ds", "cog_fc", seed, "r", task, 0.8, base - 0.05, 0.2, 0.04])
+        rows.append(["ds", "baseline", seed, "r", "mean", 0.8, 0.5, 0.2, 0.1])  # task means are not pairs
+    rows.append(["ds", "tst", 0, "r", "a", 0.8, 0.5, 0.2, 0.1])  # cog_tst absent: no row for it
+    table = paired_differences(_scores(rows), {"cog_fc": "baseline", "cog_tst": "tst"}).set_index("metric")
+    assert set(table["variant"]) == {"cog_fc"}
+    assert table.loc["nll", "mean_difference"] == pytest.approx(-0.05)
+    assert table.loc["nll", "ci_low"] == pytest.approx(-0.05) and table.loc["nll", "ci_high"] == pytest.approx(-0.05)
+    assert table.loc["nll", "better"] == "variant" and table.loc["ece@15", "better"] == "variant"
+    assert table.loc["accuracy", "better"] == "unclear"  # identical: the interval is [0, 0]
+    assert table.loc["nll", "n_seeds"] == 3 and table.loc["nll", "n_tasks"] == 2
+    one_seed = paired_differences(_scores([r for r in rows if r[2] == 0]), {"cog_fc": "baseline"})
+    assert one_seed["ci_low"].isna().all() and set(one_seed["better"]) == {"n/a (one seed)"}
+
+
+def test_counterparts_come_from_the_method_configs():
+    configs = {m: load_config(REPO / "configs" / "digits" / f"{m}.yaml").to_dict()
+               for m in ("baseline", "cog_ts", "cog_vs", "cog_ms", "cog_tst", "cog_fc", "cog_ls", "ls", "tst")}
+    assert counterpart_pairs(configs) == {"cog_ts": "baseline+ts", "cog_vs": "baseline+vs", "cog_ms": "baseline+ms",
+                                          "cog_tst": "tst", "cog_fc": "baseline", "cog_ls": "ls"}
+
+
+def test_rank_spread_over_seeds_known_answer():
+    rows = []
+    # seed 0: a beats b on all three metrics; seed 1: b beats a on all three
+    for seed, (good, bad) in enumerate((("a", "b"), ("b", "a"))):
+        rows.append(["ds", good, seed, "r", "mean", 0.9, 0.3, 0.1, 0.0])
+        rows.append(["ds", bad, seed, "r", "mean", 0.8, 0.4, 0.2, 0.0])
+    spread = rank_spread(_scores(rows)).set_index("method")
+    assert spread.loc["a", "avg_rank_mean"] == 1.5 and spread.loc["a", "avg_rank_min"] == 1.0
+    assert spread.loc["a", "avg_rank_max"] == 2.0 and spread.loc["a", "avg_rank_std"] == pytest.approx(math.sqrt(0.5))
+    assert spread.loc["b", "n_seeds"] == 2
+
+
+# ------------------------------------------------------------------------------------------ tuning plan
+
+
+def test_every_method_gets_the_budget_over_its_knobs():
+    digits = {m: load_config(REPO / "configs" / "digits" / f"{m}.yaml") for m in ("baseline", "cog_ts", "cog_ls",
+                                                                                  "focal", "tst")}
+    settings = {m: protocol.trial_settings(protocol.search_space(cfg, 1e-3), 5) for m, cfg in digits.items()}
+    assert all(len(s) == 5 for s in settings.values())
+    assert set(settings["baseline"][0]) == {"optim.follower_lr"}
+    assert set(settings["tst"][0]) == {"optim.follower_lr"}  # stage two keeps the authors' defaults
+    assert set(settings["cog_ts"][0]) == {"optim.follower_lr", "optim.leader_lr"}
+    assert set(settings["cog_ls"][0]) == {"optim.follower_lr", "optim.leader_lr", "method.label_smoothing"}
+    assert set(settings["focal"][0]) == {"optim.follower_lr", "method.focal_gamma"}
+    # the same follower rates for every method, inside [f0/2, 4 f0]; the leader always slower
+    followers = {m: [t["optim.follower_lr"] for t in s] for m, s in settings.items()}
+    assert all(v == followers["baseline"] for v in followers.values())
+    assert all(5e-4 <= f <= 4e-3 for f in followers["baseline"]) and len(set(followers["baseline"])) == 5
+    assert all(t["optim.leader_lr"] < t["optim.follower_lr"] for t in settings["cog_ts"])
+    assert all(0.02 <= t["method.label_smoothing"] <= 0.2 for t in settings["cog_ls"])
+    for setting in settings["cog_ls"]:  # every setting is a valid config
+        load_config(REPO / "configs" / "digits" / "cog_ls.yaml", protocol.as_overrides(setting))
+    with pytest.raises(UserError, match="budget"):
+        protocol.trial_settings(protocol.search_space(digits["baseline"], 1e-3), 0)
+
+
+def test_the_choice_is_the_lowest_validation_nll_and_ignores_unfinished_trials(tmp_path):
+    from test_report import write_run
+
+    runs = [write_run(tmp_path, f"trial_{i}", "baseline", seed, temperature=t)
+            for i, (seed, t) in enumerate([(0, 0.3), (0, 1.0), (0, 0.5)])]
+    (tmp_path / "trial_3").mkdir()  # unfinished
+    choice = protocol.choose([*runs, tmp_path / "trial_3"], [15])
+    assert choice.index == 1 and math.isnan(choice.nlls[3])
+    assert choice.nlls[1] == min(n for n in choice.nlls if not math.isnan(n))
+
+
+# ------------------------------------------------------------------------------------------ convergence
+
+
+def write_metrics(run: Path, nlls: list[float], temperatures: list[float] | None, at_identity_flag=None) -> Path:
+    run.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for epoch, nll in enumerate(nlls, start=1):
+        line = {"epoch": epoch, "train_loss": nll, "val": {"nll": nll, "accuracy": 0.9}}
+        if temperatures is not None:
+            line["calibrator"] = {"summary": {}, "tasks": {"temperature": {"a": temperatures[epoch - 1],
+                                                                           "b": 1 + (temperatures[epoch - 1] - 1) / 2}}}
+        lines.append(line)
+    final = {"epoch": len(nlls) + 1, "final": True}
+    if at_identity_flag is not None:
+        final["calibrator_at_identity"] = at_identity_flag
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in [*lines, final]) + "\n")
+    return run
+
+
+def test_convergence_sees_a_falling_nll_and_a_moving_calibrator(tmp_path):
+    settled = write_metrics(tmp_path / "a", [1.0, 0.7, 0.6, 0.55, 0.55, 0.55, 0.55, 0.56, 0.55, 0.55],
+                            [1.0, 1.2, 1.3, 1.35, 1.36, 1.36, 1.36, 1.36, 1.36, 1.36])
+    result = convergence(settled)
+    assert result.converged and result.nll_gain_last == 0.0 and result.calibrator_move_last == 0.0
+    falling = write_metrics(tmp_path / "b", [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1], None)
+    result = convergence(falling)
+    assert not result.converged and result.nll_gain_last == pytest.approx((0.3 - 0.1) / 0.3)
+    assert "validation NLL still fell" in result.why_not()
+    moving = write_metrics(tmp_path / "c", [0.5] * 10, [1.0 + 0.1 * e for e in range(10)])
+    result = convergence(moving)
+    assert not result.converged and result.calibrator_move_last == pytest.approx(2 / 9)
+    assert convergence(write_metrics(tmp_path / "d", [0.5, 0.4], None)) is None  # too short to judge
+
+
+def test_calibrator_table_and_the_identity_flag(tmp_path):
+    stuck = write_metrics(tmp_path / "stuck", [0.5] * 6, [1.0, 0.999, 1.001, 1.0, 1.002, 1.001])
+    moved = write_metrics(tmp_path / "moved", [0.5] * 6, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], at_identity_flag=False)
+    assert at_identity(stuck) is True  # no final flag (older run): recomputed from the last epoch
+    assert at_identity(moved) is False
+    table = calibrator_table([("ds", "cog_ts", 0, stuck), ("ds", "cog_ts", 1, moved)]).set_index(["seed", "task"])
+    assert table.loc[(1, "a"), "last_epoch_value"] == 1.5 and table.loc[(1, "b"), "last_epoch_value"] == 1.25
+    assert table.loc[(1, "a"), "first_epoch_value"] == 1.0 and bool(table.loc[(0, "a"), "calibrator_at_identity"])
+
+
+# ------------------------------------------------------------------------------------------ time estimates
+
+
+def test_estimate_known_answer_from_stated_defaults():
+    cfg = load_config(REPO / "configs" / "cifar10" / "baseline.yaml", ["train.precision=bf16"])
+    estimate = gpu_time.estimate_run(cfg)
+    rate = gpu_time.DEFAULT_GPU_RATES[(32, True)]
+    expected = gpu_time.START_SECONDS + 300 * (40_000 / rate + 10_000 / (3 * rate)) + 20_000 / (3 * rate)
+    assert estimate.sizes == {"train": 40_000, "val": 10_000, "test": 10_000}
+    assert estimate.seconds == pytest.approx(expected) and "not measured" in estimate.source
+    fp32 = gpu_time.estimate_run(load_config(REPO / "configs" / "cifar10" / "baseline.yaml"))
+    assert fp32.seconds - gpu_time.START_SECONDS == pytest.approx(2 * (expected - gpu_time.START_SECONDS))
+
+
+def test_a_gpu_check_measurement_replaces_the_defaults_and_scales_with_pixels(tmp_path):
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps({"images_per_s": 10_000.0, "backbone": "resnet101", "image_size": 32,
+                                "precision": "bf16", "device": "NVIDIA H200"}))
+    measured = gpu_time.read_gpu_check(path)
+    cfg = load_config(REPO / "configs" / "celeba" / "cog_fc.yaml", ["train.precision=bf16", "data.image_size=64",
+                                                                    "train.epochs=1"])
+    rate, source, _ = gpu_time.training_rate(cfg, measured)
+    assert rate == pytest.approx(2_500.0) and "H200" in source and "pixel count" in source
+    # benchmark.py's other layout: images_per_s as a mapping with "value"
+    path.write_text(json.dumps({"images_per_s": {"value": 500.0, "backbone": "resnet101", "image_size": 32}}))
+    assert gpu_time.read_gpu_check(path).images_per_s == 500.0
+
+
+@pytest.mark.parametrize("content", [
+    "not json", "[]", '{"images_per_s": -1, "backbone": "r", "image_size": 32}', '{"images_per_s": 100}',
+    '{"images_per_s": NaN, "backbone": "r", "image_size": 32}'])
+def test_an_unusable_gpu_check_is_ignored_or_refused_when_named(tmp_path, content):
+    path = tmp_path / "gpu_check.json"
+    path.write_text(content)
+    assert gpu_time.read_gpu_check(path) is None
+    with pytest.raises(UserError, match="gpu_check.sh"):
+        gpu_time.find_gpu_check(path, tmp_path)
+
+
+def test_paper_grid_dry_run_lists_every_run_and_sums_the_estimates(capsys, tmp_path, monkeypatch):
+    from mtl_cog.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    reproduce.main(["--scale", "paper", "--dry-run", "--out", "out"])
+    text = capsys.readouterr().out
+    assert "final: 132 runs" in text and "celeba: 11 methods × 3 seeds" in text
+    total = 0.0
+    for dataset in ("celeba", "svhn", "cifar10", "cifar100"):
+        for config in sorted((REPO / "configs" / dataset).glob("*.yaml")):
+            total += 3 * gpu_time.estimate_run(load_config(config)).seconds
+    assert f"estimated total: {gpu_time.format_duration(total)} of device time" in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_fair_dry_run_plans_tuning_then_seeds(capsys, tmp_path, monkeypatch):
+    from mtl_cog.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    reproduce.main(["--protocol", "fair", "--dry-run", "--budget", "3", "--methods", "baseline", "cog_ts",
+                    "--datasets", "digits", "--out", "out"])
+    text = capsys.readouterr().out
+    assert "tuning: 6 runs" in text and "final: 6 runs" in text
+    assert "tune digits/cog_ts: 3 trials of optim.follower_lr, optim.leader_lr" in text
+    assert "estimated total:" in text and not (tmp_path / "out").exists()
+
+
+def test_train_dry_run_writes_nothing(capsys, tmp_path, monkeypatch):
+    from mtl_cog.cli import train
+
+    monkeypatch.chdir(tmp_path)
+    train.main(["--config", str(REPO / "configs" / "synthetic" / "cog_ts.yaml"), "--dry-run", "train.epochs=7"])
+    text = capsys.readouterr().out
+    assert "train 7 epochs" in text and "data sizes train/val/test 1,000/1,000/2,000" in text
+    assert "estimated time:" in text and "nothing written" in text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_per_class_and_matrix_calibrators_are_read_too(tmp_path):
+    from mtl_cog.reporting.trajectories import calibrator_trajectory
+
+    run = tmp_path / "ms"
+    run.mkdir()
+    line = {"epoch": 1, "val": {"nll": 0.5}, "calibrator": {"summary": {}, "tasks": {
+        "matrix": {"digit": [[1.2, 0.1], [0.0, 0.8]], "attr": [[1.5]]}, "bias": {"digit": [0.1, -0.1], "attr": 0.2}}}}
+    (run / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    table = calibrator_trajectory(run).set_index(["parameter", "task"])["value"]
+    assert table[("matrix (diagonal)", "digit[0]")] == 1.2 and table[("matrix (diagonal)", "digit[1]")] == 0.8
+    assert table[("matrix", "attr")] == 1.5 and table[("bias", "digit[1]")] == -0.1 and table[("bias", "attr")] == 0.2
