@@ -63,9 +63,10 @@ def test_evaluation_agrees_between_one_and_two_processes(runs, tmp_path):
         outs[processes] = tmp_path / f"eval{processes}.json"
         _launch(processes, "evaluate.py", "--run", str(runs[1]), "--split", "test", "--out", str(outs[processes]))
     one, two = (json.loads(outs[p].read_text()) for p in (1, 2))
-    assert one.keys() == {"tasks", "mean"}
-    for metric, value in one["mean"].items():
-        assert two["mean"][metric] == pytest.approx(value, abs=1e-6), metric
+    assert one.keys() == {"tasks", "mean", "multitask", "pairs"}  # a multi-task data set
+    for metric, value in [*one["mean"].items(), *one["multitask"].items()]:
+        assert {**two["mean"], **two["multitask"]}[metric] == pytest.approx(value, abs=1e-6), metric
+    assert [(p["a"], p["b"]) for p in one["pairs"]] == [(p["a"], p["b"]) for p in two["pairs"]]
     # ... and equal to the test metrics the training run wrote
     frame = pd.read_csv(runs[1] / "test_metrics.csv").set_index("task")
     assert frame.loc["mean", "brier"] == pytest.approx(one["mean"]["brier"], abs=1e-6)
@@ -77,7 +78,10 @@ def test_evaluate_a_prediction_file(runs, tmp_path):
                     "--bins", "5", "15", "--out", str(out)], cwd=REPO, check=True, capture_output=True)
     metrics = json.loads(out.read_text())
     assert set(metrics["mean"]) == {"accuracy", "nll", "brier", "ece@5", "ece@15", "rmsce@5", "rmsce@15",
-                                    "mce@5", "mce@15"}
+                                    "mce@5", "mce@15", "smece", "adaece@5", "adaece@15", "brier_reliability",
+                                    "brier_resolution", "brier_uncertainty"}
+    assert {"pooled_ece@5", "worst_task_ece@15", "p90_task_ece@5", "count_ece", "pair_joint_ece"} <= set(
+        metrics["multitask"])
     assert np.isclose(metrics["mean"]["accuracy"], pd.read_csv(runs[2] / "test_metrics.csv").iloc[-1]["accuracy"])
 
 
@@ -88,14 +92,21 @@ def test_user_error_is_one_line_without_traceback(tmp_path):
     assert "error: train.epochs must be an integer" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_calibration_drift_script_reports_fitted_temperatures(tmp_path):
+def test_calibration_drift_script_reports_fitted_temperatures_sharpness_and_margins(tmp_path):
     result = subprocess.run([sys.executable, "scripts/calibration_drift.py",
-                             "--config", "configs/synthetic/baseline.yaml", "--every", "1", f"output_dir={tmp_path}",
-                             "train.epochs=2",
-                             "model.backbone=cog_cnn_tiny",
+                             "--config", "configs/synthetic/baseline.yaml", "--every", "1", "--curvature", "both",
+                             "--curvature-batch", "32", "--curvature-iterations", "4", "train.epochs=2",
+                             "model.backbone=cog_cnn_tiny", f"output_dir={tmp_path}",
                              "data.synthetic.train_size=96", "data.synthetic.num_attributes=3"],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [line["epoch"] for line in lines] == [1, 2]
     assert lines[0]["tasks"] == 3 and lines[0]["fitted_T_median"] > 0 and "true_mean_abs_logit" in lines[0]
+    for line in lines:
+        assert line["ggn_top_eigenvalue"] > 0 and line["ggn_trace"] >= line["ggn_top_eigenvalue"] * 0.5
+        assert line["val_margin_q01"] <= line["val_margin_q50"] <= line["val_margin_q99"]
+        assert 0 <= line["val_smece"] <= 1 and "val_count_ece" in line and "val_pooled_ece@15" in line
+    (run_dir,) = tmp_path.iterdir()
+    written = [json.loads(line) for line in (run_dir / "calibration_drift.jsonl").read_text().splitlines()]
+    assert written == lines and (run_dir / "calibration_drift.png").stat().st_size > 10_000

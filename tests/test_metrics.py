@@ -11,7 +11,10 @@ BINS = [5, 10, 15, 20, 50]
 def test_names():
     names = metric_names(BINS)
     assert names[:3] == ["accuracy", "nll", "brier"]
-    assert "ece@15" in names and "rmsce@50" in names and "mce@5" in names and len(names) == 18
+    assert "ece@15" in names and "rmsce@50" in names and "mce@5" in names
+    assert "smece" in names and "adaece@50" in names and "brier_reliability" in names
+    assert len(names) == 3 + 3 * 5 + 1 + 5 + 3 and "classwise_ece@5" not in names
+    assert metric_names(BINS, multiclass=True)[-5:] == [f"classwise_ece@{b}" for b in BINS]
 
 
 def test_perfectly_calibrated_binary_has_small_ece():

@@ -69,3 +69,28 @@ def test_reliability_panel_ece_matches_the_metric():
     ece = plots.reliability_panel(ax, 1 / (1 + np.exp(-z)), y.astype(float), 15)
     plt.close(figure)
     assert ece == pytest.approx(task_metrics(z, y, [15])["ece@15"], abs=1e-9)
+
+
+def _binary_predictions(tasks: list[str], n: int = 2000, true_probs: bool = True) -> Predictions:
+    rng = np.random.default_rng(3)
+    p = [rng.uniform(0.05, 0.95, n) for _ in tasks]
+    labels = [(rng.random(n) < q).astype(np.int64) for q in p]
+    return Predictions(list(tasks), [logit(np.clip(q * 1.1, 0.01, 0.99)) for q in p], labels,
+                       p if true_probs else None)
+
+
+def test_smoothed_reliability_and_count_calibration_figures(tmp_path):
+    predictions = _binary_predictions(TASKS)
+    figure = plots.smooth_reliability_figure([predictions, predictions], "run")
+    assert len([ax for ax in figure.axes if ax.axison]) == 41  # every task + pooled
+    assert figure.axes[0].get_title().startswith("ALL TASKS POOLED\nsmECE ")
+    with Image.open(plots.save_figure(figure, tmp_path / "smooth.png")) as image:
+        assert min(image.size) > 600
+    counts = plots.count_calibration_figure([predictions], "run")
+    labels = [line.get_label() for line in counts.axes[0].get_lines()]
+    assert any(label.startswith("mean actual count (count ECE") for label in labels)
+    assert any("noise-free" in label for label in labels)  # p* known: the true expected count is drawn
+    plots.save_figure(counts, tmp_path / "counts.png")
+    single = plots.smooth_reliability_figure([_binary_predictions(["only"], true_probs=False)], "run")
+    assert len(single.axes) == 1
+    assert plots.count_calibration_figure([_binary_predictions(["only"])], "run") is None  # nothing to count

@@ -164,10 +164,15 @@ def test_a_celeba_shaped_run_puts_final_metrics_in_the_summary_and_keeps_per_att
                    | {f"{t}/calibrator/temperature" for t in tasks}
                    | {f"calibrator/temperature_{s}" for s in ("median", "min", "max")}
                    | {"lr/follower", "lr/leader", "train/loss"})
-    assert len(scalar_keys) == 784  # docs/tracking.md: 41 x 18 + 40 + 3 + 2 + 1
+    assert len(scalar_keys) == 1153  # docs/tracking.md: 41 x 27 + 40 + 3 + 2 + 1
+    multitask_keys = {f"multitask/val/{m}" for m in ("count_ece", "pair_joint_ece")} | {
+        f"multitask/val/{m}@{b}" for m in ("pooled_ece", "worst_task_ece", "p90_task_ece") for b in cfg.eval.bins}
     for row in epoch_rows:
-        assert {k for k in row if not k.startswith("_")} == scalar_keys
-    assert {k for k in media_row if not k.startswith("_")} == {"test/per_task_metrics", "test/reliability"}
+        keys = {k for k in row if not k.startswith("_")}
+        pair_keys = {k for k in keys if k.startswith("pairs/val/")}
+        assert keys == scalar_keys | multitask_keys | pair_keys and len(pair_keys) == cfg.eval.joint_pairs
+    assert {k for k in media_row if not k.startswith("_")} == {"test/per_task_metrics", "test/reliability",
+                                                                "test/smooth_reliability", "test/count_calibration"}
     assert media_row["test/per_task_metrics"]["_type"] == "table-file"
     assert not [k for k in run.history_keys() if "/test/" in k]  # no one-point chart per test metric
 

@@ -7,10 +7,10 @@ from PIL import Image
 from scipy.special import logit
 from wandb.sdk.wandb_run import Run
 
-from mtl_cog.evaluation.metrics import compute_metrics, metrics_frame
+from mtl_cog.evaluation.metrics import compute_metrics, metric_names, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
-from mtl_cog.runs.rundir import RELIABILITY_PNG, TRUTH_METRICS
+from mtl_cog.runs.rundir import COUNT_CALIBRATION_PNG, RELIABILITY_PNG, SMOOTH_RELIABILITY_PNG, TRUTH_METRICS
 from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
 from mtl_cog.training.accelerator import create_accelerator
 
@@ -53,11 +53,14 @@ def test_one_epoch_gives_each_attribute_its_own_section_and_the_end_a_table_and_
     for key in logged[0]:
         section, _, rest = key.partition("/")
         sections.setdefault(section, set()).add(rest)
-    assert set(TASKS) | {"mean", "train"} <= set(sections)
-    expected = {f"val/{m}" for m in ("accuracy", "nll", "brier", "ece@5", "ece@15", "rmsce@5", "rmsce@15", "mce@5",
-                                     "mce@15")}
+    assert set(TASKS) | {"mean", "train", "multitask", "pairs"} <= set(sections)
+    expected = {f"val/{m}" for m in metric_names(BINS)}
+    assert {"val/accuracy", "val/ece@15", "val/smece", "val/adaece@5", "val/brier_resolution"} <= expected
     for section in [*TASKS, "mean"]:
         assert sections[section] == expected, section
+    assert sections["multitask"] == {f"val/{m}" for m in val["multitask"]}
+    assert {"val/pooled_ece@15", "val/worst_task_ece@5", "val/count_ece", "val/pair_joint_ece"} <= sections["multitask"]
+    assert len(sections["pairs"]) == len(val["pairs"]) == 10
     assert logged[0]["attr07/val/nll"] == pytest.approx(val["tasks"]["attr07"]["nll"])
     # the final test metrics: the run summary, not a history row (one-point charts at an invented step)
     assert len(logged) == 1
@@ -72,12 +75,16 @@ def test_one_epoch_gives_each_attribute_its_own_section_and_the_end_a_table_and_
     final = logged[-1]
     table, image = final["test/per_task_metrics"], final["test/reliability"]
     assert isinstance(table, wandb.Table) and isinstance(image, wandb.Image)
+    assert isinstance(final["test/smooth_reliability"], wandb.Image)
+    assert isinstance(final["test/count_calibration"], wandb.Image)
+    assert {"smece", "adaece@15", "pooled_ece@15", "count_ece", "nf_count_ece", "nf_smece"} <= set(table.columns)
     assert table.columns[0] == "task" and [row[0] for row in table.data] == [*TASKS, "mean"]
     assert {"ece@15", "nf_ece@15", "prob_error", "bayes_nll"} <= set(table.columns)
     tracker.finish()
     assert (tmp_path / TRUTH_METRICS).is_file()
-    with Image.open(tmp_path / RELIABILITY_PNG) as png:
-        assert min(png.size) > 600
+    for name in (RELIABILITY_PNG, SMOOTH_RELIABILITY_PNG, COUNT_CALIBRATION_PNG):
+        with Image.open(tmp_path / name) as png:
+            assert min(png.size) > 500, name
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # the offline run W&B can sync later
 
 

@@ -9,8 +9,12 @@ predictions_val.npz and applied to its predictions_test.npz, without re-running 
 RUN_DIR/posthoc_metrics.csv gets one row per (method, task) with method "none" for the
 uncalibrated predictions, and RUN_DIR/predictions_test_<method>.npz the calibrated predictions.
 
-The JSON is {"tasks": {task: {metric: value}}, "mean": {metric: value}}; the metric names are
-accuracy, nll, brier, ece@B, rmsce@B, mce@B (see mtl_cog/metrics.py for the conventions).
+The JSON is {"tasks": {task: {metric: value}}, "mean": {metric: value}, "multitask": {metric:
+value}, "pairs": [...]}. Per task (and their mean): accuracy, nll, brier, ece@B, rmsce@B, mce@B,
+smece, adaece@B, brier_reliability, brier_resolution, brier_uncertainty, and classwise_ece@B for
+K-class tasks. "multitask" (two or more tasks): pooled_ece@B, worst_task_ece@B, p90_task_ece@B,
+and with two or more binary tasks count_ece and pair_joint_ece; "pairs" lists the joint
+calibration of each of the --pairs most correlated attribute pairs. Formulas: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import pandas as pd
 
 import tasks  # noqa: F401  (registers the data sets)
 from mtl_cog.config.schema import check_bins
-from mtl_cog.constants import DEFAULT_BINS
+from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
+from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
 from mtl_cog.evaluation.predictions import load_predictions, save_predictions
 from mtl_cog.evaluation.scoring import score
@@ -44,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--run", type=Path, help="a run folder: re-evaluate its best checkpoint")
     parser.add_argument("--split", choices=["train", "val", "test"], default="test", help="with --run")
     parser.add_argument("--bins", type=int, nargs="+", default=None, help=f"bin counts (default {list(DEFAULT_BINS)})")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="attribute pairs scored by pair_joint_ece (default: the run's eval.joint_pairs, "
+                        f"else {DEFAULT_PAIRS}; 0 = none)")
     parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
     parser.add_argument("--posthoc", nargs="+", choices=POSTHOC_METHODS, metavar="METHOD",
                         help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
@@ -55,16 +63,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.bins is not None:
         check_bins(args.bins, "--bins")
+    if args.pairs is not None and args.pairs < 0:
+        raise UserError(f"--pairs must be >= 0. Got {args.pairs}.")
     if args.out is not None:
         check_writable(args.out, "--out")  # before the work, not after it
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
-        return run_posthoc(args.run, args.posthoc, args.bins, args.out)
+        return run_posthoc(args.run, args.posthoc, args.bins, args.out, args.pairs)
     if args.out is None:
         raise UserError("--out is required (where to write the metrics JSON).")
     if args.predictions is not None:
-        metrics = score(load_predictions(args.predictions), args.bins or list(DEFAULT_BINS))
+        pairs = DEFAULT_PAIRS if args.pairs is None else args.pairs
+        metrics = score(load_predictions(args.predictions), args.bins or list(DEFAULT_BINS), pairs)
         print(format_table(metrics))
         atomic_write_json(args.out, metrics)
         print(args.out)
@@ -77,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
     predictions = predict_split(accelerator, network, task_data.spec, task_data.splits[args.split],
                                 cfg.train.eval_batch_size)
-    metrics = score(predictions, args.bins or cfg.eval.bins)
+    metrics = score(predictions, args.bins or cfg.eval.bins, cfg.eval.joint_pairs if args.pairs is None else args.pairs)
     if accelerator.is_main_process:
         atomic_write_json(args.out, metrics)
     accelerator.print(format_table(metrics))
@@ -85,21 +96,25 @@ def main(argv: list[str] | None = None) -> dict:
     return metrics
 
 
-def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: Path | None) -> dict:
+def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: Path | None,
+                pairs: int | None = None) -> dict:
     """Fit each post-hoc method on the run's validation predictions; score it on its test predictions."""
-    bins = bins or rundir.load_run_config(run_dir).eval.bins
+    eval_cfg = rundir.load_run_config(run_dir).eval
+    bins = bins or eval_cfg.bins
+    pairs = eval_cfg.joint_pairs if pairs is None else pairs
     val = load_predictions(run_dir / rundir.predictions_file("val"))
     test = load_predictions(run_dir / rundir.predictions_file("test"))
-    results = {"none": score(test, bins)}
+    results = {"none": score(test, bins, pairs)}
     for method in track(methods, f"post-hoc calibrators of {run_dir.name}", every=1):
         calibrated = calibrate(method, val, test)
         save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
-        results[method] = score(calibrated, bins)
+        results[method] = score(calibrated, bins, pairs)
     frame = pd.concat([metrics_frame(m).assign(method=name) for name, m in results.items()], ignore_index=True)
     frame = frame[["method", *[c for c in frame.columns if c != "method"]]]
     atomic_write(run_dir / rundir.POSTHOC_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
-    summary = pd.DataFrame([{"method": name, **m["mean"]} for name, m in results.items()])
-    columns = ["method", "accuracy", "nll", "brier", *[c for c in summary.columns if c.startswith("ece@")]]
+    summary = pd.DataFrame([{"method": name, **m["mean"], **m.get("multitask", {})} for name, m in results.items()])
+    columns = ["method", "accuracy", "nll", "brier", *[c for c in summary.columns if c.startswith("ece@")], "smece",
+               *[c for c in (f"pooled_ece@{SUMMARY_BINS}", "count_ece", "pair_joint_ece") if c in summary.columns]]
     print("test metrics (mean over tasks), post-hoc calibrators fitted on validation predictions:")
     print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if out is not None:

@@ -236,9 +236,12 @@ class TrainConfig:
 class EvalConfig:
     bins: list[int] = field(default_factory=lambda: list(DEFAULT_BINS))
     selection_metric: str = "brier"  # mean over tasks on validation; lower is better
+    joint_pairs: int = 10  # k most correlated attribute pairs scored by pair_joint_ece (docs/metrics.md); 0 = none
 
     def validate(self) -> None:
         check_bins(self.bins, "eval.bins")
+        if self.joint_pairs < 0:
+            raise ConfigError(f"eval.joint_pairs must be an integer >= 0. Got {self.joint_pairs!r}.")
         if self.selection_metric not in ("brier", "nll", "accuracy"):
             raise ConfigError(
                 f"eval.selection_metric must be one of brier, nll, accuracy. Got {self.selection_metric!r}."

@@ -6,6 +6,7 @@ import numpy as np
 
 from mtl_cog.data.task_api import SplitData, TaskSpec
 from mtl_cog.evaluation.metrics import compute_metrics
+from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.predictions import Predictions
 
 
@@ -21,6 +22,7 @@ def to_predictions(spec: TaskSpec, flat_logits: np.ndarray, split: SplitData) ->
     )
 
 
-def score(predictions: Predictions, bins: list[int]) -> dict[str, dict]:
-    """{"tasks": {task: {metric: value}}, "mean": {metric: value}} (see ``mtl_cog.evaluation.metrics``)."""
-    return compute_metrics(predictions.task_names, predictions.logits, predictions.labels, bins)
+def score(predictions: Predictions, bins: list[int], pairs: int = DEFAULT_PAIRS) -> dict:
+    """{"tasks": {task: {metric: value}}, "mean": {metric: value}}, plus "multitask" (two or more tasks)
+    and "pairs" (two or more binary tasks); see ``mtl_cog.evaluation.metrics.compute_metrics``."""
+    return compute_metrics(predictions.task_names, predictions.logits, predictions.labels, bins, pairs)

@@ -11,6 +11,8 @@ computes them, so they are written here by hand:
   mean p̂ is compared with the bin's mean **p*** instead of the mean label; L1 / L2 / max norms
   over bins weighted by their share of samples, exactly like ece / rmsce / mce. It is what ECE
   estimates, without the label noise.
+- **noise-free smooth ECE** ``nf_smece``: smooth ECE (mtl_cog.evaluation.smooth_ece) with the
+  residual p̂ − p* in place of p̂ − y; the same bandwidth rule.
 - **probability error** ``prob_error``: mean |p̂ − p*| over samples (for K classes the total
   variation ½ Σ_k |p̂_k − p*_k|, which equals |p̂ − p*| for a binary task). Calibration plus
   everything binning averages away: a model can have zero calibration error and a large
@@ -25,6 +27,14 @@ computes them, so they are written here by hand:
   are their **expectations over the labels** y ~ p*(x) on the same inputs (E max_k p*_k,
   the entropy H(p*), Σ_k p*_k (1 − p*_k)): the floors without label sampling noise.
 
+For two or more tasks, ``truth_metrics`` also returns the noise-free versions of the multi-task
+metrics (mtl_cog.evaluation.multitask_metrics) under ``"multitask"``: ``nf_pooled_ece@B``,
+``nf_worst_task_ece@B``, ``nf_p90_task_ece@B`` (from the noise-free bins above), and with two or
+more binary tasks ``nf_count_ece`` (the expected count Σ p̂_t against the true expected count
+Σ p*_t) and ``nf_pair_joint_ece`` (p̂_a p̂_b against p*_a p*_b, on the same pairs as
+``pair_joint_ece``). p*_a p*_b is the true joint probability where the labels are drawn
+independently given the input, as in ``synthetic`` (each y_t ~ Bernoulli(p_t(u)) given the latent u).
+
 Conventions follow mtl_cog/metrics.py: a binary task has one logit z and p̂ = sigmoid(z), p* is
 P(y = 1 | x) with shape (N,), calibration is of the positive-class probability; a K-class task
 has (N, K) logits and (N, K) p*, calibration is of the top-label confidence, compared with p* of
@@ -35,11 +45,13 @@ Multi-task figures are unweighted means over tasks.
 from __future__ import annotations
 
 import numpy as np
-import torch
 from scipy.special import expit, log_softmax, softmax
 
 from mtl_cog.errors import TruthError
-from mtl_cog.evaluation.metrics import NORMS, binned_calibration_errors
+from mtl_cog.evaluation import multitask_metrics as multitask
+from mtl_cog.evaluation.binning import CLAMP, bin_sums, binned_calibration_errors, uniform_bin_index
+from mtl_cog.evaluation.metrics import NORMS
+from mtl_cog.evaluation.smooth_ece import smooth_ece
 
 FLOOR_METRICS = ("bayes_accuracy", "bayes_nll", "bayes_brier", "bayes_accuracy_exp", "bayes_nll_exp",
                  "bayes_brier_exp")
@@ -48,7 +60,7 @@ _LOG_EPS = 1e-12  # p* may be exactly 0 or 1 in float32; 0 * log 0 is taken as 0
 
 
 def truth_metric_names(bins: list[int] | tuple[int, ...]) -> list[str]:
-    return [f"nf_{norm}@{b}" for norm in NORMS for b in bins] + list(MODEL_METRICS) + list(FLOOR_METRICS)
+    return [f"nf_{norm}@{b}" for norm in NORMS for b in bins] + ["nf_smece", *MODEL_METRICS, *FLOOR_METRICS]
 
 
 def noise_free_calibration_errors(confidence: np.ndarray, target: np.ndarray, n_bins: int) -> dict[str, float]:
@@ -58,8 +70,8 @@ def noise_free_calibration_errors(confidence: np.ndarray, target: np.ndarray, n_
     (p* for a binary task, p* of the predicted class for top-label calibration).
     """
     # The same binning as the label-based errors (metrics.py), with p* in place of the 0/1 outcome.
-    conf = torch.as_tensor(np.asarray(confidence, dtype=np.float64)).reshape(-1, 1)
-    hit = torch.as_tensor(np.asarray(target, dtype=np.float64)).reshape(-1, 1)
+    conf = np.asarray(confidence, dtype=np.float64).reshape(-1, 1)
+    hit = np.asarray(target, dtype=np.float64).reshape(-1, 1)
     return {norm: float(value[0]) for norm, value in binned_calibration_errors(conf, hit, n_bins).items()}
 
 
@@ -81,6 +93,12 @@ def _as_class_probs(logits: np.ndarray, true_probs: np.ndarray, task: str) -> tu
 def task_truth_metrics(logits: np.ndarray, true_probs: np.ndarray, labels: np.ndarray,
                        bins: list[int] | tuple[int, ...], task: str = "task") -> dict[str, float]:
     """Every truth metric of one task (names from ``truth_metric_names(bins)``)."""
+    return _task_truth(logits, true_probs, labels, bins, task)[0]
+
+
+def _task_truth(logits: np.ndarray, true_probs: np.ndarray, labels: np.ndarray, bins: list[int] | tuple[int, ...],
+                task: str) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+    """-> (the task's truth metrics, its calibration confidence (N,), the true probability of that event (N,))."""
     p, log_p, p_true = _as_class_probs(logits, true_probs, task)
     if np.any(p_true < -1e-6) or np.any(p_true > 1 + 1e-6) or not np.allclose(p_true.sum(1), 1, atol=1e-4):
         raise TruthError(f"task {task!r}: true_probs must be probabilities (in [0, 1], summing to 1 over classes).")
@@ -99,6 +117,7 @@ def task_truth_metrics(logits: np.ndarray, true_probs: np.ndarray, labels: np.nd
     for b in bins:
         for norm, value in noise_free_calibration_errors(confidence, target, b).items():
             out[f"nf_{norm}@{b}"] = value
+    out["nf_smece"] = float(smooth_ece(np.clip(confidence, CLAMP, 1 - CLAMP)[None], target[None])[0][0])
     log_true = np.log(np.clip(p_true, _LOG_EPS, 1.0))
     out["prob_error"] = float(0.5 * np.abs(p - p_true).sum(1).mean())
     out["kl_true"] = float((p_true * (log_true - log_p)).sum(1).mean())
@@ -109,13 +128,31 @@ def task_truth_metrics(logits: np.ndarray, true_probs: np.ndarray, labels: np.nd
     out["bayes_accuracy_exp"] = float(p_true.max(1).mean())
     out["bayes_nll_exp"] = float(-(p_true * log_true).sum(1).mean())
     out["bayes_brier_exp"] = float((p_true * (1 - p_true)).sum(1).mean())
-    return out
+    return out, confidence, target
 
 
 def truth_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],
-                  true_probs: list[np.ndarray], bins: list[int] | tuple[int, ...]) -> dict[str, dict]:
-    """{"tasks": {task: {metric: value}}, "mean": {metric: value}}, the layout of ``compute_metrics``."""
-    per_task = {name: task_truth_metrics(z, pt, y, bins, name)
-                for name, z, y, pt in zip(task_names, logits, labels, true_probs)}
+                  true_probs: list[np.ndarray], bins: list[int] | tuple[int, ...],
+                  pairs: int = multitask.DEFAULT_PAIRS) -> dict[str, dict]:
+    """{"tasks": {task: {metric: value}}, "mean": {metric: value}}, the layout of ``compute_metrics``,
+    plus the noise-free multi-task metrics under "multitask" for two or more tasks (module docstring)."""
+    results = [_task_truth(z, pt, y, bins, name) for name, z, y, pt in zip(task_names, logits, labels, true_probs)]
+    per_task = {name: result[0] for name, result in zip(task_names, results)}
     names = truth_metric_names(bins)
-    return {"tasks": per_task, "mean": {m: float(np.mean([per_task[t][m] for t in task_names])) for m in names}}
+    out: dict = {"tasks": per_task,
+                 "mean": {m: float(np.mean([per_task[t][m] for t in task_names])) for m in names}}
+    if len(task_names) < 2:
+        return out
+    pooled = {}
+    for b in bins:  # the noise-free bins of every task added together
+        rows = [np.clip(confidence, CLAMP, 1 - CLAMP)[None] for _, confidence, _ in results]
+        pooled[b] = np.sum([bin_sums(row, target[None], uniform_bin_index(row, b), b)[0]
+                            for row, (_, _, target) in zip(rows, results)], axis=0)
+    out["multitask"] = multitask.task_spread(per_task, pooled, bins, prefix="nf_")
+    binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
+    if len(binary) >= 2:
+        probs = expit(np.stack([logits[t] for t in binary]).astype(np.float64))
+        truth = np.stack([true_probs[t] for t in binary]).astype(np.float64)
+        observed = np.stack([labels[t] for t in binary]).astype(np.float64)
+        out["multitask"].update(multitask.noise_free_joint_metrics(probs, truth, observed, pairs))
+    return out

@@ -7,7 +7,11 @@
   non-dominated methods highlighted;
 - per-task ECE as small multiples (one bar row per method, tasks in the same order, shared
   axis), which stays readable at 40 attributes and any number of methods;
-- calibration error against the number of bins (the paper's App. C.3: rankings move with bins).
+- calibration error against the number of bins (the paper's App. C.3: rankings move with bins);
+- smoothed reliability diagrams (relplot's kernel regression at the smooth-ECE bandwidth, the
+  diagram that goes with ``smece``), count-calibration curves (expected vs actual number of
+  positive attributes per image, mtl_cog.evaluation.multitask_metrics) and the calibration-drift
+  figure of ``scripts/calibration_drift.py`` (ECE next to sharpness and margins over epochs).
 
 Binary tasks plot the positive-class probability against the label frequency, multi-class tasks
 the top-label confidence against accuracy (the conventions of mtl_cog/metrics.py).
@@ -24,11 +28,14 @@ matplotlib.use("Agg")  # before pyplot: files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import relplot  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from scipy.special import expit, softmax  # noqa: E402
 
-from mtl_cog.constants import SUMMARY_BINS
+from mtl_cog.constants import SUMMARY_BINS  # noqa: E402
 from mtl_cog.evaluation.metrics import CLAMP  # noqa: E402
+from mtl_cog.evaluation.multitask_metrics import count_calibration  # noqa: E402
 from mtl_cog.evaluation.predictions import Predictions  # noqa: E402
 from mtl_cog.io import atomic_write  # noqa: E402
 
@@ -403,6 +410,150 @@ def truth_figure(summary: pd.DataFrame, dataset: str, bins: int = 15) -> Figure:
     ax.set_title(f"{dataset}: label-based vs true calibration error (test, task mean, mean ± std over seeds)")
     ax.legend(fontsize=9)
     ax.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------
+# Smoothed reliability diagrams, count calibration
+
+
+def smooth_reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, title: str = "", small: bool = False) -> float:
+    """relplot's smoothed reliability curve E[y | f] at the smooth-ECE bandwidth, the density of f below. -> smECE.
+
+    ``relplot.prepare_rel_diagram`` computes curve, density and smECE (no bootstrap band: it costs
+    hundreds of refits); we draw it ourselves because ``relplot.plot_rel_diagram`` restyles
+    matplotlib globally.
+    """
+    diagram = relplot.prepare_rel_diagram(np.clip(prob, CLAMP, 1 - CLAMP), outcome, plot_confidence_band=False,
+                                          report_CE_std=False)
+    mesh, density = diagram["mesh"], diagram["density"]
+    ax.fill_between(mesh, 0, 0.25 * density / density.max(), color="0.8", lw=0, label="density of predictions")
+    ax.plot([0, 1], [0, 1], ls="--", color="0.3", lw=1, label="perfect calibration")
+    ax.plot(mesh, diagram["mu"], color="#c44e52", lw=1.6 if small else 2.2, label="smoothed E[outcome | prediction]")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_aspect("equal")
+    label = f"smECE {diagram['ce']:.3f} (σ {diagram['sigma']:.3f})"
+    ax.set_title(f"{title}\n{label}" if title else label, fontsize=8 if small else 10)
+    ax.tick_params(labelsize=7 if small else 9)
+    return float(diagram["ce"])
+
+
+def smooth_reliability_figure(predictions: list[Predictions], title: str) -> Figure:
+    """Like ``reliability_figure``, with smoothed curves: a panel per task plus all tasks pooled."""
+    names = predictions[0].task_names
+    suffix = f"{len(predictions)} seeds pooled" if len(predictions) > 1 else "1 run"
+    panels = len(names) + 1 if len(names) > 1 else 1
+    cols = _grid_columns(panels)
+    rows = int(np.ceil(panels / cols))
+    size = (4.6, 4.8) if panels == 1 else (1.9 * cols, 2.1 * rows + 0.9)
+    figure, axes = plt.subplots(rows, cols, figsize=size, squeeze=False)
+    flat = axes.reshape(-1)
+    prob, outcome, _, binary = _pool(predictions, None)
+    if panels == 1:
+        smooth_reliability_panel(flat[0], prob, outcome, f"{title}: {names[0]} ({suffix})")
+    else:
+        smooth_reliability_panel(flat[0], prob, outcome, "ALL TASKS POOLED", small=True)
+        flat[0].title.set_fontweight("bold")
+        for t, name in enumerate(names):
+            prob, outcome, _, _ = _pool(predictions, t)
+            smooth_reliability_panel(flat[t + 1], prob, outcome, name, small=True)
+    for ax in flat[panels:]:
+        ax.axis("off")
+    xlabel, ylabel = _axis_labels(binary)
+    figure.supxlabel(xlabel)
+    figure.supylabel(ylabel)
+    handles, labels = flat[0].get_legend_handles_labels()
+    figure.suptitle(f"Smoothed reliability: {title} ({suffix}, test set)", fontsize=13, y=1.0)
+    figure.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9, frameon=False,
+                  bbox_to_anchor=(0.5, 0.985))
+    figure.tight_layout(rect=(0.02, 0.02, 1, 0.94 if panels == 1 else 0.965))
+    return figure
+
+
+def count_calibration_figure(predictions: list[Predictions], title: str) -> Figure | None:
+    """Expected number of positive attributes Σ_t p_t per image against the actual count (binary tasks).
+
+    Top: mean actual count per integer bin of the expected count (and the mean true expected count
+    Σ_t p*_t where known); bottom: images per bin. None with fewer than two binary tasks.
+    """
+    binary = [t for t, z in enumerate(predictions[0].logits) if np.ndim(z) == 1]
+    if len(binary) < 2:
+        return None
+    probs = np.concatenate([expit(np.stack([p.logits[t] for t in binary]).astype(np.float64)) for p in predictions], 1)
+    labels = np.concatenate([np.stack([p.labels[t] for t in binary]) for p in predictions], 1).astype(np.float64)
+    curve = count_calibration(probs.sum(0), labels.sum(0), len(binary))
+    filled = curve.samples > 0
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(5.6, 6.2), sharex=True, height_ratios=(3, 1))
+    top.plot([0, len(binary)], [0, len(binary)], ls="--", color="0.3", lw=1, label="perfect count calibration")
+    top.plot(curve.mean_expected[filled], curve.mean_actual[filled], "o-", color="#4c72b0", ms=4,
+             label=f"mean actual count (count ECE {curve.ece:.3f})")
+    if all(p.true_probs is not None for p in predictions):
+        truth = np.concatenate([np.stack([p.true_probs[t] for t in binary]) for p in predictions], 1)
+        true_curve = count_calibration(probs.sum(0), truth.astype(np.float64).sum(0), len(binary))
+        top.plot(true_curve.mean_expected[filled], true_curve.mean_actual[filled], "s", color="black", ms=3,
+                 label=f"mean true expected count Σp* (noise-free {true_curve.ece:.3f})")
+    span = curve.mean_expected[filled]
+    low, high = max(0.0, span.min() - 1), min(float(len(binary)), span.max() + 1)
+    top.set_xlim(low, high)
+    top.set_ylim(low, high)
+    top.set_ylabel("actual number of positive attributes")
+    top.legend(fontsize=8, loc="upper left")
+    top.grid(alpha=0.3)
+    top.set_title(f"Count calibration: {title} ({len(binary)} binary tasks, test set)", fontsize=10)
+    bottom.bar(curve.bins[filled], curve.samples[filled], width=0.8, color="0.6")
+    bottom.set_xlabel("expected number of positive attributes Σ_t p_t (bins of width 1)")
+    bottom.set_ylabel("images")
+    figure.tight_layout()
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration drift over training
+
+
+def drift_figure(lines: list[dict], title: str, ece_key: str = f"val_ece@{SUMMARY_BINS}") -> Figure:
+    """ECE beside sharpness, margins and the fitted temperature over epochs (scripts/calibration_drift.py).
+
+    ``lines`` are the JSON lines of calibration_drift.py; panels without their keys are left out.
+    """
+    epochs = [line["epoch"] for line in lines]
+
+    def series(key: str) -> np.ndarray | None:
+        values = [line.get(key) for line in lines]
+        return None if all(v is None for v in values) else np.array([np.nan if v is None else v for v in values])
+
+    panels = [("calibration (validation)", [(ece_key, ece_key.removeprefix("val_").upper()),
+                                            ("val_smece", "smooth ECE")], "error", False),
+              ("curvature of the training NLL (fixed batch)",
+               [("ggn_top_eigenvalue", "GGN top eigenvalue"), ("ggn_trace", "GGN trace (Hutchinson)")], "", True),
+              ("signed margins of the labels (validation, all tasks pooled)",
+               [(f"val_margin_q{q:02d}", f"{q}{'st' if q == 1 else 'th'} percentile") for q in (1, 5, 50, 95, 99)],
+               "logit units", False),
+              ("post-hoc temperature fitted on validation", [("fitted_T_median", "median over tasks")], "T", False)]
+    panels = [p for p in panels if any(series(key) is not None for key, _ in p[1])]
+    figure, axes = plt.subplots(len(panels), 1, figsize=(7.5, 2.4 * len(panels) + 0.8), sharex=True, squeeze=False)
+    for ax, (name, keys, ylabel, log) in zip(axes[:, 0], panels):
+        for key, label in keys:
+            values = series(key)
+            if values is not None:
+                ax.plot(epochs, values, "o-", ms=3, label=label)
+        if log:
+            ax.set_yscale("log")
+        if name.startswith("signed margins"):
+            ax.axhline(0, color="0.3", lw=0.8, ls="--")
+        if name.startswith("post-hoc"):
+            ax.axhline(1, color="0.3", lw=0.8, ls="--")
+            ax.text(0.99, 0.95, "T > 1: overconfident, T < 1: underconfident", transform=ax.transAxes, fontsize=8,
+                    va="top", ha="right")
+        ax.set_title(name, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best", ncol=2 if len(keys) > 3 else 1)
+    axes[-1, 0].set_xlabel("epoch")
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.suptitle(title, fontsize=11)
     figure.tight_layout()
     return figure
 

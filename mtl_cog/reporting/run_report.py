@@ -6,10 +6,13 @@ this module adds what a per-epoch scalar cannot show:
 
 - ``reliability_test.png`` in the run folder: the reliability diagram of the best checkpoint on
   the test set (a panel per task plus all tasks pooled; mtl_cog/plots.py);
+- ``smooth_reliability_test.png``: the same panels as smoothed reliability curves (the diagram of
+  ``smece``), and ``count_calibration_test.png`` with two or more binary tasks: the expected
+  against the actual number of positive attributes per image;
 - ``test_truth_metrics.csv`` in the run folder when the data set knows p* (mtl_cog.evaluation.truth);
 - on W&B (through the Accelerate tracker, main process only): ``test/per_task_metrics`` as a
   ``wandb.Table`` (one row per task + mean, every metric, truth metrics where known) and
-  ``test/reliability`` as a ``wandb.Image``.
+  ``test/reliability``, ``test/smooth_reliability``, ``test/count_calibration`` as ``wandb.Image``.
 
 Nothing here can stop a finished training run: a W&B failure becomes a warning.
 """
@@ -17,7 +20,7 @@ Nothing here can stop a finished training run: a W&B failure becomes a warning.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -32,8 +35,8 @@ from mtl_cog.reporting import plots
 from mtl_cog.runs import rundir
 
 
-def write_report_files(run_dir: Path, n_bins: int = SUMMARY_BINS) -> tuple[pd.DataFrame, Path]:
-    """Reliability PNG (and truth metrics where known) into the run folder -> (per-task table, PNG path)."""
+def write_report_files(run_dir: Path, n_bins: int = SUMMARY_BINS) -> tuple[pd.DataFrame, Path, dict[str, Path]]:
+    """Reliability PNGs (and truth metrics where known) into the run folder -> (per-task table, PNG, other PNGs)."""
     predictions = load_predictions(run_dir / rundir.predictions_file("test"))
     table = pd.read_csv(run_dir / rundir.TEST_METRICS)
     if predictions.true_probs is not None:
@@ -43,19 +46,28 @@ def write_report_files(run_dir: Path, n_bins: int = SUMMARY_BINS) -> tuple[pd.Da
         atomic_write(run_dir / rundir.TRUTH_METRICS, lambda tmp: truth.to_csv(tmp, index=False))
         table = table.merge(truth, on="task", how="left")
     figure = plots.reliability_figure([predictions], run_dir.name, n_bins)
-    return table, plots.save_figure(figure, run_dir / rundir.RELIABILITY_PNG)
+    png = plots.save_figure(figure, run_dir / rundir.RELIABILITY_PNG)
+    extra = {"smooth_reliability": plots.save_figure(plots.smooth_reliability_figure([predictions], run_dir.name),
+                                                     run_dir / rundir.SMOOTH_RELIABILITY_PNG)}
+    counts = plots.count_calibration_figure([predictions], run_dir.name)
+    if counts is not None:
+        extra["count_calibration"] = plots.save_figure(counts, run_dir / rundir.COUNT_CALIBRATION_PNG)
+    return table, png, extra
 
 
-def wandb_payload(table: pd.DataFrame, png: Path) -> dict:
+def wandb_payload(table: pd.DataFrame, png: Path, extra: dict[str, Path] | None = None) -> dict:
     import wandb
 
-    return {"test/per_task_metrics": wandb.Table(dataframe=table), "test/reliability": wandb.Image(str(png))}
+    payload = {"test/per_task_metrics": wandb.Table(dataframe=table), "test/reliability": wandb.Image(str(png))}
+    payload.update({f"test/{name}": wandb.Image(str(path)) for name, path in (extra or {}).items()})
+    return payload
 
 
 @dataclass
 class RunReport:
     table: pd.DataFrame  # one row per task + mean, every metric (truth metrics where known)
     png: Path  # the reliability diagram
+    extra: dict[str, Path] = field(default_factory=dict)  # smoothed reliability, count calibration
 
 
 def write_run_report(run_dir: Path, n_bins: int = SUMMARY_BINS) -> RunReport | None:
@@ -74,6 +86,6 @@ def publish_final_report(accelerator: Accelerator, report: RunReport | None, tra
     if not tracking_enabled or "wandb" not in {t.name for t in accelerator.trackers}:
         return
     try:
-        accelerator.get_tracker("wandb", unwrap=True).log(wandb_payload(report.table, report.png))
+        accelerator.get_tracker("wandb", unwrap=True).log(wandb_payload(report.table, report.png, report.extra))
     except Exception as err:  # noqa: BLE001  (network, auth, service errors: never fatal)
         warnings.warn(f"W&B could not take the final report ({err}); it is in the run folder.", stacklevel=2)

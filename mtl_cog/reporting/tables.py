@@ -38,7 +38,16 @@ from scipy.stats import rankdata
 from mtl_cog.config.loader import load_yaml
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.errors import ConfigError, ReportError
-from mtl_cog.evaluation.metrics import BASE_METRICS, NORMS, compute_metrics, lower_is_better
+from mtl_cog.evaluation.metrics import (
+    BASE_METRICS,
+    BINNED_FAMILIES,
+    NORMS,
+    compute_metrics,
+    lower_is_better,
+    metrics_frame,
+    only_some_tasks,
+)
+from mtl_cog.evaluation.multitask_metrics import is_multitask_metric
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.progress import track
@@ -147,16 +156,25 @@ def _read_metrics_csv(path: Path, expected_tasks: list[str] | None = None) -> pd
 
 
 def _check_complete_run_metrics(path: Path, frame: pd.DataFrame, expected_tasks: list[str]) -> None:
-    """A run's test_metrics.csv: one row per task of its task_spec.json, whose mean is its ``mean`` row."""
+    """A run's test_metrics.csv: one row per task of its task_spec.json, whose mean is its ``mean`` row.
+
+    Multi-task metrics (``is_multitask_metric``) are one value in the ``mean`` row; a metric only
+    some tasks have (``classwise_ece@B``) is empty on the other rows and averaged over the rest.
+    """
     tasks = [str(t) for t in frame["task"] if t != "mean"]
     numeric = frame.drop(columns=["task"]).select_dtypes("number")
+    is_mean = (frame["task"] == "mean").to_numpy()
+    per_task = numeric[[c for c in numeric.columns if not is_multitask_metric(c)]]
+    task_rows, mean_row = per_task[~is_mean], per_task[is_mean]
+    every_task = [c for c in per_task.columns if not only_some_tasks(c)]
+    multitask = [c for c in numeric.columns if is_multitask_metric(c)]
     problem = None
     if sorted(tasks) != sorted(expected_tasks) or "mean" not in set(frame["task"]):
         problem = f"it has rows for {len(tasks)} of the run's {len(expected_tasks)} tasks (and the mean)"
-    elif numeric.isna().any(axis=None):
+    elif (per_task[every_task].isna().any(axis=None) or numeric.loc[is_mean, multitask].isna().any(axis=None)
+          or (mean_row.iloc[0].isna() != task_rows.isna().all()).any()):  # a partial metric: a mean iff some task
         problem = "it has empty cells"
-    elif not np.allclose(numeric[frame["task"] == "mean"].iloc[0], numeric[frame["task"] != "mean"].mean(),
-                         rtol=1e-6, atol=1e-9):
+    elif not np.allclose(mean_row.iloc[0], task_rows.mean(), rtol=1e-6, atol=1e-9, equal_nan=True):
         problem = "its mean row is not the mean of its task rows"
     if problem:
         raise ReportError(f"{path} is incomplete or damaged: {problem}. Re-create it with scripts/evaluate.py "
@@ -300,8 +318,8 @@ def score_variant(variant: Variant, bins: list[int]) -> pd.DataFrame:
         for task in scores["tasks"]:
             scores["tasks"][task].update(truth["tasks"][task])
         scores["mean"].update(truth["mean"])
-    rows = [{"task": task, **values} for task, values in scores["tasks"].items()]
-    return pd.DataFrame([*rows, {"task": "mean", **scores["mean"]}])
+        scores.setdefault("multitask", {}).update(truth.get("multitask", {}))
+    return metrics_frame(scores)  # the multi-task metrics are columns of the "mean" row
 
 
 def score_runs(records: list[RunRecord], bins: list[int]) -> pd.DataFrame:
@@ -367,7 +385,10 @@ def summary_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 def calibration_error_table(scores: pd.DataFrame) -> pd.DataFrame:
-    """Long table: data set, method, norm (ece/rmsce/mce, and nf_* where known), bins, mean, std, rank.
+    """Long table: data set, method, norm, bins, mean, std, rank.
+
+    ``norm`` is every binned error family (ece, rmsce, mce, adaece, classwise_ece, the multi-task
+    pooled_ece, worst_task_ece, p90_task_ece, and their nf_* noise-free versions where known).
 
     ``rank`` orders the data set's methods for that norm and bin count (1 = lowest error), so a
     reader sees how rankings move with the number of bins (paper, App. C.3).
@@ -376,7 +397,7 @@ def calibration_error_table(scores: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for column in metric_columns(scores):
         norm, _, bins = column.partition("@")
-        if not bins or norm not in (*NORMS, *(f"nf_{n}" for n in NORMS)) or task_mean[column].isna().all():
+        if not bins or norm.removeprefix("nf_") not in BINNED_FAMILIES or task_mean[column].isna().all():
             continue
         for (dataset, method), group in task_mean.groupby(["dataset", "method"], sort=False):
             values = group[column].dropna()

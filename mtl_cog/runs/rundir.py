@@ -33,6 +33,10 @@ STATE = "training_state.safetensors"  # everything needed to resume (mtl_cog.run
 PARAMS = "parameters.json"  # parameter counts per part and the leader
 TASK_SPEC = "task_spec.json"  # the data set's spec (tasks, classes, normalisation): predicting needs no data
 RELIABILITY_PNG = "reliability_test.png"  # end-of-run reliability diagram (mtl_cog.reporting.run_report)
+SMOOTH_RELIABILITY_PNG = "smooth_reliability_test.png"  # the smoothed (smooth-ECE) reliability diagram
+COUNT_CALIBRATION_PNG = "count_calibration_test.png"  # expected vs actual positive attributes (>= 2 binary tasks)
+DRIFT_JSONL = "calibration_drift.jsonl"  # scripts/calibration_drift.py: one line per reported epoch
+DRIFT_PNG = "calibration_drift.png"  # its figure: ECE, sharpness and margins over epochs
 TRUTH_METRICS = "test_truth_metrics.csv"  # noise-free metrics, where the data set knows p*
 DONE = "DONE"  # written last: its presence marks a finished run
 RESUMES = "resumes.jsonl"  # one line per --resume that changed settings: when, which keys, old -> new
@@ -77,7 +81,8 @@ def written_by_a_run(name: str) -> bool:
     """Whether a file or folder called ``name`` inside a run folder is one that runs write."""
     fixed = {CONFIG, METRICS, TEST_METRICS, BEST_MODEL, STATE, PARAMS, TASK_SPEC, RELIABILITY_PNG, TRUTH_METRICS,
              DONE, STAGE_ONE_MODEL, STAGE_TWO_METRICS, STAGE_TWO_PARAMS, STAGE_TWO_STATE, POSTHOC_METRICS,
-             POSTHOC_JSON, RESUMES, RUN_MARKER, LOCK, WANDB_ID, WANDB_DIR}
+             POSTHOC_JSON, RESUMES, RUN_MARKER, LOCK, WANDB_ID, WANDB_DIR, SMOOTH_RELIABILITY_PNG,
+             COUNT_CALIBRATION_PNG, DRIFT_JSONL, DRIFT_PNG}
     return (name in fixed or (name.startswith("predictions_") and name.endswith(".npz"))
             or is_temp_file_name(name))  # left by a killed atomic write
 

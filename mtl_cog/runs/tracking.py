@@ -105,10 +105,17 @@ def log_with(tracking: str) -> list[str] | None:
     return ["wandb"]
 
 
-def flatten_metrics(split: str, metrics: dict[str, dict]) -> dict[str, float]:
-    """{"tasks": {t: {m: v}}, "mean": {m: v}} -> {"t/split/m": v, "mean/split/m": v}."""
+def flatten_metrics(split: str, metrics: dict) -> dict[str, float]:
+    """{"tasks": {t: {m: v}}, "mean": {m: v}, "multitask": {m: v}, "pairs": [...]} -> W&B keys.
+
+    ``t/split/m`` and ``mean/split/m`` per task and task mean, ``multitask/split/m`` for the
+    data-set-level metrics and ``pairs/split/<a>&<b>`` for each attribute pair's joint error
+    (mtl_cog.evaluation.multitask_metrics); each prefix is its own W&B section.
+    """
     flat = {f"{task}/{split}/{m}": v for task, values in metrics["tasks"].items() for m, v in values.items()}
     flat.update({f"mean/{split}/{m}": v for m, v in metrics["mean"].items()})
+    flat.update({f"multitask/{split}/{m}": v for m, v in metrics.get("multitask", {}).items()})
+    flat.update({f"pairs/{split}/{p['a']}&{p['b']}": p["joint_ece"] for p in metrics.get("pairs", [])})
     return flat
 
 

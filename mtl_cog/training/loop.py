@@ -218,14 +218,14 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     results = {}
     for split_name, split in (("val", val), ("test", test)):
         predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
-        results[split_name] = score(predictions, cfg.eval.bins)
+        results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
     # The best network's numbers: one value per key, in the W&B run summary (never a one-point
     # chart at an invented step); metrics.jsonl keeps its final line.
     tracker.log_final(
         {"epoch": cfg.train.epochs + 1, "final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
-         "calibrator_at_identity": calibrator_at_identity},
+         "test_multitask": results["test"].get("multitask", {}), "calibrator_at_identity": calibrator_at_identity},
         {**flatten_metrics("val", results["val"]), **flatten_metrics("test", results["test"]),
          "best_epoch": best_epoch, "calibrator_at_identity": calibrator_at_identity},
     )
@@ -281,7 +281,7 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
             save_every=train_cfg.save_every_steps, on_save=lambda within, epoch=epoch: save_state(epoch, within),
         )
         predictions = predict_split(accelerator, stage.network, spec, val, train_cfg.eval_batch_size)
-        val_metrics = score(predictions, eval_cfg.bins)
+        val_metrics = score(predictions, eval_cfg.bins, eval_cfg.joint_pairs)
         improved = is_better(stage.selection_metric, val_metrics["mean"][stage.selection_metric], best)
         if improved:
             best, best_epoch = val_metrics["mean"][stage.selection_metric], epoch
@@ -342,6 +342,8 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
         if calibrator is not None:
             record["calibrator"] = {"summary": calibrator.summary, "tasks": calibrator.by_task}
         record["val_tasks"] = val_metrics["tasks"]
+        record["val_multitask"] = val_metrics.get("multitask", {})
+        record["val_pairs"] = val_metrics.get("pairs", [])
         tracker.log_epoch(epoch, record, wandb_row(record))
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
     else:
@@ -359,8 +361,10 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
 
 def wandb_row(record: dict) -> dict[str, float]:
     """The W&B history row of one stage-one ``metrics.jsonl`` line: the same row live and on ``--resume``."""
+    val = {"tasks": record.get("val_tasks", {}), "mean": record["val"], "multitask": record.get("val_multitask", {}),
+           "pairs": record.get("val_pairs", [])}
     row = {"train/loss": record["train_loss"], **{f"lr/{k}": v for k, v in record["lr"].items()},
-           **flatten_metrics("val", {"tasks": record.get("val_tasks", {}), "mean": record["val"]})}
+           **flatten_metrics("val", val)}
     if "calibrator" in record:
         row.update(CalibratorRecord(record["calibrator"]["tasks"], record["calibrator"]["summary"]).wandb_values())
     return row
