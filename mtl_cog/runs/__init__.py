@@ -1,0 +1,1 @@
+"""Run folders: file names and checks, checkpoints, resumable state, tracking, finished runs."""
