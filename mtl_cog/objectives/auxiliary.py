@@ -16,5 +16,9 @@ class WithAuxiliaryLoss(nn.Module):
         super().__init__()
         self.objective, self.heads, self.weight = objective, heads, weight
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.objective(logits, labels) + self.weight * self.heads.auxiliary_loss()
+    @property
+    def needs_features(self) -> bool:
+        return getattr(self.objective, "needs_features", False)
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
+        return self.objective(logits, labels, **inputs) + self.weight * self.heads.auxiliary_loss()

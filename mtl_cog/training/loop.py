@@ -146,7 +146,7 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         f"data {spec.dataset}: {spec.num_tasks} task(s), train/val/test = {len(train)}/{len(val)}/{len(test)}"
     )
     objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
+    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # + the loss's own parameters
     scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
     prepared, optimizer = accelerator.prepare(network, optimizer)
     if accelerator.is_main_process:  # only now: bad data or a bad model name leave no half-made run folder
@@ -209,7 +209,8 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
 
 def restore_stage(accelerator: Accelerator, stage: Stage) -> state.Progress:
     """The stage's last saved state loaded into its model, optimiser and scheduler (fresh if none)."""
-    return state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler, accelerator.is_main_process)
+    return state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler, accelerator.is_main_process,
+                             objective=stage.objective)
 
 
 def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, spec: TaskSpec, train: SplitData,
@@ -231,7 +232,7 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
         if accelerator.is_main_process:
             lines = state.count_lines(stage.files.metrics)
             state.save_training_state(stage.files.state, stage.model, stage.optimizer, stage.scheduler,
-                                      state.Progress(next_epoch, within, best, best_epoch, lines))
+                                      state.Progress(next_epoch, within, best, best_epoch, lines), stage.objective)
 
     for epoch in range(progress.epoch, stage.epochs + 1):
         lrs = learning_rates(stage.optimizer)
