@@ -64,9 +64,22 @@ class LipschitzConv2d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x) / self.unfold_factor
 
+    def evaluated_weight(self) -> torch.Tensor:
+        """The normalised weight the layer uses in evaluation, without a power-iteration step.
+
+        Reading ``conv.weight`` in training mode would run one power iteration and so change the
+        network; the parametrisation is switched to evaluation for the read."""
+        normaliser = self.conv.parametrizations.weight[0]
+        was_training = normaliser.training
+        normaliser.eval()
+        try:
+            return self.conv.weight.detach()
+        finally:
+            normaliser.train(was_training)
+
     def lipschitz_constant(self) -> torch.Tensor:
         """Exact ||W_mat||_2 of the normalised weight (times sqrt(kh kw) / sqrt(kh kw))."""
-        return torch.linalg.matrix_norm(self.conv.weight.detach().double().flatten(1), ord=2)
+        return torch.linalg.matrix_norm(self.evaluated_weight().double().flatten(1), ord=2)
 
 
 class LipschitzCNN(nn.Module):

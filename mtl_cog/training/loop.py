@@ -33,8 +33,10 @@ from mtl_cog.data.task_api import SplitData, TaskSpec
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
+from mtl_cog.evaluation.robustness import add_certified_accuracy
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import append_jsonl, atomic_write, atomic_write_json, atomic_write_text
+from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
@@ -179,9 +181,13 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         prepared = run_second_stage(accelerator, cfg, model, objective, spec, train, val, run_dir, hooks)
 
     results = {}
+    lipschitz = network_lipschitz(accelerator.unwrap_model(prepared))  # LiST networks only; None otherwise
     for split_name, split in (("val", val), ("test", test)):
         predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
         results[split_name] = score(predictions, cfg.eval.bins)
+        if lipschitz is not None:  # certified robust accuracy from the logit margins and the bound
+            add_certified_accuracy(results[split_name], predictions, lipschitz.numpy(), cfg.method.certify_eps,
+                                   spec.std)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
     tracker.log_epoch(
