@@ -136,12 +136,13 @@ class FeatureModulatedLabelSmoothing(PerTaskLoss):
         def binary(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             r = self.smoothing(gate_sign(self.binary_gates(z.detach())), indicator)
             ce = F.binary_cross_entropy_with_logits(z, y, reduction="none")
-            return ((1 - r) * ce + r * self.binary_regulariser(z)).mean(0)
+            # (1 - r) CE + r reg, written so that r = 0 is cross-entropy to the last bit
+            return ce.mean(0) + (r * (self.binary_regulariser(z) - ce)).mean(0)
 
         def multiclass(z: torch.Tensor, y: torch.Tensor, task: int) -> torch.Tensor:
             r = self.smoothing(gate_sign(self.multiclass_gates[str(task)](z.detach())), indicator)
             ce = F.cross_entropy(z, y, reduction="none")
-            return ((1 - r) * ce + r * self.multiclass_regulariser(z)).mean()
+            return F.cross_entropy(z, y) + (r * (self.multiclass_regulariser(z) - ce)).mean()
 
         return self.per_task(logits, labels, binary, multiclass)
 
