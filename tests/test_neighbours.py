@@ -247,6 +247,35 @@ def test_margin_ce_shifts_the_true_logit():
     assert torch.equal(no_margin, build_objective(LAYOUT, MethodConfig(loss="ce"))(logits, labels))
 
 
+# ------------------------------------------------------------------------ binary tasks on [0, z]
+
+
+@pytest.mark.parametrize("loss", ["mbls", "margin_ce"])
+def test_binary_loss_is_the_two_class_loss_on_zero_and_z(loss):
+    objective = build_objective(LAYOUT, MethodConfig(loss=loss, mbls_margin=1.5, list_margin=0.7))
+    z, y = torch.randn(32, 3) * 4, torch.randint(0, 2, (32, 3))
+    binary = objective.binary_loss(z, y.float())
+    two_class = torch.stack([objective.multiclass_loss(torch.stack([torch.zeros(32), z[:, t]], 1), y[:, t])
+                             for t in range(3)])
+    assert torch.allclose(binary, two_class, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["fedlas", "fedlas_mbls"])
+def test_fedlas_binary_regulariser_is_the_two_class_one(loss):
+    objective = build_objective(LAYOUT, MethodConfig(loss=loss, mbls_margin=1.5))
+    z = torch.randn(32, 3) * 4
+    two_class = torch.stack([objective.multiclass_regulariser(torch.stack([torch.zeros(32), z[:, t]], 1))
+                             for t in range(3)], 1)
+    assert torch.allclose(objective.binary_regulariser(z), two_class, atol=1e-6)
+
+
+def test_binary_signed_margin_is_the_two_class_margin():
+    z, y = torch.randn(32, 1) * 4, torch.randint(0, 2, (32, 1))
+    two_class = torch.stack([torch.zeros(32), z[:, 0]], 1)
+    expected = two_class.gather(1, y) - two_class.gather(1, 1 - y)
+    assert torch.allclose(signed_margins(z, y, LogitLayout((2,))), expected)
+
+
 # ------------------------------------------------------------------------------------ hostile input
 
 

@@ -84,8 +84,8 @@ def _predictions(network, images, seed):
     with torch.no_grad():
         flat = network(_to_float(images)).numpy() * 3  # saved logits, over-confident
     binary, multi = LAYOUT.split(flat)
-    return Predictions(["bin", "multi"], [binary + rng.normal(0, 2, len(binary)), multi + rng.normal(0, 2, multi.shape)],
-                       [rng.integers(0, 2, len(images)), rng.integers(0, 4, len(images))])
+    logits = [binary + rng.normal(0, 2, len(binary)), multi + rng.normal(0, 2, multi.shape)]
+    return Predictions(["bin", "multi"], logits, [rng.integers(0, 2, len(images)), rng.integers(0, 4, len(images))])
 
 
 def test_with_perfect_stability_the_fit_is_temperature_scaling():

@@ -217,12 +217,14 @@ class LipschitzScale(nn.Module):
     Registered twice. ``lipschitz_scale``: L is a parameter, trained by gradient (``cog_list``: the
     Stackelberg leader at ``optim.leader_lr``). ``list``: L is not trained by gradient; after each
     validation it moves toward the value at which the network is calibrated (``on_validation_end``).
+    Built from a layout alone it is the identity (L = 1), as every calibrator; a run starts from
+    ``method.list_init`` (``from_method``), since a 1-Lipschitz map's logits are small.
     """
 
     requires_lipschitz = True  # build_network refuses a backbone or head without a Lipschitz bound
     learned = True
 
-    def __init__(self, layout: LogitLayout, init: float = 10.0, rate: float = 0.5) -> None:
+    def __init__(self, layout: LogitLayout, init: float = 1.0, rate: float = 0.5) -> None:
         super().__init__()
         self.layout, self.init, self.rate = layout, float(init), float(rate)
         log_l = torch.full((layout.num_tasks,), math.log(init))
