@@ -1,0 +1,90 @@
+"""LiST's calibrated accuracy-robustness front: accuracy, certified accuracy and ECE over the loss margin.
+
+    python scripts/sweep.py --config configs/digits/list.yaml --grid method.list_margin=0,1,2,4 seed=0,1,2
+    python scripts/list_front.py RUN_DIR_OR_PARENT [...] --out REPORT_DIR [--eps 0.1412] [--ece ece@15]
+
+Reads every finished LiST run folder below the given paths (runs whose ``test_metrics.csv`` has
+certified robust accuracy, i.e. a Lipschitz network: ``list``, ``cog_list``), groups them by data
+set, method and ``method.list_margin``, averages the test metrics (mean row) over seeds and writes
+``REPORT_DIR/list_front.csv`` and ``REPORT_DIR/list_front_<dataset>.png``
+(``mtl_cog.reporting.plots.lipschitz_front_figure``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from mtl_cog.errors import ReportError, UserError, run_cli
+from mtl_cog.evaluation.robustness import metric_name
+from mtl_cog.io import atomic_write
+from mtl_cog.reporting import plots
+from mtl_cog.runs import rundir
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders, or folders that hold run folders")
+    parser.add_argument("--out", type=Path, required=True, help="report folder (created)")
+    parser.add_argument("--eps", type=float, default=36 / 255, help="radius of the certified accuracy shown")
+    parser.add_argument("--ece", default="ece@15", help="calibration error shown (a test_metrics.csv column)")
+    return parser.parse_args(argv)
+
+
+def lipschitz_runs(paths: list[Path]) -> list[Path]:
+    found = []
+    for path in paths:
+        if not path.exists():
+            raise UserError(f"{path} does not exist.")
+        candidates = [path] if (path / rundir.CONFIG).is_file() else sorted(p.parent for p in path.rglob(rundir.CONFIG))
+        found += [run for run in candidates if (run / rundir.DONE).is_file() and (run / rundir.TEST_METRICS).is_file()]
+    return found
+
+
+def front_table(runs: list[Path], certified: str, ece: str) -> pd.DataFrame:
+    """One row per (dataset, method, margin): mean and std over seeds of accuracy, ``certified``, ``ece``."""
+    rows = []
+    for run in runs:
+        metrics = pd.read_csv(run / rundir.TEST_METRICS)
+        if certified not in metrics.columns:
+            continue  # not a Lipschitz network, or certified at other radii
+        if ece not in metrics.columns:
+            raise ReportError(f"{run / rundir.TEST_METRICS} has no column {ece!r}; choose --ece among "
+                              f"{', '.join(c for c in metrics.columns if c.startswith('ece@'))}.")
+        cfg = rundir.load_run_config(run)
+        mean = metrics[metrics["task"] == "mean"].iloc[0]
+        rows.append({"dataset": cfg.data.task, "method": cfg.method.name, "margin": cfg.method.list_margin,
+                     "seed": cfg.seed, "accuracy": mean["accuracy"], certified: mean[certified], ece: mean[ece]})
+    if not rows:
+        raise ReportError(f"no finished run with {certified} (a LiST run certified at that radius) was found; "
+                          "train some with configs/<dataset>/list.yaml, or pick --eps among method.certify_eps.")
+    frame = pd.DataFrame(rows)
+    grouped = frame.groupby(["dataset", "method", "margin"])
+    out = grouped[["accuracy", certified, ece]].mean()
+    std = grouped[["accuracy", certified, ece]].std(ddof=1).fillna(0.0).add_suffix("_std")
+    return out.join(std).join(grouped.size().rename("n_seeds")).reset_index()
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    if args.eps <= 0:
+        raise UserError(f"--eps must be a positive radius. Got {args.eps}.")
+    certified = metric_name(args.eps)
+    table = front_table(lipschitz_runs(args.runs), certified, args.ece)
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.out / "list_front.csv", lambda tmp: table.to_csv(tmp, index=False))
+    for dataset, rows in table.groupby("dataset"):
+        figure = plots.lipschitz_front_figure(rows, str(dataset), certified, args.ece)
+        print(plots.save_figure(figure, args.out / f"list_front_{dataset}.png"))
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    return args.out
+
+
+def cli() -> None:
+    run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()
