@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from mtl_cog.cli import train
-from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, load_config
+from mtl_cog.config import Config, MethodConfig, ModelConfig, OptimConfig, load_config
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import CheckpointError, ConfigError
 from mtl_cog.evaluation.predictions import load_predictions
@@ -22,7 +22,7 @@ from mtl_cog.objectives.margin import MarginAwareLoss, signed_margins
 from mtl_cog.objectives.mbls import binary_margin_penalty, multiclass_margin_penalty
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as resume
-from mtl_cog.training import fit
+from mtl_cog.training import fit, resume_settings
 from mtl_cog.training.loop import EpochEnd, Hooks
 from mtl_cog.training.optim import OBJECTIVE_GROUP, build_optimizer, build_scheduler
 from mtl_cog.training.step import batch_loss
@@ -165,6 +165,18 @@ def test_fedlas_gate_gets_a_straight_through_gradient_and_its_own_group():
     assert {id(p) for p in groups[OBJECTIVE_GROUP]["params"]} == {id(p) for p in objective.parameters()}
     batch_loss(network, objective, *_batch()).backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in objective.parameters())
+
+
+def test_a_follower_rate_changed_on_resume_reaches_the_gate():
+    method = MethodConfig(loss="fedlas", leader=["heads"])
+    network = build_network(ModelConfig(backbone="cog_cnn_tiny"), method, LAYOUT)
+    optimizer = build_optimizer(network, method.leader, OptimConfig(follower_lr=1e-3, leader_lr=1e-4),
+                                build_objective(LAYOUT, method))
+    scheduler = build_scheduler(optimizer, OptimConfig())
+    old, new = Config(method=method), Config(method=method, optim=OptimConfig(follower_lr=5e-4, leader_lr=1e-4))
+    resume_settings.apply_to_optimizer(new, resume_settings.changed_settings(old, new), optimizer, scheduler)
+    assert {g["name"]: g["lr"] for g in optimizer.param_groups} == {"follower": 5e-4, "leader": 1e-4,
+                                                                    OBJECTIVE_GROUP: 5e-4}
 
 
 # --------------------------------------------------------------------------- margin-aware objective
