@@ -31,10 +31,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from mtl_cog.runs import rundir
-from mtl_cog.runs.checkpoint import load_weights, read_metadata, save_model
 from mtl_cog.errors import CheckpointError
 from mtl_cog.io import atomic_write, atomic_write_text
+from mtl_cog.runs import rundir
+from mtl_cog.runs.checkpoint import load_weights, read_metadata, save_model
 
 FORMAT = "mtl_cog.training_state.v1"
 
