@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from mtl_cog.cli import evaluate, train
+from mtl_cog.cli import evaluate, list_front, train
 from mtl_cog.config import MethodConfig, ModelConfig
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import ConfigError
@@ -163,3 +163,8 @@ def test_a_list_run_reports_certified_accuracy_and_takes_stability_scaling(tmp_p
     assert (run / rundir.posthoc_predictions_file("test", "stability")).is_file()
     # post hoc does not change the predicted classes
     assert results["stability"]["mean"]["accuracy"] == results["none"]["mean"]["accuracy"]
+    # the front: certified accuracy recomputed at any radius from the predictions and the bound
+    out = list_front.main([str(run.parent), "--out", str(tmp_path / "front"), "--eps", str(36 / 255)])
+    front = pd.read_csv(out / "list_front.csv")
+    assert front[metric_name(36 / 255)].iloc[0] == pytest.approx(frame[cert[0]].iloc[-1])  # = the run's own figure
+    assert (out / "list_front_synthetic.png").stat().st_size > 0

@@ -3,9 +3,10 @@
     python scripts/sweep.py --config configs/digits/list.yaml --grid method.list_margin=0,1,2,4 seed=0,1,2
     python scripts/list_front.py RUN_DIR_OR_PARENT [...] --out REPORT_DIR [--eps 0.1412] [--ece ece@15]
 
-Reads every finished LiST run folder below the given paths (runs whose ``test_metrics.csv`` has
-certified robust accuracy, i.e. a Lipschitz network: ``list``, ``cog_list``), groups them by data
-set, method and ``method.list_margin``, averages the test metrics (mean row) over seeds and writes
+Reads every finished run of a Lipschitz network below the given paths (``list``, ``cog_list``),
+computes its certified robust accuracy at ``--eps`` (pixel-scale l2 radius) from its test
+predictions and its network's bound (``mtl_cog.evaluation.robustness``), groups the runs by data
+set, method and ``method.list_margin``, averages over seeds (test mean over tasks) and writes
 ``REPORT_DIR/list_front.csv`` and ``REPORT_DIR/list_front_<dataset>.png``
 (``mtl_cog.reporting.plots.lipschitz_front_figure``).
 """
@@ -18,17 +19,21 @@ from pathlib import Path
 import pandas as pd
 
 from mtl_cog.errors import ReportError, UserError, run_cli
-from mtl_cog.evaluation.robustness import metric_name
+from mtl_cog.evaluation.predictions import load_predictions
+from mtl_cog.evaluation.robustness import add_certified_accuracy, metric_name
 from mtl_cog.io import atomic_write
+from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.reporting import plots
 from mtl_cog.runs import rundir
+from mtl_cog.runs.trained import load_run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders, or folders that hold run folders")
     parser.add_argument("--out", type=Path, required=True, help="report folder (created)")
-    parser.add_argument("--eps", type=float, default=36 / 255, help="radius of the certified accuracy shown")
+    parser.add_argument("--eps", type=float, default=36 / 255,
+                        help="l2 radius (pixels in [0, 1]) of the certified accuracy shown (default 36/255)")
     parser.add_argument("--ece", default="ece@15", help="calibration error shown (a test_metrics.csv column)")
     return parser.parse_args(argv)
 
@@ -43,23 +48,29 @@ def lipschitz_runs(paths: list[Path]) -> list[Path]:
     return found
 
 
-def front_table(runs: list[Path], certified: str, ece: str) -> pd.DataFrame:
-    """One row per (dataset, method, margin): mean and std over seeds of accuracy, ``certified``, ``ece``."""
-    rows = []
+def front_table(runs: list[Path], eps: float, ece: str) -> pd.DataFrame:
+    """One row per (dataset, method, margin): mean and std over seeds of accuracy, certified accuracy at
+    ``eps`` (from the run's test predictions and its network's Lipschitz bound) and ``ece``."""
+    certified, rows = metric_name(eps), []
     for run in runs:
+        trained = load_run(run)
+        lipschitz = network_lipschitz(trained.network)
+        if lipschitz is None:
+            continue  # not a Lipschitz network
         metrics = pd.read_csv(run / rundir.TEST_METRICS)
-        if certified not in metrics.columns:
-            continue  # not a Lipschitz network, or certified at other radii
         if ece not in metrics.columns:
             raise ReportError(f"{run / rundir.TEST_METRICS} has no column {ece!r}; choose --ece among "
                               f"{', '.join(c for c in metrics.columns if c.startswith('ece@'))}.")
-        cfg = rundir.load_run_config(run)
-        mean = metrics[metrics["task"] == "mean"].iloc[0]
+        predictions = load_predictions(run / rundir.predictions_file("test"))
+        scored = {"tasks": {t: {} for t in predictions.task_names}, "mean": {}}
+        add_certified_accuracy(scored, predictions, lipschitz.numpy(), [eps], trained.spec.std)
+        cfg, mean = trained.config, metrics[metrics["task"] == "mean"].iloc[0]
         rows.append({"dataset": cfg.data.task, "method": cfg.method.name, "margin": cfg.method.list_margin,
-                     "seed": cfg.seed, "accuracy": mean["accuracy"], certified: mean[certified], ece: mean[ece]})
+                     "seed": cfg.seed, "accuracy": mean["accuracy"], certified: scored["mean"][certified],
+                     ece: mean[ece]})
     if not rows:
-        raise ReportError(f"no finished run with {certified} (a LiST run certified at that radius) was found; "
-                          "train some with configs/<dataset>/list.yaml, or pick --eps among method.certify_eps.")
+        raise ReportError("no finished run of a Lipschitz network (LiST: configs/<dataset>/list.yaml or cog_list.yaml) "
+                          "was found under the given paths.")
     frame = pd.DataFrame(rows)
     grouped = frame.groupby(["dataset", "method", "margin"])
     out = grouped[["accuracy", certified, ece]].mean()
@@ -72,7 +83,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.eps <= 0:
         raise UserError(f"--eps must be a positive radius. Got {args.eps}.")
     certified = metric_name(args.eps)
-    table = front_table(lipschitz_runs(args.runs), certified, args.ece)
+    table = front_table(lipschitz_runs(args.runs), args.eps, args.ece)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "list_front.csv", lambda tmp: table.to_csv(tmp, index=False))
     for dataset, rows in table.groupby("dataset"):

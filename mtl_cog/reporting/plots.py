@@ -367,6 +367,7 @@ def lipschitz_front_figure(front: pd.DataFrame, dataset: str, certified: str, ec
     left.set_ylabel(f"certified robust accuracy ({certified}) ↑")
     left.set_title(f"{dataset}: accuracy vs certified accuracy (colour: ECE)")
     left.grid(alpha=0.3)
+    left.margins(0.15)  # room for the labels
     styles = {"accuracy": "o-", certified: "s--", ece: "^:"}
     for method, group in rows.groupby("method", sort=False):
         for column, style in styles.items():
