@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtl_cog.cli.reproduce import tiny_backbone
 from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, SyntheticConfig, load_config
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import LogitLayout
@@ -15,18 +16,24 @@ from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
 from mtl_cog.training.optim import build_optimizer, split_parameters
+from mtl_cog.training.step import batch_loss
 
 REPO = Path(__file__).resolve().parents[1]
 METHOD_FILES = sorted((REPO / "configs" / "methods").glob("*.yaml"))
 LAYOUT = LogitLayout((2, 2, 2, 10))  # three binary attributes and one 10-class task
-TINY = ["model.backbone=cog_cnn_tiny", "model.head_latent_dim=8", "two_stage.latent_dim=8", "two_stage.lr=1e-2",
-        "tracking=none"]
+TINY_OPTIONS = ["model.head_latent_dim=8", "two_stage.latent_dim=8", "two_stage.lr=1e-2", "tracking=none"]
+
+
+def tiny(path: Path) -> list[str]:
+    """The tiny counterpart of the config's backbone (a LiST network stays Lipschitz), as reproduce.py does."""
+    return [f"model.backbone={tiny_backbone(path)}", *TINY_OPTIONS]
 
 
 def test_every_documented_method_has_a_config():
     names = {p.stem for p in METHOD_FILES}
     assert names == {"baseline", "ls", "focal", "cog_fc", "cog_ts", "cog_vs", "cog_ms", "cog_tst", "cog_ls",
-                     "tst", "vtst"}
+                     "tst", "vtst", "mbls", "cog_mbls", "fedlas", "cog_fedlas", "fedlas_mbls", "margin", "cog_margin",
+                     "list", "cog_list"}
     for dataset in ("celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic"):
         for name in names:
             cfg = load_config(REPO / "configs" / dataset / f"{name}.yaml")
@@ -44,7 +51,7 @@ def _steps(network, loss_fn, optimizer, steps: int) -> list[float]:
     images, labels = _batch()
     losses = []
     for _ in range(steps):
-        loss = loss_fn(network(images), labels).mean()
+        loss = batch_loss(network, loss_fn, images, labels)  # with the backbone features for losses that need them
         assert torch.isfinite(loss), losses
         optimizer.zero_grad()
         loss.backward()
@@ -55,11 +62,11 @@ def _steps(network, loss_fn, optimizer, steps: int) -> list[float]:
 
 @pytest.mark.parametrize("path", METHOD_FILES, ids=lambda p: p.stem)
 def test_method_trains_without_nan_and_its_loss_falls(path):
-    cfg = load_config(path, TINY)
+    cfg = load_config(path, tiny(path))
     torch.manual_seed(0)
     network = build_network(cfg.model, cfg.method, LAYOUT)
     objective = build_objective(LAYOUT, cfg.method)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
+    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)
     losses = _steps(network, objective, optimizer, 12)
     assert losses[-1] < 0.97 * losses[0], losses
     if cfg.two_stage.enabled:  # stage two: a new head on the frozen backbone, its own loss term
@@ -73,7 +80,7 @@ def test_method_trains_without_nan_and_its_loss_falls(path):
 
 @pytest.mark.parametrize("path", METHOD_FILES, ids=lambda p: p.stem)
 def test_leader_group_is_exactly_the_named_modules(path):
-    cfg = load_config(path, TINY)
+    cfg = load_config(path, tiny(path))
     network = build_network(cfg.model, cfg.method, LAYOUT)
     groups = split_parameters(network, cfg.method.leader)
     leader_ids = {id(p) for name in cfg.method.leader for p in getattr(network, name).parameters()}
@@ -82,8 +89,10 @@ def test_leader_group_is_exactly_the_named_modules(path):
 
 
 def test_calibrator_parameter_counts_match_their_definitions():
-    """Temperature: 1 per task; vector: scale + bias per logit; matrix: K_t^2 + K_t per task (1+1 binary)."""
-    expected = {"identity": 0, "temperature": 4, "vector": 2 * 13, "matrix": 3 * 2 + 100 + 10}
+    """Temperature: 1 per task; vector: scale + bias per logit; matrix: K_t^2 + K_t per task (1+1 binary);
+    LiST's scale L: 1 per task, a parameter when learned by gradient (cog_list), a buffer for LiST's own update."""
+    expected = {"identity": 0, "temperature": 4, "vector": 2 * 13, "matrix": 3 * 2 + 100 + 10,
+                "lipschitz_scale": 4, "list": 0}
     assert set(expected) == set(CALIBRATORS.names())
     for name, count in expected.items():
         assert sum(p.numel() for p in CALIBRATORS.get(name)(LAYOUT).parameters()) == count, name

@@ -41,7 +41,15 @@ def test_focal_with_gamma_zero_is_ce():
 
 def test_every_loss_is_differentiable():
     logits, labels = _batch()
+    heads = torch.nn.Linear(6, LAYOUT.total)
     for name in OBJECTIVES.names():
-        z = logits.clone().requires_grad_()
-        build_objective(LAYOUT, MethodConfig(loss=name))(z, labels).mean().backward()
+        objective = build_objective(LAYOUT, MethodConfig(loss=name))
+        if objective.needs_features:  # logits computed from the features, as in the network
+            features = torch.randn(8, 6, requires_grad=True)
+            z = heads(features)
+            z.retain_grad()
+            objective(z, labels, features=features).mean().backward()
+        else:
+            z = logits.clone().requires_grad_()
+            objective(z, labels).mean().backward()
         assert torch.isfinite(z.grad).all() and z.grad.abs().sum() > 0, name

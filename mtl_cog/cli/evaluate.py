@@ -5,7 +5,9 @@
     python scripts/evaluate.py --run RUN_DIR --posthoc ts vs ms svs sms isotonic histogram
 
 With ``--posthoc``, each named calibrator is fitted (one per task) on the run's
-predictions_val.npz and applied to its predictions_test.npz, without re-running the network;
+predictions_val.npz and applied to its predictions_test.npz, without re-running the network
+(except ``stability``, which runs the run's network on perturbed validation and test images:
+mtl_cog/evaluation/stability.py; it needs the data set);
 RUN_DIR/posthoc_metrics.csv gets one row per (method, task) with method "none" for the
 uncalibrated predictions, and RUN_DIR/predictions_test_<method>.npz the calibrated predictions.
 
@@ -23,6 +25,7 @@ import argparse
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 import tasks  # noqa: F401  (registers the data sets)
 from mtl_cog.config.schema import check_bins
@@ -34,12 +37,18 @@ from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
 from mtl_cog.evaluation.predictions import load_predictions, save_predictions
+from mtl_cog.evaluation.robustness import add_certified_accuracy
 from mtl_cog.evaluation.scoring import score
+from mtl_cog.evaluation.stability import stability_calibrate
 from mtl_cog.io import atomic_write, atomic_write_json, check_writable
+from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.progress import track
 from mtl_cog.runs import rundir
-from mtl_cog.runs.trained import load_network
+from mtl_cog.runs.trained import load_network, load_run
 from mtl_cog.training.accelerator import create_accelerator
+
+# post-hoc methods that re-run the trained network (name -> fit on validation, apply to test)
+NETWORK_POSTHOC = {"stability": stability_calibrate}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,9 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="attribute pairs scored by pair_joint_ece (default: the run's eval.joint_pairs, "
                         f"else {DEFAULT_PAIRS}; 0 = none)")
     parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
-    parser.add_argument("--posthoc", nargs="+", choices=POSTHOC_METHODS, metavar="METHOD",
+    parser.add_argument("--posthoc", nargs="+", choices=(*POSTHOC_METHODS, *NETWORK_POSTHOC), metavar="METHOD",
                         help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
-                        f"test predictions ({', '.join(POSTHOC_METHODS)})")
+                        f"test predictions ({', '.join((*POSTHOC_METHODS, *NETWORK_POSTHOC))})")
     return parser.parse_args(argv)
 
 
@@ -89,6 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
     predictions = predict_split(accelerator, network, task_data.spec, task_data.splits[args.split],
                                 cfg.train.eval_batch_size)
     metrics = score(predictions, args.bins or cfg.eval.bins, cfg.eval.joint_pairs if args.pairs is None else args.pairs)
+    lipschitz = network_lipschitz(network)  # LiST networks: certified robust accuracy too
+    if lipschitz is not None:
+        add_certified_accuracy(metrics, predictions, lipschitz.numpy(), cfg.method.certify_eps, task_data.spec.std)
     if accelerator.is_main_process:
         atomic_write_json(args.out, metrics)
     accelerator.print(format_table(metrics))
@@ -105,8 +117,16 @@ def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: 
     val = load_predictions(run_dir / rundir.predictions_file("val"))
     test = load_predictions(run_dir / rundir.predictions_file("test"))
     results = {"none": score(test, bins, pairs)}
+    trained, splits = None, None
     for method in track(methods, f"post-hoc calibrators of {run_dir.name}", every=1):
-        calibrated = calibrate(method, val, test)
+        if method in NETWORK_POSTHOC:  # needs the network and the images, not only the saved logits
+            if trained is None:
+                trained = load_run(run_dir, "cuda" if torch.cuda.is_available() else "cpu")
+                splits = load_task(trained.config.data).splits
+            calibrated = NETWORK_POSTHOC[method](trained.network, trained.transform, splits["val"].images,
+                                                 splits["test"].images, val, test)
+        else:
+            calibrated = calibrate(method, val, test)
         save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
         results[method] = score(calibrated, bins, pairs)
     frame = pd.concat([metrics_frame(m).assign(method=name) for name, m in results.items()], ignore_index=True)

@@ -17,6 +17,7 @@ from mtl_cog.cli import (
     calibration_drift,
     compare,
     evaluate,
+    list_front,
     parameter_counts,
     prepare_data,
     reproduce,
@@ -35,6 +36,7 @@ COMMANDS = {
     "benchmark": benchmark,
     "parameter-counts": parameter_counts,
     "calibration-drift": calibration_drift,
+    "list-front": list_front,
 }
 
 

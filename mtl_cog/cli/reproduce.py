@@ -63,11 +63,13 @@ DATASETS = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10
 # Epochs: long enough for the tuned COG variants to settle; every report checks it per run
 # (convergence.csv, mtl_cog/reporting/trajectories.py) instead of assuming it.
 CPU_SCALE = {
-    "digits": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=50"],
-    "synthetic": ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.batch_size=64", "train.epochs=40",
+    "digits": ["data.image_size=16", "train.batch_size=64", "train.epochs=50"],
+    "synthetic": ["data.image_size=16", "train.batch_size=64", "train.epochs=40",
                   "data.synthetic.train_size=1000", "data.synthetic.val_size=200", "data.synthetic.test_size=1000"],
 }
-POSTHOC = ["ts", "ts_guo", "vs", "ms", "svs", "sms", "isotonic", "histogram"]
+# The CPU-scale backbone is the tiny counterpart of the config's: a LiST network stays Lipschitz.
+TINY_BACKBONES = {"cog_lipschitz_small": "cog_lipschitz_tiny"}  # any other backbone -> cog_cnn_tiny
+POSTHOC = ["ts", "ts_guo", "vs", "ms", "svs", "sms", "isotonic", "histogram", "stability"]
 # --protocol configs only: the head-leader methods (cog_fc, cog_ls, cog_tst) update their whole
 # classifier at the leader rate; in short CPU runs the configs' 1e-4 leaves them underconfident.
 # These rates came from a sweep of cog_fc alone, so this protocol favours those methods; the fair
@@ -147,11 +149,16 @@ def plan(datasets: list[str], methods: list[str] | None, seeds: list[int], runs_
 
 def scale_overrides(job: Job, args: argparse.Namespace) -> list[str]:
     """The scale's overrides, then the protocol's, then --epochs (the last one wins)."""
-    overrides = list(CPU_SCALE[job.dataset]) if args.scale == "cpu" else []
+    scaled = [f"model.backbone={tiny_backbone(job.config)}", *CPU_SCALE[job.dataset]]
+    overrides = scaled if args.scale == "cpu" else []
     if args.protocol == "configs" and args.scale == "cpu" and "heads" in load_config(job.config).method.leader:
         overrides += HEAD_LEADER_LRS[job.dataset]
     overrides += list(job.overrides)
     return overrides + ([f"train.epochs={args.epochs}"] if args.epochs else [])
+
+
+def tiny_backbone(config: Path) -> str:
+    return TINY_BACKBONES.get(load_config(config).model.backbone, "cog_cnn_tiny")
 
 
 def run_overrides(job: Job, args: argparse.Namespace) -> list[str]:

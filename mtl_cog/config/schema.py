@@ -158,6 +158,28 @@ class MethodConfig:
     # The method this one is paired with in reports (the COG paper's Tab. 1: cog_ts vs baseline+ts,
     # i.e. post-hoc TS on the baseline); compare.py reports the paired differences. None = no pair.
     counterpart: str | None = None
+    # Neighbouring methods (docs/neighbour_methods.md). MbLS (Liu et al., 2022), authors' defaults:
+    # CE + mbls_lambda * mean_j max(0, max_k z_k - z_j - mbls_margin); FedLAS+ reuses the margin.
+    mbls_margin: float = 10.0  # losses "mbls", "fedlas_mbls"
+    mbls_lambda: float = 0.1  # loss "mbls"
+    # FedLAS (Bahavan et al.): per-sample smoothing 2*alpha*sigmoid(beta * gate * feature-norm z-score);
+    # defaults = the authors' CIFAR-10 config (their running-statistics momentum is ``data.momentum``).
+    fedlas_alpha: float = 0.05  # losses "fedlas", "fedlas_mbls"; 0 = cross-entropy exactly
+    fedlas_beta: float = 4.0
+    fedlas_momentum: float = 0.95  # weight of the *new* batch in the feature-norm running mean/std
+    # Margin-aware objective (our reading of "calibration, curvature and margins"; loss "margin"):
+    # CE + margin_lambda * E[exp(-margin_gamma * robust margin)] + margin_mu * E[(margin slope)^2].
+    margin_lambda: float = 0.1
+    margin_gamma: float = 1.0
+    margin_rho: float = 0.1  # feature-perturbation radius, relative to the feature norm
+    margin_mu: float = 0.01
+    # LiST (Lipschitz Scaling Training): loss "margin_ce" margin (logit units), the initial Lipschitz
+    # scale L, and how far L moves toward the validation-calibrated L/T after each epoch (0 = never).
+    list_margin: float = 1.0
+    list_init: float = 10.0
+    list_rate: float = 0.5
+    # Certified robust accuracy is reported at these l2 radii (pixel scale [0, 1]) for Lipschitz networks.
+    certify_eps: list[float] = field(default_factory=lambda: [36 / 255, 72 / 255])
 
     def validate(self) -> None:
         allowed = {"heads", "calibrator"}
@@ -170,6 +192,20 @@ class MethodConfig:
             raise ConfigError(f"method.label_smoothing must be in [0, 1). Got {self.label_smoothing}.")
         if self.focal_gamma < 0:
             raise ConfigError(f"method.focal_gamma must be >= 0. Got {self.focal_gamma}.")
+        for key in ("mbls_margin", "mbls_lambda", "fedlas_beta", "margin_lambda", "margin_gamma", "margin_rho",
+                    "margin_mu", "list_margin"):
+            if not 0 <= getattr(self, key) < float("inf"):
+                raise ConfigError(f"method.{key} must be a finite number >= 0. Got {getattr(self, key)}.")
+        if not 0.0 <= self.fedlas_alpha <= 0.5:  # the residual 2*alpha*sigmoid(.) must stay below 1
+            raise ConfigError(f"method.fedlas_alpha must be in [0, 0.5]. Got {self.fedlas_alpha}.")
+        if not 0.0 < self.fedlas_momentum <= 1.0:
+            raise ConfigError(f"method.fedlas_momentum must be in (0, 1]. Got {self.fedlas_momentum}.")
+        if not 0.0 < self.list_init < float("inf"):
+            raise ConfigError(f"method.list_init (the initial Lipschitz scale L) must be > 0. Got {self.list_init}.")
+        if not 0.0 <= self.list_rate <= 1.0:
+            raise ConfigError(f"method.list_rate must be in [0, 1]. Got {self.list_rate}.")
+        if any(not 0 < eps < float("inf") for eps in self.certify_eps):
+            raise ConfigError(f"method.certify_eps must be positive radii. Got {self.certify_eps}.")
 
 
 @dataclass

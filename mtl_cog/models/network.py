@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import mtl_cog.models.backbones  # noqa: F401  (registers our small CNNs with timm)
+import mtl_cog.models.lipschitz  # noqa: F401  (registers the Lipschitz CNNs, head and LiST scales)
 from mtl_cog.config import MethodConfig, ModelConfig
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import ConfigError
@@ -139,7 +140,12 @@ def _apply_cifar_stem(backbone: nn.Module, name: str) -> None:
 
 
 class Network(nn.Module):
-    """``calibrator(heads(backbone(x)))``; returns flat calibrated logits (B, L)."""
+    """``calibrator(heads(backbone(x)))``; returns flat calibrated logits (B, L).
+
+    ``with_features=True`` returns ``(features, logits)`` with the backbone's pooled features
+    (B, D), for losses that need them (``needs_features``). It is a keyword of ``forward`` rather
+    than a second method so that it runs through a DDP wrapper's forward (gradient sync).
+    """
 
     def __init__(self, backbone: nn.Module, heads: nn.Module, calibrator: nn.Module) -> None:
         super().__init__()
@@ -147,14 +153,36 @@ class Network(nn.Module):
         self.heads = heads
         self.calibrator = calibrator
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.calibrator(self.heads(self.backbone(images)))
+    def forward(self, images: torch.Tensor, with_features: bool = False):
+        features = self.backbone(images)
+        logits = self.calibrator(self.heads(features))
+        return (features, logits) if with_features else logits
+
+    def forward_with_features(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self(images, with_features=True)
+
+
+def build_calibrator(method_cfg: MethodConfig, layout: LogitLayout) -> nn.Module:
+    """``method.calibrator`` for ``layout``; a calibrator with settings of its own (LiST's scale) reads
+    them from the method config through its ``from_method`` constructor."""
+    cls = CALIBRATORS.get(method_cfg.calibrator)
+    from_method = getattr(cls, "from_method", None)
+    return from_method(layout, method_cfg) if from_method is not None else cls(layout)
 
 
 def build_network(model_cfg: ModelConfig, method_cfg: MethodConfig, layout: LogitLayout) -> Network:
     backbone = create_backbone(model_cfg)
     heads = HEADS.get(model_cfg.head)(backbone.num_features, layout, latent_dim=model_cfg.head_latent_dim)
-    calibrator = CALIBRATORS.get(method_cfg.calibrator)(layout)
+    calibrator = build_calibrator(method_cfg, layout)
+    if getattr(calibrator, "requires_lipschitz", False):  # LiST: L only means something on a Lipschitz map
+        parts = (("model.backbone", model_cfg.backbone, backbone), ("model.head", model_cfg.head, heads))
+        for key, name, part in parts:
+            if not callable(getattr(part, "lipschitz_constant", None)):
+                raise ConfigError(
+                    f"{key}: method.calibrator={method_cfg.calibrator!r} scales a Lipschitz-constrained network, "
+                    f"but {name!r} has no Lipschitz bound. Use model.backbone=cog_lipschitz_small (or _tiny) and "
+                    "model.head=lipschitz (see docs/neighbour_methods.md)."
+                )
     return Network(backbone, heads, calibrator)
 
 

@@ -65,13 +65,20 @@ class TwoStageNetwork(nn.Module):
         self.backbone.eval()  # BatchNorm statistics and dropout of stage one stay fixed
         return self
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, with_features: bool = False):
         with torch.no_grad():
             features = self.backbone(images)
+        if with_features:  # a loss on the features (e.g. their slope) differentiates w.r.t. them, not the backbone
+            features = features.requires_grad_(self.training)
         if self.training or not getattr(self.heads, "stochastic", False):
-            return self.calibrator(self.heads(features))
-        samples = torch.stack([self.calibrator(self.heads(features)) for _ in range(self.mc_samples)])
-        return mean_probability_logits(samples, self.layout)
+            logits = self.calibrator(self.heads(features))
+        else:
+            samples = torch.stack([self.calibrator(self.heads(features)) for _ in range(self.mc_samples)])
+            logits = mean_probability_logits(samples, self.layout)
+        return (features, logits) if with_features else logits
+
+    def forward_with_features(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self(images, with_features=True)
 
 
 def attach_second_stage_head(network: Network, cfg: TwoStageConfig, layout: LogitLayout) -> TwoStageNetwork:

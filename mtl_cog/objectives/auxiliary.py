@@ -17,7 +17,14 @@ class WithAuxiliaryLoss(nn.Module):
 
     def __init__(self, objective: nn.Module, heads: nn.Module, weight: float) -> None:
         super().__init__()
-        self.objective, self.heads, self.weight = objective, heads, weight
+        self.objective, self.weight = objective, weight
+        # a bound method, not a sub-module: the heads are the network's, and the loss's own state
+        # (saved in the training state next to the network's) must not hold them a second time
+        self.auxiliary_loss = heads.auxiliary_loss
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.objective(logits, labels) + self.weight * self.heads.auxiliary_loss()
+    @property
+    def needs_features(self) -> bool:
+        return getattr(self.objective, "needs_features", False)
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
+        return self.objective(logits, labels, **inputs) + self.weight * self.auxiliary_loss()

@@ -641,5 +641,39 @@ def worst_tasks_figure(per_task: pd.DataFrame, dataset: str, metric: str = "ece@
         ax.axis("off")
     figure.supxlabel(f"{metric.upper()} (test, mean over seeds; bar: std where there are 2+ seeds)")
     figure.suptitle(f"{dataset}: the {k} worst-calibrated tasks of each method")
+# LiST: the accuracy-robustness-calibration front over the loss margin
+
+
+def lipschitz_front_figure(front: pd.DataFrame, dataset: str, certified: str, ece: str = "ece@15") -> Figure:
+    """LiST's front, one point per (method, loss margin), mean ± std over seeds.
+
+    Left: accuracy (x) against certified robust accuracy (y), the colour the ECE, each point
+    labelled with its margin. Right: accuracy, certified accuracy and ECE against the margin.
+    ``front`` has columns method, margin, accuracy, ``certified``, ``ece`` (and ``<col>_std``).
+    """
+    rows = front.sort_values(["method", "margin"]).reset_index(drop=True)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    points = left.scatter(rows["accuracy"], rows[certified], c=rows[ece], cmap="viridis_r", s=70, zorder=3,
+                          edgecolors="black")
+    for method, group in rows.groupby("method", sort=False):
+        left.plot(group["accuracy"], group[certified], "-", color="0.6", zorder=2, label=method)
+        for _, row in group.iterrows():
+            left.annotate(f"{method} m={row['margin']:g}", (row["accuracy"], row[certified]), fontsize=8,
+                          xytext=(4, 4), textcoords="offset points")
+    figure.colorbar(points, ax=left, label=f"{ece} ↓")
+    left.set_xlabel("accuracy ↑")
+    left.set_ylabel(f"certified robust accuracy ({certified}) ↑")
+    left.set_title(f"{dataset}: accuracy vs certified accuracy (colour: ECE)")
+    left.grid(alpha=0.3)
+    left.margins(0.15)  # room for the labels
+    styles = {"accuracy": "o-", certified: "s--", ece: "^:"}
+    for method, group in rows.groupby("method", sort=False):
+        for column, style in styles.items():
+            right.errorbar(group["margin"], group[column], yerr=group.get(f"{column}_std"), fmt=style, capsize=2,
+                           label=f"{method}: {column}")
+    right.set_xlabel("loss margin (method.list_margin, logit units)")
+    right.set_title(f"{dataset}: the front along the margin")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8)
     figure.tight_layout()
     return figure

@@ -98,8 +98,11 @@ def save_training_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     progress: Progress,
+    objective: torch.nn.Module | None = None,
 ) -> None:
     tensors = {f"model/{k}": v for k, v in model.state_dict().items()}
+    if objective is not None:  # a loss with parameters or running statistics (FedLAS's gate and norms)
+        tensors.update({f"objective/{k}": v for k, v in objective.state_dict().items()})
     optim_state = optimizer.state_dict()
     scalar_state: dict[str, dict[str, Any]] = {}
     for index, values in optim_state["state"].items():
@@ -141,14 +144,22 @@ def load_training_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    objective: torch.nn.Module | None = None,
 ) -> Progress:
-    """Restore model, optimiser, scheduler and RNG states from ``path``; return the progress."""
+    """Restore model, optimiser, scheduler, RNG (and the loss's own) states from ``path``; return the progress."""
     tensors, metadata = _read(path)
     try:
         if metadata.get("format") != FORMAT:
             raise KeyError(f"format {metadata.get('format')!r}, expected {FORMAT!r}")
         model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
         load_weights(path, model, model_state)
+        objective_state = {k[len("objective/"):]: v for k, v in tensors.items() if k.startswith("objective/")}
+        if objective is not None and (objective_state or objective.state_dict()):
+            try:
+                objective.load_state_dict(objective_state)
+            except RuntimeError as err:
+                raise CheckpointError(f"{path}: the loss's saved state does not fit this run's loss "
+                                      f"(was method.loss changed?): {err}") from None
         state: dict[int, dict[str, Any]] = {}
         for name, value in tensors.items():
             if name.startswith("optimizer/"):
@@ -244,6 +255,7 @@ def restore_run(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     is_main_process: bool = True,
+    objective: torch.nn.Module | None = None,
 ) -> Progress:
     """Load a stage's last state (a fresh ``Progress`` if it has none) and make its files agree with it.
 
@@ -253,7 +265,7 @@ def restore_run(
     if not isinstance(files, StageFiles):
         files = StageFiles.stage_one(Path(files))
     path = files.state
-    progress = load_training_state(path, model, optimizer, scheduler) if path.exists() else Progress()
+    progress = load_training_state(path, model, optimizer, scheduler, objective) if path.exists() else Progress()
     if is_main_process:
         _truncate_lines(files.metrics, progress.metrics_lines)
         best_path = files.best_model

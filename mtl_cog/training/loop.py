@@ -36,8 +36,10 @@ from mtl_cog.errors import RunFolderError, UserError
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
+from mtl_cog.evaluation.robustness import add_certified_accuracy
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import append_jsonl, atomic_write, atomic_write_json, atomic_write_text
+from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
@@ -176,7 +178,7 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         f"data {spec.dataset}: {spec.num_tasks} task(s), train/val/test = {len(train)}/{len(val)}/{len(test)}"
     )
     objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
+    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # + the loss's own parameters
     scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
     prepared, optimizer = accelerator.prepare(network, optimizer)
     if resume_dir is None:  # only now: bad data or a bad model name leave no half-made run folder
@@ -216,9 +218,13 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         selected = f"stage one epoch {best_epoch}, stage-two head epoch {head_epoch} by validation nll"
 
     results = {}
+    lipschitz = network_lipschitz(accelerator.unwrap_model(prepared))  # LiST networks only; None otherwise
     for split_name, split in (("val", val), ("test", test)):
         predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
         results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs)
+        if lipschitz is not None:  # certified robust accuracy from the logit margins and the bound
+            add_certified_accuracy(results[split_name], predictions, lipschitz.numpy(), cfg.method.certify_eps,
+                                   spec.std)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
     # The best network's numbers: one value per key, in the W&B run summary (never a one-point
@@ -248,7 +254,8 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
 
 def restore_stage(accelerator: Accelerator, stage: Stage) -> state.Progress:
     """The stage's last saved state loaded into its model, optimiser and scheduler (fresh if none)."""
-    return state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler, accelerator.is_main_process)
+    return state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler, accelerator.is_main_process,
+                             objective=stage.objective)
 
 
 def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, spec: TaskSpec, train: SplitData,
@@ -270,7 +277,7 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
         if accelerator.is_main_process:
             lines = state.count_lines(stage.files.metrics)
             state.save_training_state(stage.files.state, stage.model, stage.optimizer, stage.scheduler,
-                                      state.Progress(next_epoch, within, best, best_epoch, lines))
+                                      state.Progress(next_epoch, within, best, best_epoch, lines), stage.objective)
 
     for epoch in range(progress.epoch, stage.epochs + 1):
         lrs = learning_rates(stage.optimizer)

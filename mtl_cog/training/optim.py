@@ -4,6 +4,13 @@ COG (paper Sec. 3) updates both groups from the same gradient of the same loss, 
 step; the only difference is the learning rate: theta_f -= lr_f * grad_f, theta_c -= lr_c * grad_c
 with lr_c < lr_f. Ownership is by module name (``method.leader``): every trainable parameter
 lands in exactly one group, which ``tests/test_optim.py`` checks for every method.
+
+A loss with parameters of its own (FedLAS's over/under-confidence gate) gets a third group,
+``objective``, at the *follower* rate: the gate decides how much each training target is
+smoothed, i.e. it shapes the follower's loss rather than calibrating the output; the FedLAS
+authors train it with the network's optimiser and learning rate, and keeping it there makes
+``fedlas`` and ``cog_fedlas`` differ only in COG's leader. Its own group keeps it visible
+(learning rates, training state) and lets the step average its gradients over processes.
 """
 
 from __future__ import annotations
@@ -28,12 +35,19 @@ def split_parameters(network: nn.Module, leader_modules: list[str]) -> dict[str,
     return groups
 
 
-def build_optimizer(network: nn.Module, leader_modules: list[str], cfg: OptimConfig) -> torch.optim.Optimizer:
-    """Adam with named groups; an empty leader group is left out (standard training)."""
+OBJECTIVE_GROUP = "objective"
+
+
+def build_optimizer(network: nn.Module, leader_modules: list[str], cfg: OptimConfig,
+                    objective: nn.Module | None = None) -> torch.optim.Optimizer:
+    """Adam with named groups; an empty leader or objective group is left out (standard training)."""
     groups = split_parameters(network, leader_modules)
     param_groups = [{"name": "follower", "params": groups["follower"], "lr": cfg.follower_lr}]
     if groups["leader"]:
         param_groups.append({"name": "leader", "params": groups["leader"], "lr": cfg.leader_lr})
+    own = [p for p in objective.parameters() if p.requires_grad] if objective is not None else []
+    if own:
+        param_groups.append({"name": OBJECTIVE_GROUP, "params": own, "lr": cfg.follower_lr})
     return torch.optim.Adam(param_groups, weight_decay=cfg.weight_decay)
 
 

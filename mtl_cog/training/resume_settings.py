@@ -64,8 +64,10 @@ def check_changes(changes: dict[str, tuple[object, object]], next_epoch: int | N
 def apply_to_optimizer(cfg: Config, changes: dict[str, tuple[object, object]], optimizer: torch.optim.Optimizer,
                        scheduler: torch.optim.lr_scheduler.StepLR) -> None:
     """Make the restored optimiser and schedule follow the new ``cfg.optim`` (see the module docstring)."""
-    configured = {"follower": cfg.optim.follower_lr, "leader": cfg.optim.leader_lr}
-    changed_rates = {"follower": "optim.follower_lr" in changes, "leader": "optim.leader_lr" in changes}
+    # the loss's own parameters (group "objective", e.g. FedLAS's gate) train at the follower rate
+    configured = {"follower": cfg.optim.follower_lr, "leader": cfg.optim.leader_lr, "objective": cfg.optim.follower_lr}
+    changed_rates = {"follower": "optim.follower_lr" in changes, "leader": "optim.leader_lr" in changes,
+                     "objective": "optim.follower_lr" in changes}
     for group in optimizer.param_groups:
         name = group.get("name")
         if changed_rates.get(name):

@@ -18,11 +18,18 @@ from mtl_cog.data.batches import BatchTransform, train_batch_indices
 from mtl_cog.data.task_api import SplitData
 from mtl_cog.errors import NonFiniteLossError
 from mtl_cog.runs.training_state import EpochProgress
+from mtl_cog.training.optim import OBJECTIVE_GROUP
 
 
 def batch_loss(network: torch.nn.Module, objective: torch.nn.Module, images: torch.Tensor,
                labels: torch.Tensor) -> torch.Tensor:
-    """The scalar training loss of one batch: the mean of the per-task losses (equal task weights)."""
+    """The scalar training loss of one batch: the mean of the per-task losses (equal task weights).
+
+    A loss that declares ``needs_features`` also receives the backbone's pooled features.
+    """
+    if getattr(objective, "needs_features", False):
+        features, logits = network(images, with_features=True)
+        return objective(logits, labels, features=features).mean()
     return objective(network(images), labels).mean()
 
 
@@ -30,10 +37,18 @@ def apply_update(accelerator: Accelerator, optimizer: torch.optim.Optimizer, los
     """One backward pass and one optimiser step for both parameter groups (leader and follower).
 
     Leader and follower are two parameter groups of the same optimiser, so COG costs exactly
-    what standard training costs (paper Sec. 3).
+    what standard training costs (paper Sec. 3). Parameters owned by the loss (group
+    ``objective``, e.g. FedLAS's gate) are not inside the DDP-wrapped network, so their gradients
+    are averaged over processes here, as DDP does for the network's.
     """
     optimizer.zero_grad(set_to_none=True)
     accelerator.backward(loss)
+    if accelerator.num_processes > 1:
+        for group in optimizer.param_groups:
+            if group.get("name") == OBJECTIVE_GROUP:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        param.grad = accelerator.reduce(param.grad, reduction="mean")
     optimizer.step()
 
 
