@@ -478,5 +478,5 @@ def test_pretrained_weights_offline_are_one_error_line(tmp_path, capsys, monkeyp
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets (read at import)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # an empty cache
     err = user_error("train_mtl", tiny(tmp_path, "model.backbone=resnet18", "model.pretrained=true"), capsys)
-    assert err.startswith("error: model.pretrained=true: the pretrained weights of 'resnet18' could not be loaded")
+    assert err.startswith("error: model.pretrained=true: the pretrained weights of 'resnet18' could not be fetched")
     assert "set model.pretrained=false" in err and not (tmp_path / "runs").exists()

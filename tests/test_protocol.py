@@ -242,7 +242,7 @@ def test_train_dry_run_writes_nothing(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train.main(["--config", str(REPO / "configs" / "synthetic" / "cog_ts.yaml"), "--dry-run", "train.epochs=7"])
     text = capsys.readouterr().out
-    assert "train 7 epochs" in text and "data sizes train/val/test 1,000/1,000/2,000" in text
+    assert "train 7 epochs" in text and "data sizes train/val/test 1,000/200/2,000" in text
     assert "estimated time:" in text and "nothing written" in text
     assert list(tmp_path.iterdir()) == []
 

@@ -51,7 +51,7 @@ from mtl_cog.runs.checkpoint import load_model
 from mtl_cog.runs.tracking import Tracker
 from mtl_cog.runs.training_state import StageFiles, count_lines
 from mtl_cog.training.accelerator import create_accelerator
-from mtl_cog.training.loop import Hooks, Stage, run_second_stage, run_stage
+from mtl_cog.training.loop import Hooks, Stage, restore_stage, run_second_stage, run_stage
 from mtl_cog.training.optim import build_optimizer, build_scheduler
 from mtl_cog.training.speed import apply_speed_options
 
@@ -93,7 +93,7 @@ def train_stage_one(accelerator: Accelerator, cfg: Config, task_data: TaskData, 
     set_seed(cfg.seed)  # the same initial backbone for every method
     network = apply_speed_options(build_network(cfg.model, cfg.method, spec.layout), cfg.train)
     objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
+    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)
     scheduler = build_scheduler(optimizer, cfg.optim)
     prepared, optimizer = accelerator.prepare(network, optimizer)
     model = accelerator.unwrap_model(prepared)
@@ -101,7 +101,8 @@ def train_stage_one(accelerator: Accelerator, cfg: Config, task_data: TaskData, 
     tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict())
     stage = Stage("stage_one", prepared, model, objective, optimizer, scheduler, cfg.train.epochs, cfg.seed,
                   cfg.eval.selection_metric, StageFiles.stage_one(run_dir))
-    run_stage(accelerator, stage, spec, train, val, cfg.train, cfg.eval, tracker, Hooks())
+    run_stage(accelerator, stage, restore_stage(accelerator, stage), spec, train, val, cfg.train, cfg.eval, tracker,
+              Hooks())
     load_model(stage.files.best_model, model)
     return StageOne(prepared, model, objective)
 

@@ -126,9 +126,9 @@ def build_trainee(accelerator: Accelerator, cfg: Config, layout: LogitLayout, se
     """Network, objective and optimiser of ``cfg`` as ``fit`` builds them; the same initial backbone per seed."""
     torch.manual_seed(seed)
     network = apply_speed_options(build_network(cfg.model, cfg.method, layout), cfg.train)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
-    network, optimizer = accelerator.prepare(network, optimizer)
     objective = build_objective(layout, cfg.method).to(accelerator.device)
+    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # as fit: + the loss's parameters
+    network, optimizer = accelerator.prepare(network, optimizer)
     return Trainee(accelerator, network, objective, optimizer)
 
 
