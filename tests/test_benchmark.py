@@ -19,6 +19,7 @@ from mtl_cog.benchmarks.common import CELEBA_SPLITS, NUM_TASKS, Workload, method
 from mtl_cog.benchmarks.epoch_check import bf16_peak
 from mtl_cog.cli import benchmark
 from mtl_cog.cli.paths import CONFIGS
+from mtl_cog.config import load_config
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import ConfigError
 from mtl_cog.models.network import build_network
@@ -59,12 +60,14 @@ def test_quick_benchmark_writes_every_figure(tmp_path, capsys):
     cpu = result["cpu_seconds"]  # the same parts in CPU seconds (on the CPU)
     assert result["calibrated_model_cpu_time_ratio"] == pytest.approx(
         cpu["cog_fc"] / (cpu["baseline"] + cpu["posthoc_ts"] + cpu["tst_second_stage"]))
-    # TST's second stage is the registered mlp head (Z = 64 from configs/methods/tst.yaml) on the frozen backbone
+    # TST's second stage is the registered mlp head (Z from configs/methods/tst.yaml, the authors' 10) on the
+    # frozen backbone
     tst = result["tst_second_stage"]
-    assert tst["head"] == "MLPHeads" and tst["registry_name"] == "mlp" and tst["latent_dim"] == 64
+    z = load_config(METHODS_DIR / "tst.yaml").two_stage.latent_dim
+    assert tst["head"] == "MLPHeads" and tst["registry_name"] == "mlp" and tst["latent_dim"] == z == 10
     cfg = method_config(METHODS_DIR, "baseline", TINY)
     features = build_network(cfg.model, cfg.method, LogitLayout((2,) * NUM_TASKS)).backbone.num_features
-    expected = _mlp_head_parameters(NUM_TASKS, features, 64)
+    expected = _mlp_head_parameters(NUM_TASKS, features, z)
     assert tst["trainable_parameters"] == {"backbone": 0, "heads": expected, "calibrator": 0, "total": expected}
     assert tst["epochs_run"] == 1 and result["setup"]["tasks"] == NUM_TASKS
     table = capsys.readouterr().out

@@ -215,7 +215,9 @@ def test_paper_grid_dry_run_lists_every_run_and_sums_the_estimates(capsys, tmp_p
     monkeypatch.chdir(tmp_path)
     reproduce.main(["--scale", "paper", "--dry-run", "--out", "out"])
     text = capsys.readouterr().out
-    assert "final: 132 runs" in text and "celeba: 11 methods × 3 seeds" in text
+    methods = {d: len(list((REPO / "configs" / d).glob("*.yaml"))) for d in ("celeba", "svhn", "cifar10", "cifar100")}
+    assert f"final: {3 * sum(methods.values())} runs" in text
+    assert f"celeba: {methods['celeba']} methods × 3 seeds" in text
     total = 0.0
     for dataset in ("celeba", "svhn", "cifar10", "cifar100"):
         for config in sorted((REPO / "configs" / dataset).glob("*.yaml")):

@@ -149,8 +149,8 @@ def plan(datasets: list[str], methods: list[str] | None, seeds: list[int], runs_
 
 def scale_overrides(job: Job, args: argparse.Namespace) -> list[str]:
     """The scale's overrides, then the protocol's, then --epochs (the last one wins)."""
-    scaled = [f"model.backbone={tiny_backbone(job.config)}", *CPU_SCALE[job.dataset]]
-    overrides = scaled if args.scale == "cpu" else []
+    cpu = args.scale == "cpu"
+    overrides = [f"model.backbone={tiny_backbone(job.config)}", *CPU_SCALE[job.dataset]] if cpu else []
     if args.protocol == "configs" and args.scale == "cpu" and "heads" in load_config(job.config).method.leader:
         overrides += HEAD_LEADER_LRS[job.dataset]
     overrides += list(job.overrides)

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtl_cog.constants import DEFAULT_BINS
+from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.errors import ConfigError
 
 # Adam (the optimiser of every method) moves each weight by about lr per step: above this a run can
@@ -276,6 +276,9 @@ class EvalConfig:
 
     def validate(self) -> None:
         check_bins(self.bins, "eval.bins")
+        if SUMMARY_BINS not in self.bins:  # the console line, summaries and figures show ECE at this bin count
+            raise ConfigError(f"eval.bins must include {SUMMARY_BINS} (the bin count every summary reports). "
+                              f"Got {self.bins}; add {SUMMARY_BINS}.")
         if self.joint_pairs < 0:
             raise ConfigError(f"eval.joint_pairs must be an integer >= 0. Got {self.joint_pairs!r}.")
         if self.selection_metric not in ("brier", "nll", "accuracy"):

@@ -124,7 +124,8 @@ def pretrained_weights_error(cfg: ModelConfig, err: Exception) -> str:
         f"On a machine with internet run: python -c \"import timm; timm.create_model('{cfg.backbone}', "
         "pretrained=True, cache_dir='timm_weights')\", copy timm_weights/ to this machine and add "
         "model.timm_kwargs.cache_dir=/path/to/timm_weights (with HF_HUB_OFFLINE=1 nothing is tried online); "
-        "or point at a weights file: model.timm_kwargs.pretrained_cfg_overlay.file=/path/to/weights.safetensors."
+        "or point at a weights file: model.timm_kwargs.pretrained_cfg_overlay.file=/path/to/weights.safetensors; "
+        "or set model.pretrained=false."
     )
 
 

@@ -641,6 +641,10 @@ def worst_tasks_figure(per_task: pd.DataFrame, dataset: str, metric: str = "ece@
         ax.axis("off")
     figure.supxlabel(f"{metric.upper()} (test, mean over seeds; bar: std where there are 2+ seeds)")
     figure.suptitle(f"{dataset}: the {k} worst-calibrated tasks of each method")
+    figure.tight_layout()
+    return figure
+
+
 # LiST: the accuracy-robustness-calibration front over the loss margin
 
 
