@@ -1,4 +1,5 @@
 import os
+import subprocess
 
 import pytest
 
@@ -32,3 +33,20 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(reset_partial_state=True)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder no write can go into: chmod for normal users; root ignores modes, so a read-only tmpfs."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("running as root without permission to mount a read-only tmpfs")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)

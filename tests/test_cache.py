@@ -437,17 +437,11 @@ def test_valid_cache_is_read_without_lock_or_writes(tmp_path, monkeypatch):
             path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_missing_cache_in_read_only_folder_names_it(tmp_path):
+def test_missing_cache_in_read_only_folder_names_it(tmp_path, read_only_folder):
     write_celeba(tmp_path, n=10)
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o555)
-    try:
-        with pytest.raises(CacheError) as info:
-            load_task(celeba_cfg(tmp_path, cache_dir=str(shared)))
-    finally:
-        shared.chmod(0o755)
+    shared = read_only_folder  # chmod 555, or (as root, who ignores modes) a read-only tmpfs
+    with pytest.raises(CacheError) as info:
+        load_task(celeba_cfg(tmp_path, cache_dir=str(shared)))
     assert str(shared) in str(info.value) and "first use" in str(info.value)
 
 

@@ -243,23 +243,6 @@ def test_a_non_main_process_still_reports_an_error_only_it_hit(monkeypatch, caps
 # ------------------------------------------------------------------------------ storage
 
 
-@pytest.fixture
-def read_only_folder(tmp_path):
-    """A folder no write can go into: chmod for normal users; root ignores modes, so a read-only tmpfs."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        yield folder
-        folder.chmod(0o755)
-        return
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("running as root without permission to mount a read-only tmpfs")
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
-
-
 def test_read_only_output_dir_and_out(read_only_folder, tmp_path, capsys):
     err = user_error("train_mtl", tiny(tmp_path, f"output_dir={read_only_folder / 'runs'}"), capsys)
     assert f"output_dir {read_only_folder / 'runs'}: {read_only_folder} is not writable" in err

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -66,7 +67,6 @@ def _saved_progress(run: Path) -> resume.Progress | None:
 
 def _start_and_kill(run: Path, when, launcher: list[str] = TRAIN, extra: tuple[str, ...] = ()) -> resume.Progress:
     """Start a run, SIGKILL it (and every process it started) as soon as its saved state satisfies ``when``."""
-    psutil = pytest.importorskip("psutil")  # installed with wandb
     proc = subprocess.Popen([*launcher, *RUN, *extra, f"output_dir={run.parent}", f"run_name={run.name}"], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     try:

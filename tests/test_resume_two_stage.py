@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from mtl_cog.errors import CheckpointError
@@ -37,7 +38,6 @@ def _stage_two_progress(run: Path) -> state.Progress | None:
 
 @pytest.mark.slow
 def test_kill_in_stage_two_then_resume_equals_uninterrupted_run(tmp_path):
-    psutil = pytest.importorskip("psutil")
     reference, killed = tmp_path / "ref", tmp_path / "killed"
     subprocess.run([*RUN, f"output_dir={tmp_path}", "run_name=ref"], cwd=REPO, env=ENV, check=True,
                    capture_output=True, timeout=600)

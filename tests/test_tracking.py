@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 from wandb_offline import offline_runs
 
@@ -185,7 +186,6 @@ def test_a_celeba_shaped_run_puts_final_metrics_in_the_summary_and_keeps_per_att
 
 
 def _kill_when(proc: subprocess.Popen, ready) -> None:
-    psutil = pytest.importorskip("psutil")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         if ready():
