@@ -151,6 +151,43 @@ def _grid_columns(panels: int) -> int:
     return min(range(4, 9), key=lambda c: (-(-panels // c) * c - panels, -c))
 
 
+def _panel_grid(panels: int, row_height: float, single_size: tuple[float, float] = (4.6, 5.6)):
+    """A grid of ``panels`` axes (unused cells hidden) -> (figure, flat axes, columns)."""
+    cols = _grid_columns(panels)
+    rows = int(np.ceil(panels / cols))
+    size = single_size if panels == 1 else (1.9 * cols, row_height * rows + 0.9)
+    figure, axes = plt.subplots(rows, cols, figsize=size, squeeze=False)
+    flat = axes.reshape(-1)
+    for ax in flat[panels:]:
+        ax.axis("off")
+    return figure, flat, cols
+
+
+def _task_panels(flat, predictions: list[Predictions], draw) -> bool:
+    """All tasks pooled in the first panel (bold title), then one panel per task; -> whether tasks are binary.
+
+    ``draw(ax, prob, outcome, truth, title, pooled)`` draws one panel.
+    """
+    prob, outcome, truth, binary = _pool(predictions, None)
+    draw(flat[0], prob, outcome, truth, "ALL TASKS POOLED", True)
+    flat[0].title.set_fontweight("bold")
+    for t, name in enumerate(predictions[0].task_names):
+        prob, outcome, truth, _ = _pool(predictions, t)
+        draw(flat[t + 1], prob, outcome, truth, name, False)
+    return binary
+
+
+def _grid_labels_and_legend(figure: Figure, flat, binary: bool, heading: str) -> None:
+    """Shared axis labels, the heading, and the first panel's legend above the grid."""
+    xlabel, ylabel = _axis_labels(binary)
+    figure.supxlabel(xlabel)
+    figure.supylabel(ylabel)
+    handles, labels = flat[0].get_legend_handles_labels()
+    figure.suptitle(heading, fontsize=13, y=1.0)
+    figure.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9, frameon=False,
+                  bbox_to_anchor=(0.5, 0.985))
+
+
 def reliability_figure(predictions: list[Predictions], title: str, n_bins: int = SUMMARY_BINS) -> Figure:
     """One method: a panel per task plus all tasks pooled (multi-task), or one panel (single task).
 
@@ -169,27 +206,12 @@ def reliability_figure(predictions: list[Predictions], title: str, n_bins: int =
         figure.subplots_adjust(left=0.15, right=0.97, top=0.9, bottom=0.3)
         return figure
     panels = len(names) + 1
-    cols = _grid_columns(panels)
-    rows = int(np.ceil(panels / cols))
-    figure, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.6 * rows + 0.9), squeeze=False)
-    flat = axes.reshape(-1)
-    prob, outcome, truth, binary = _pool(predictions, None)
-    reliability_panel(flat[0], prob, outcome, n_bins, truth, "ALL TASKS POOLED", small=True, ece_label="pooled ECE")
-    flat[0].title.set_fontweight("bold")
-    for t, name in enumerate(names):
-        prob, outcome, truth, _ = _pool(predictions, t)
-        reliability_panel(flat[t + 1], prob, outcome, n_bins, truth, name, small=True)
-    for ax in flat[panels:]:
-        ax.axis("off")
+    figure, flat, cols = _panel_grid(panels, row_height=2.6)
+    binary = _task_panels(flat, predictions, lambda ax, prob, outcome, truth, name, pooled: reliability_panel(
+        ax, prob, outcome, n_bins, truth, name, small=True, **({"ece_label": "pooled ECE"} if pooled else {})))
     for i, ax in enumerate(flat[:panels]):  # tick labels only on the left column and the lowest panels
         ax.tick_params(labelbottom=i + cols >= panels, labelleft=i % cols == 0)
-    xlabel, ylabel = _axis_labels(binary)
-    figure.supxlabel(xlabel)
-    figure.supylabel(ylabel)
-    handles, labels = flat[0].get_legend_handles_labels()
-    figure.suptitle(f"Reliability: {title} ({suffix}, test set)", fontsize=13, y=1.0)
-    figure.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9, frameon=False,
-                  bbox_to_anchor=(0.5, 0.985))
+    _grid_labels_and_legend(figure, flat, binary, f"Reliability: {title} ({suffix}, test set)")
     figure.tight_layout(rect=(0.02, 0.05, 1, 0.965), h_pad=3.5)  # h_pad: room for the bin-count strips
     return figure
 
@@ -445,29 +467,14 @@ def smooth_reliability_figure(predictions: list[Predictions], title: str) -> Fig
     names = predictions[0].task_names
     suffix = f"{len(predictions)} seeds pooled" if len(predictions) > 1 else "1 run"
     panels = len(names) + 1 if len(names) > 1 else 1
-    cols = _grid_columns(panels)
-    rows = int(np.ceil(panels / cols))
-    size = (4.6, 4.8) if panels == 1 else (1.9 * cols, 2.1 * rows + 0.9)
-    figure, axes = plt.subplots(rows, cols, figsize=size, squeeze=False)
-    flat = axes.reshape(-1)
-    prob, outcome, _, binary = _pool(predictions, None)
+    figure, flat, _ = _panel_grid(panels, row_height=2.1, single_size=(4.6, 4.8))
     if panels == 1:
+        prob, outcome, _, binary = _pool(predictions, None)
         smooth_reliability_panel(flat[0], prob, outcome, f"{title}: {names[0]} ({suffix})")
     else:
-        smooth_reliability_panel(flat[0], prob, outcome, "ALL TASKS POOLED", small=True)
-        flat[0].title.set_fontweight("bold")
-        for t, name in enumerate(names):
-            prob, outcome, _, _ = _pool(predictions, t)
-            smooth_reliability_panel(flat[t + 1], prob, outcome, name, small=True)
-    for ax in flat[panels:]:
-        ax.axis("off")
-    xlabel, ylabel = _axis_labels(binary)
-    figure.supxlabel(xlabel)
-    figure.supylabel(ylabel)
-    handles, labels = flat[0].get_legend_handles_labels()
-    figure.suptitle(f"Smoothed reliability: {title} ({suffix}, test set)", fontsize=13, y=1.0)
-    figure.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9, frameon=False,
-                  bbox_to_anchor=(0.5, 0.985))
+        binary = _task_panels(flat, predictions, lambda ax, prob, outcome, truth, name, pooled:
+                              smooth_reliability_panel(ax, prob, outcome, name, small=True))
+    _grid_labels_and_legend(figure, flat, binary, f"Smoothed reliability: {title} ({suffix}, test set)")
     figure.tight_layout(rect=(0.02, 0.02, 1, 0.94 if panels == 1 else 0.965))
     return figure
 
