@@ -16,8 +16,8 @@ from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import ConfigError
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.robustness import add_certified_accuracy, certified_radii, metric_name
-from mtl_cog.models.calibrators import CALIBRATORS
-from mtl_cog.models.lipschitz import ListScale, fit_temperatures, network_lipschitz
+from mtl_cog.models.calibrators import CALIBRATORS, fit_temperatures
+from mtl_cog.models.lipschitz import ListScale, network_lipschitz
 from mtl_cog.models.network import build_network
 from mtl_cog.runs import rundir
 

@@ -43,22 +43,15 @@ from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.evaluation.posthoc import fit_calibrator, layout_of
+from mtl_cog.evaluation.posthoc import layout_of
 from mtl_cog.evaluation.sharpness import hutchinson_trace, margin_quantiles, top_eigenvalue
 from mtl_cog.io import atomic_write_text
-from mtl_cog.models.calibrators import CALIBRATORS
+from mtl_cog.models.calibrators import fit_temperatures
 from mtl_cog.reporting.plots import drift_figure, save_figure
 from mtl_cog.runs import rundir
 from mtl_cog.training import EpochEnd, Hooks, fit
 
 CURVATURE = ("top_eigenvalue", "trace", "both", "none")
-
-
-def fitted_temperatures(layout: LogitLayout, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per-task temperature of post-hoc temperature scaling on these (validation) predictions."""
-    calibrator = CALIBRATORS.get("temperature")(layout).double()
-    fit_calibrator(calibrator, torch.as_tensor(logits, dtype=torch.float64), torch.as_tensor(labels), layout)
-    return calibrator.temperature.detach().numpy()
 
 
 def _round(value: float, digits: int) -> float | None:
@@ -69,7 +62,7 @@ def drift_line(end: EpochEnd, layout: LogitLayout) -> dict:
     """One JSON-able line: validation metrics, fitted temperatures, logit magnitudes, margin quantiles."""
     predictions, mean, multitask = end.val_predictions, end.val["mean"], end.val.get("multitask", {})
     flat = layout.join(predictions.logits)
-    temperatures = fitted_temperatures(layout, flat, np.stack(predictions.labels, axis=1))
+    temperatures = fit_temperatures(layout, predictions.logits, predictions.labels).numpy()
     ece = f"ece@{SUMMARY_BINS}" if f"ece@{SUMMARY_BINS}" in mean else next(k for k in mean if k.startswith("ece@"))
     line = {"epoch": end.epoch, "train_loss": _round(end.train_loss, 4),
             **{f"val_{m}": _round(mean[m], 4) for m in ("accuracy", "nll", "brier", ece, "smece")},

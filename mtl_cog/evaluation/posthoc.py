@@ -35,12 +35,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from mtl_cog.config import MethodConfig
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import PosthocError
 from mtl_cog.evaluation.predictions import Predictions
-from mtl_cog.models.calibrators import CALIBRATORS
-from mtl_cog.objectives import CrossEntropy
+from mtl_cog.models.calibrators import CALIBRATORS, fit_calibrator
 
 OUR_CALIBRATORS = {"ts": "temperature", "vs": "vector", "ms": "matrix"}
 GUO_TEMPERATURE_SCALING = "ts_guo"
@@ -53,27 +51,6 @@ GUO_LBFGS = {"lr": 0.01, "max_iter": 50}
 
 def layout_of(predictions: Predictions) -> LogitLayout:
     return LogitLayout(tuple(2 if np.ndim(z) == 1 else z.shape[1] for z in predictions.logits))
-
-
-def fit_calibrator(calibrator: nn.Module, logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout,
-                   max_iter: int = 200) -> nn.Module:
-    """Fit ``calibrator`` (flat logits (N, L) -> (N, L)) to minimise the validation NLL by L-BFGS.
-
-    ``labels`` is (N, T). The objective is the sum of the per-task NLLs: each task's parameters
-    only see their own task's loss, so this is one independent fit per task, done at once.
-    """
-    objective = CrossEntropy(layout, MethodConfig())
-    optimizer = torch.optim.LBFGS(calibrator.parameters(), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
-                                  tolerance_grad=1e-9, tolerance_change=1e-12)
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = objective(calibrator(logits), labels).sum()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return calibrator
 
 
 def _flat(predictions: Predictions, layout: LogitLayout) -> tuple[torch.Tensor, torch.Tensor]:

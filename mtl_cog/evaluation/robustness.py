@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from mtl_cog.evaluation.margins import label_margin
 from mtl_cog.evaluation.predictions import Predictions
 
 
@@ -37,15 +38,9 @@ def certified_radii(predictions: Predictions, lipschitz: np.ndarray) -> list[np.
     """
     radii = []
     for t, (z, y) in enumerate(zip(predictions.logits, predictions.labels)):
-        z = np.asarray(z, dtype=np.float64)
-        if z.ndim == 1:
-            lead = np.where(y == 1, z, -z)
-            radius = lead / lipschitz[t]
-        else:
-            true = z[np.arange(len(y)), y]
-            others = np.where(np.eye(z.shape[1], dtype=bool)[y], -np.inf, z).max(axis=1)
-            radius = (true - others) / (math.sqrt(2) * lipschitz[t])
-        radii.append(np.maximum(radius, 0.0))
+        # binary: one logit z, |z| / L; K classes: the margin spans two logits, so / (sqrt(2) L)
+        scale = lipschitz[t] if np.ndim(z) == 1 else math.sqrt(2) * lipschitz[t]
+        radii.append(np.maximum(label_margin(z, y) / scale, 0.0))
     return radii
 
 

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from mtl_cog.data.task_api import LogitLayout
+from mtl_cog.evaluation.margins import label_margin
 
 MARGIN_QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)
 
@@ -155,18 +156,7 @@ def hutchinson_trace(model: nn.Module, images: torch.Tensor, layout: LogitLayout
 
 def signed_margins(logits: list[np.ndarray], labels: list[np.ndarray]) -> np.ndarray:
     """Every task's signed margin of the label, pooled: (2y − 1) z, or z_y − max_{k≠y} z_k."""
-    parts = []
-    for z, y in zip(logits, labels):
-        z = np.asarray(z, dtype=np.float64)
-        y = np.asarray(y, dtype=np.int64)
-        if z.ndim == 1:
-            parts.append((2 * y - 1) * z)
-        else:
-            rows = np.arange(len(y))
-            others = z.copy()
-            others[rows, y] = -np.inf
-            parts.append(z[rows, y] - others.max(1))
-    return np.concatenate(parts)
+    return np.concatenate([label_margin(z, y) for z, y in zip(logits, labels)])
 
 
 def margin_quantiles(logits: list[np.ndarray], labels: list[np.ndarray],

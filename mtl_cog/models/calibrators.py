@@ -8,7 +8,9 @@ To add a calibrator: one class here (or in its own module) with ``@CALIBRATORS.r
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mtl_cog.data.task_api import LogitLayout
@@ -143,3 +145,50 @@ class MatrixCalibrator(nn.Module):
     def identity_distance(self) -> float:
         identity = torch.tensor(self._identity_values, device=self.weight.device, dtype=self.weight.dtype)
         return float(max((self.weight.detach() - identity).abs().max(), self.bias.detach().abs().max()))
+
+
+# ------------------------------------------------------------------------- fitting on frozen logits
+
+
+def task_nll(logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout) -> torch.Tensor:
+    """Sum over tasks of each task's mean NLL (binary: one logit; K-class: softmax), the fitting objective.
+
+    The same numbers as ``mtl_cog.objectives.CrossEntropy(...).sum()``; written here because fitting
+    a calibrator is also needed below the objectives layer (LiST's scale update).
+    """
+    loss = logits.new_zeros(())
+    if layout.binary_tasks:
+        y = labels[:, list(layout.binary_tasks)].to(logits.dtype)
+        z = logits[:, layout.binary_columns.to(logits.device)]
+        loss = loss + F.binary_cross_entropy_with_logits(z, y, reduction="none").mean(0).sum()
+    for t in layout.multiclass_tasks:
+        loss = loss + F.cross_entropy(logits[:, layout.task_slice(t)], labels[:, t])
+    return loss
+
+
+def fit_calibrator(calibrator: nn.Module, logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout,
+                   max_iter: int = 200) -> nn.Module:
+    """Fit ``calibrator`` (flat logits (N, L) -> (N, L)) to minimise the NLL by L-BFGS (exact optimum).
+
+    ``labels`` is (N, T). The objective is the sum of the per-task NLLs: each task's parameters
+    only see their own task's loss, so this is one independent fit per task, done at once.
+    """
+    optimizer = torch.optim.LBFGS(calibrator.parameters(), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
+                                  tolerance_grad=1e-9, tolerance_change=1e-12)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = task_nll(calibrator(logits), labels, layout)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return calibrator
+
+
+def fit_temperatures(layout: LogitLayout, logits: list[np.ndarray], labels: list[np.ndarray]) -> torch.Tensor:
+    """(T,) per-task temperatures of post-hoc temperature scaling on these per-task logits and labels."""
+    calibrator = TemperatureCalibrator(layout).double()
+    flat = torch.as_tensor(layout.join(logits), dtype=torch.float64)
+    fit_calibrator(calibrator, flat, torch.as_tensor(np.stack(labels, axis=1), dtype=torch.long), layout)
+    return calibrator.temperature.detach()

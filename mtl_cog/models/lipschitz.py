@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from timm.models import register_model
@@ -43,7 +42,7 @@ from torch.nn.utils.parametrizations import spectral_norm
 
 from mtl_cog.config import MethodConfig
 from mtl_cog.data.task_api import LogitLayout
-from mtl_cog.models.calibrators import CALIBRATORS
+from mtl_cog.models.calibrators import CALIBRATORS, fit_temperatures
 from mtl_cog.models.heads import HEADS, Heads
 
 
@@ -180,35 +179,6 @@ class LipschitzHeads(Heads):
         weight = self.normalised_weight().detach().double().cpu()
         return torch.stack([torch.linalg.matrix_norm(weight[self.layout.task_slice(t)], ord=2)
                             for t in range(self.layout.num_tasks)])
-
-
-def fit_temperatures(layout: LogitLayout, logits: list[np.ndarray], labels: list[np.ndarray],
-                     max_iter: int = 100) -> torch.Tensor:
-    """(T,) temperatures minimising each task's NLL of ``logits / T`` (binary tasks: one logit).
-
-    ``mtl_cog.evaluation.posthoc.fit_calibrator`` does the same for post-hoc TS but sits in a higher
-    layer than the models; this is the same L-BFGS fit of the same ``TemperatureCalibrator``.
-    """
-    calibrator = CALIBRATORS.get("temperature")(layout).double()
-    flat = torch.as_tensor(layout.join(logits), dtype=torch.float64)
-    targets = torch.as_tensor(np.stack(labels, axis=1), dtype=torch.long)
-    optimizer = torch.optim.LBFGS(calibrator.parameters(), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
-
-    def nll() -> torch.Tensor:
-        optimizer.zero_grad()
-        scaled = calibrator(flat)
-        loss = flat.new_zeros(())
-        if layout.binary_tasks:
-            cols = layout.binary_columns
-            y = targets[:, list(layout.binary_tasks)].double()
-            loss = loss + F.binary_cross_entropy_with_logits(scaled[:, cols], y, reduction="none").mean(0).sum()
-        for t in layout.multiclass_tasks:
-            loss = loss + F.cross_entropy(scaled[:, layout.task_slice(t)], targets[:, t])
-        loss.backward()
-        return loss
-
-    optimizer.step(nll)
-    return calibrator.temperature.detach()
 
 
 class LipschitzScale(nn.Module):

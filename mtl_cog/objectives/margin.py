@@ -45,16 +45,22 @@ from mtl_cog.objectives.base import OBJECTIVES, PerTaskLoss
 from mtl_cog.objectives.cross_entropy import CrossEntropy
 
 
-def signed_margins(logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout) -> torch.Tensor:
+def signed_margins(logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout,
+                   binary_columns: torch.Tensor | None = None,
+                   binary_tasks: torch.Tensor | None = None) -> torch.Tensor:
     """(B, L) logits, (B, T) labels -> (B, T) margins of the true class (> 0 iff correct).
 
-    All binary tasks in one op (a per-task loop over CelebA's 40 would cost more than the loss)."""
+    All binary tasks in one op (a per-task loop over CelebA's 40 would cost more than the loss).
+    ``binary_columns`` / ``binary_tasks``: the layout's index tensors already on the logits' device
+    (the loss keeps them as buffers, so a training step copies nothing to the device).
+    """
     margins = logits.new_zeros(len(logits), layout.num_tasks)
     if layout.binary_tasks:
-        tasks = list(layout.binary_tasks)
-        z = logits[:, layout.binary_columns.to(logits.device)]
-        margins = margins.index_copy(1, torch.tensor(tasks, device=logits.device),
-                                     (2 * labels[:, tasks].to(z.dtype) - 1) * z)
+        if binary_columns is None or binary_tasks is None:
+            binary_columns = layout.binary_columns.to(logits.device)
+            binary_tasks = torch.tensor(layout.binary_tasks, device=logits.device)
+        z = logits[:, binary_columns]
+        margins = margins.index_copy(1, binary_tasks, (2 * labels[:, binary_tasks].to(z.dtype) - 1) * z)
     for t in layout.multiclass_tasks:
         block = logits[:, layout.task_slice(t)]
         true = F.one_hot(labels[:, t], layout.widths[t]).bool()
@@ -85,7 +91,7 @@ class MarginAwareLoss(PerTaskLoss):
     def margins_and_slopes(self, logits: torch.Tensor, labels: torch.Tensor,
                            features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) margins m and slopes s = (|phi| / sqrt(D)) * (d m / d phi) . v for a fresh v ~ N(0, I)."""
-        margins = signed_margins(logits, labels, self.layout)
+        margins = signed_margins(logits, labels, self.layout, self.binary_columns, self.binary_tasks)
         flat = features.flatten(1)
         direction = torch.randn_like(flat).view_as(features)
         scale = flat.detach().norm(dim=1, keepdim=True) / math.sqrt(flat.shape[1])
