@@ -10,7 +10,8 @@ Both numbers are measured side by side in one run and printed as ratios/targets:
   a CelebA-format folder (official layout and text files; ``--distinct`` JPEGs are encoded, the
   other names are hard links to them, so every one of the N files is opened and decoded) and
   reports its peak RSS above the RSS it had with everything imported, just before the build
-  (``ru_maxrss``, per process). Target: <= 1 GiB at 202,599 images, and flat in N.
+  (``VmHWM`` of the probe process: ``ru_maxrss`` would carry the parent's peak across exec).
+  Target: <= 1 GiB at 202,599 images, and flat in N.
 - ``verify``: a CelebA-sized cache (202,599 x 3 x 32 x 32 uint8, the official split sizes, 40
   binary labels) is written from random pixels, then ``inspect_cache`` (every file's checksum,
   label ranges, memory maps: what every ``load_task`` does) is timed with the files in the page
@@ -26,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 import tasks  # noqa: F401  (registers the data sets)
+from mtl_cog.benchmarks.common import CELEBA_SPLITS, peak_rss_bytes
 from mtl_cog.config import DataConfig, OptimConfig, load_config
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.cache import cache_dir, inspect_cache, load_cached, write_source
@@ -50,14 +51,9 @@ from mtl_cog.training.optim import build_optimizer
 from mtl_cog.training.step import train_one_epoch
 from tasks.fixtures import CELEBA_ATTRIBUTES, write_celeba
 
-CELEBA_SPLITS = {"train": 162_770, "val": 19_867, "test": 19_962}  # the official partition
 CELEBA_IMAGES = sum(CELEBA_SPLITS.values())  # 202,599
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GIB = 2**30
-
-
-def max_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 # ------------------------------------------------------------------------------- build memory
@@ -77,11 +73,11 @@ def build_probe(root: Path, size: int, cache: Path) -> dict:
     """In a fresh process: build the CelebA cache of ``root`` at ``size`` px; peak RSS above the start."""
     data_cfg = DataConfig(task="celeba", root=str(root), image_size=size, cache_dir=str(cache))
     task = TASKS.get("celeba")
-    before = max_rss_bytes()  # interpreter + torch + numpy + PIL + the project, imported
+    before = peak_rss_bytes()  # interpreter + torch + numpy + PIL + the project, imported
     start = time.perf_counter()
     data = load_cached(task, data_cfg, show_progress=False)
     seconds = time.perf_counter() - start
-    peak = max_rss_bytes()
+    peak = peak_rss_bytes()
     images = sum(len(split) for split in data.splits.values())
     folder = cache_dir(data_cfg)
     return {"image_size": size, "images": images, "rss_before_bytes": before, "peak_rss_bytes": peak,
