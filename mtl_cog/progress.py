@@ -28,6 +28,7 @@ class Progress:
         self.every = every or max(1, self.total // 10)
         self.stream = stream or sys.stderr
         self.done = 0
+        self.next_line = self.every  # a line each time the count passes a multiple of ``every``, whatever n is
         self.start = time.monotonic()
         tty = getattr(self.stream, "isatty", lambda: False)()
         self.bar = tqdm(total=self.total, desc=desc, file=self.stream, leave=False) if tty and self.total else None
@@ -39,8 +40,9 @@ class Progress:
             if note:
                 self.bar.set_postfix_str(note)
             return
-        if self.done % self.every == 0 or self.done >= self.total:
+        if self.done >= self.next_line or self.done >= self.total:
             print(self.line(note), file=self.stream, flush=True)
+            self.next_line = (self.done // self.every + 1) * self.every
 
     def line(self, note: str = "") -> str:
         elapsed = time.monotonic() - self.start

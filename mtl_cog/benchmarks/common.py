@@ -8,7 +8,6 @@ library's step, the one ``train_one_epoch`` runs) are timed on.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import resource
 import time
 from collections.abc import Callable
@@ -16,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import timm
 import torch
 from accelerate import Accelerator
 
@@ -54,14 +52,6 @@ class Workload:
 
     def describe(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def check_backbone(name: str, flag: str) -> None:
-    """Refuse a backbone timm does not know before anything runs (``create_backbone`` would, but later)."""
-    if name not in timm.list_models():
-        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
-        hint = f" Close matches: {', '.join(close)}." if close else " See timm.list_models()."
-        raise ConfigError(f"{flag}: unknown timm model {name!r}.{hint}")
 
 
 def available_methods(methods_dir: Path) -> list[str]:

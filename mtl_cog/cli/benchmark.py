@@ -39,7 +39,7 @@ import torch
 
 from mtl_cog.benchmarks.cache_memory import celeba_proportions, measure_cache_memory
 from mtl_cog.benchmarks.calibrated_time import measure_calibrated_time
-from mtl_cog.benchmarks.common import CELEBA_SPLITS, Workload, check_backbone, method_config, peak_rss_bytes
+from mtl_cog.benchmarks.common import CELEBA_SPLITS, Workload, method_config, peak_rss_bytes
 from mtl_cog.benchmarks.epoch_check import epoch_check
 from mtl_cog.benchmarks.eval_cost import measure_eval
 from mtl_cog.benchmarks.loader import MIN_JPEG_IMAGES, measure_loader
@@ -48,6 +48,7 @@ from mtl_cog.benchmarks.throughput import measure_throughput
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.errors import ConfigError, run_cli
 from mtl_cog.io import atomic_write_json
+from mtl_cog.models.network import check_backbone
 
 METHODS_DIR = CONFIGS / "methods"
 SECTIONS = ("steps", "throughput", "loader", "calibrated", "eval", "memory")

@@ -47,7 +47,7 @@ class LinearHeads(Heads):
         return self.fc(features)
 
 
-def _uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
+def uniform_parameter(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
     """torch.nn.Linear's default initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), per task."""
     bound = 1.0 / math.sqrt(fan_in)
     return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
@@ -56,8 +56,10 @@ def _uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
 def _stack_parameters(tasks: int, in_features: int, latent_dim: int) -> tuple[nn.Parameter, ...]:
     """Weights and biases of T stacks Linear(D, 3Z) -> ReLU -> Linear(3Z, Z), stacked over tasks."""
     hidden = 3 * latent_dim
-    return (_uniform((tasks, in_features, hidden), in_features), _uniform((tasks, hidden), in_features),
-            _uniform((tasks, hidden, latent_dim), hidden), _uniform((tasks, latent_dim), hidden))
+    return (uniform_parameter((tasks, in_features, hidden), in_features),
+            uniform_parameter((tasks, hidden), in_features),
+            uniform_parameter((tasks, hidden, latent_dim), hidden),
+            uniform_parameter((tasks, latent_dim), hidden))
 
 
 def _apply_stack(features: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
@@ -79,7 +81,8 @@ class _GroupedStack(Heads):
         super().__init__()
         self.latent_dim = latent_dim
         self.w1, self.b1, self.w2, self.b2 = _stack_parameters(layout.num_tasks, in_features, latent_dim)
-        self.w3, self.b3 = _uniform((layout.total, latent_dim), latent_dim), _uniform((layout.total,), latent_dim)
+        self.w3 = uniform_parameter((layout.total, latent_dim), latent_dim)
+        self.b3 = uniform_parameter((layout.total,), latent_dim)
         self.register_buffer("column_task", layout.column_task.clone(), persistent=False)
 
     def hidden(self, features: torch.Tensor) -> torch.Tensor:

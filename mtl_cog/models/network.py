@@ -22,12 +22,18 @@ from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
 
 
+def check_backbone(name: str, key: str = "model.backbone") -> None:
+    """Refuse a backbone timm does not know, naming ``key`` and close matches."""
+    known = timm.list_models()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
+        hint = f" Close matches: {', '.join(close)}." if close else " See timm.list_models()."
+        raise ConfigError(f"{key}: unknown timm model {name!r}.{hint}")
+
+
 def create_backbone(cfg: ModelConfig) -> nn.Module:
     """A timm model without classifier (``num_classes=0``): images -> pooled features (B, D)."""
-    if cfg.backbone not in timm.list_models():
-        close = difflib.get_close_matches(cfg.backbone, timm.list_models(), n=5, cutoff=0.6)
-        hint = f" Close matches: {', '.join(close)}." if close else " See timm.list_models()."
-        raise ConfigError(f"model.backbone: unknown timm model {cfg.backbone!r}.{hint}")
+    check_backbone(cfg.backbone)
     if cfg.pretrained:
         check_pretrained_weights_exist(cfg)
     kwargs = dict(cfg.timm_kwargs)

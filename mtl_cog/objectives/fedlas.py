@@ -36,14 +36,13 @@ saves them with the running statistics.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mtl_cog.config import MethodConfig
 from mtl_cog.data.task_api import LogitLayout
+from mtl_cog.models.heads import uniform_parameter
 from mtl_cog.objectives.base import OBJECTIVES, PerTaskLoss
 from mtl_cog.objectives.mbls import binary_margin_penalty, multiclass_margin_penalty
 
@@ -53,19 +52,13 @@ def sign_straight_through(x: torch.Tensor) -> torch.Tensor:
     return x + (torch.sign(x) - x).detach()
 
 
-def _uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
-    """nn.Linear's default initialisation U(-1/sqrt(fan_in), 1/sqrt(fan_in)), for batched per-task layers."""
-    bound = 1.0 / math.sqrt(fan_in)
-    return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
-
-
 class BinaryGates(nn.Module):
     """The gate of every binary task at once: [0, z_t] -> Linear(2, 1) -> LeakyReLU -> Linear(1, 2)."""
 
     def __init__(self, tasks: int) -> None:
         super().__init__()
-        self.w1, self.b1 = _uniform((tasks, 2, 1), 2), _uniform((tasks, 1), 2)
-        self.w2, self.b2 = _uniform((tasks, 1, 2), 1), _uniform((tasks, 2), 1)
+        self.w1, self.b1 = uniform_parameter((tasks, 2, 1), 2), uniform_parameter((tasks, 1), 2)
+        self.w2, self.b2 = uniform_parameter((tasks, 1, 2), 1), uniform_parameter((tasks, 2), 1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """(B, Tb) logits -> (B, Tb, 2) gate scores."""

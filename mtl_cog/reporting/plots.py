@@ -33,7 +33,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from scipy.special import expit, softmax  # noqa: E402
 
-from mtl_cog.constants import SUMMARY_BINS  # noqa: E402
+from mtl_cog.constants import IDENTITY_VALUES, SUMMARY_BINS  # noqa: E402
 from mtl_cog.evaluation.metrics import CLAMP  # noqa: E402
 from mtl_cog.evaluation.multitask_metrics import count_calibration  # noqa: E402
 from mtl_cog.evaluation.predictions import Predictions  # noqa: E402
@@ -568,7 +568,6 @@ def drift_figure(lines: list[dict], title: str, ece_key: str = f"val_ece@{SUMMAR
 # ---------------------------------------------------------------------------------------------
 # The learned calibrator, and the worst-calibrated tasks
 
-IDENTITY = {"temperature": 1.0, "scale": 1.0, "bias": 0.0, "matrix": 1.0, "matrix (diagonal)": 1.0}
 
 
 def calibrator_figure(trajectories: pd.DataFrame, dataset: str,
@@ -605,8 +604,8 @@ def calibrator_figure(trajectories: pd.DataFrame, dataset: str,
             over.fill_between(epochs, by_epoch.min().loc[epochs], by_epoch.max().loc[epochs], color=colors[method],
                               alpha=0.15, lw=0)
         for ax in (across, over):
-            if parameter in IDENTITY:
-                ax.axhline(IDENTITY[parameter], color="0.3", ls="--", lw=1)
+            if parameter in IDENTITY_VALUES:
+                ax.axhline(IDENTITY_VALUES[parameter], color="0.3", ls="--", lw=1)
             ax.grid(alpha=0.3)
             ax.set_ylabel(parameter)
         many = len(set(rows["task"])) > 1

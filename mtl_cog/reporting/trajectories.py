@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mtl_cog.constants import IDENTITY_TOLERANCE, IDENTITY_VALUES
 from mtl_cog.runs import rundir
 
-IDENTITY_TOLERANCE = 0.01  # as mtl_cog.training.calibrator_view (a higher layer): every value within 0.01 of identity
-IDENTITY_VALUES = {"temperature": 1.0, "scale": 1.0, "bias": 0.0, "matrix": 1.0, "matrix (diagonal)": 1.0}
 LAST_FRACTION = 0.2
 NLL_PLATEAU = 0.01
 CALIBRATOR_SETTLED = 0.1

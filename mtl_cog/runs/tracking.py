@@ -168,7 +168,7 @@ class Tracker:
         wandb.teardown()
         # The failed online attempt's folder holds no data; left there, `wandb sync --include-online`
         # would create the run from it and the offline run would have to overwrite it.
-        for attempt in (self.run_dir / "wandb").glob(f"run-*-{init['id']}"):
+        for attempt in (self.run_dir / rundir.WANDB_DIR).glob(f"run-*-{init['id']}"):
             if not (attempt / f"run-{init['id']}.wandb.synced").exists():
                 shutil.rmtree(attempt, ignore_errors=True)
         try:

@@ -15,11 +15,8 @@ import numpy as np
 from accelerate import Accelerator
 from torch import nn
 
+from mtl_cog.constants import IDENTITY_TOLERANCE
 from mtl_cog.data.task_api import TaskSpec
-
-# A calibrator whose every parameter stayed this close to its identity value did not calibrate
-# (e.g. learned temperatures within 0.995-1.002 after a whole run).
-IDENTITY_TOLERANCE = 0.01
 
 
 @dataclass
