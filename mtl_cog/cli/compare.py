@@ -79,7 +79,8 @@ def _write_csv(frame, path: Path) -> None:
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def write_figures(records, summary, errors, per_task, out: Path, bins: int) -> list[Path]:
+def write_figures(records, summary, errors, per_task, out: Path, bins: int, trajectories: dict,
+                  calibrators: pd.DataFrame) -> list[Path]:
     written = []
     pooled = pooled_predictions(records)
     datasets = list(dict.fromkeys(summary["dataset"]))
@@ -100,7 +101,7 @@ def write_figures(records, summary, errors, per_task, out: Path, bins: int) -> l
                                              out / f"ece_per_task_{_slug(dataset)}.png"))
             written.append(plots.save_figure(plots.worst_tasks_figure(per_task, dataset, f"ece@{bins}", WORST_K),
                                              out / f"worst_tasks_{_slug(dataset)}.png"))
-        written += write_calibrator_figure(records, dataset, out)
+        written += write_calibrator_figure(records, dataset, out, trajectories, calibrators)
         rows = summary[summary["dataset"] == dataset]
         if f"nf_ece@{bins}" in rows and rows[f"nf_ece@{bins}"].notna().any():
             written.append(plots.save_figure(plots.truth_figure(summary, dataset, bins),
@@ -110,16 +111,17 @@ def write_figures(records, summary, errors, per_task, out: Path, bins: int) -> l
     return written
 
 
-def write_calibrator_figure(records, dataset: str, out: Path) -> list[Path]:
-    """calibrator_<ds>.png from the runs' metrics.jsonl (methods without a learned calibrator have none)."""
+def write_calibrator_figure(records, dataset: str, out: Path, trajectories: dict,
+                            calibrators: pd.DataFrame) -> list[Path]:
+    """calibrator_<ds>.png from the runs' calibrator trajectories (methods without a learned calibrator have none)."""
     frames = []
     for record in (r for r in records if r.dataset == dataset):
-        trajectory = calibrator_trajectory(record.run_dir)
+        trajectory = trajectories[record.run_dir]
         if not trajectory.empty:
             frames.append(trajectory.assign(method=record.method, seed=record.seed))
     if not frames:
         return []
-    table = calibrator_table([(r.dataset, r.method, r.seed, r.run_dir) for r in records if r.dataset == dataset])
+    table = calibrators[calibrators["dataset"] == dataset]
     flags = table.groupby("method")["calibrator_at_identity"].agg(lambda s: bool(s.fillna(False).all())).to_dict()
     figure = plots.calibrator_figure(pd.concat(frames, ignore_index=True), dataset, flags)
     return [plots.save_figure(figure, out / f"calibrator_{_slug(dataset)}.png")]
@@ -202,7 +204,8 @@ def main(argv: list[str] | None = None) -> Path:
     paired = paired_differences(scores, pairs, ("nll", "brier", f"ece@{args.summary_bins}", "accuracy"))
     spread = rank_spread(scores)
     runs = [(r.dataset, r.method, r.seed, r.run_dir) for r in records]
-    calibrators, converge = calibrator_table(runs), convergence_table(runs)
+    trajectories = {r.run_dir: calibrator_trajectory(r.run_dir) for r in records}  # each metrics.jsonl read once here
+    calibrators, converge = calibrator_table(runs, trajectories), convergence_table(runs)
     for frame, name in ((paired, "paired_differences"), (spread, "rank_spread"), (calibrators, "calibrator"),
                         (converge, "convergence")):
         if not frame.empty:
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> Path:
     text += "\n\n" + "\n".join(extra_sections(notes, paired, spread, calibrators, converge))
     atomic_write_text(out / "summary.md", text)
     atomic_write_text(out / "summary.tex", summary_latex(summary, args.summary_bins))
-    figures = write_figures(records, summary, errors, per_task, out, args.summary_bins)
+    figures = write_figures(records, summary, errors, per_task, out, args.summary_bins, trajectories, calibrators)
     print(text)
     print(f"{len(figures)} figure(s) written")
     print(str(out))

@@ -74,12 +74,15 @@ def _scalars(name: str, task: str, value) -> list[tuple[str, str, float]]:
     return [(f"{task}[{k}]", f"{name} (diagonal)", float(v)) for k, v in enumerate(diagonal)]
 
 
-def at_identity(run_dir: Path) -> bool | None:
-    """The run's ``calibrator_at_identity`` flag (None: no calibrator with parameters, or unknown)."""
+def at_identity(run_dir: Path, trajectory: pd.DataFrame | None = None) -> bool | None:
+    """The run's ``calibrator_at_identity`` flag (None: no calibrator with parameters, or unknown).
+
+    ``trajectory``: the run's ``calibrator_trajectory`` when the caller already has it.
+    """
     epochs, final = read_metrics_lines(run_dir)
     if "calibrator_at_identity" in final:
         return bool(final["calibrator_at_identity"]) if _has_calibrator(epochs) else None
-    trajectory = calibrator_trajectory(run_dir)
+    trajectory = calibrator_trajectory(run_dir) if trajectory is None else trajectory
     if trajectory.empty:
         return None
     last = trajectory[trajectory["epoch"] == trajectory["epoch"].max()]
@@ -93,17 +96,19 @@ def _has_calibrator(epochs: list[dict]) -> bool:
     return any((line.get("calibrator") or {}).get("tasks") for line in epochs)
 
 
-def calibrator_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
+def calibrator_table(runs: list[tuple[str, str, int, Path]],
+                     trajectories: dict[Path, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Per (data set, method, seed, run) and task: the calibrator's first/last value and the identity flag.
 
     ``runs`` holds (data set label, method, seed, run folder); runs without a calibrator are left out.
+    ``trajectories``: each run's ``calibrator_trajectory`` when the caller already read them.
     """
     rows = []
     for dataset, method, seed, run_dir in runs:
-        trajectory = calibrator_trajectory(run_dir)
+        trajectory = trajectories[run_dir] if trajectories is not None else calibrator_trajectory(run_dir)
         if trajectory.empty:
             continue
-        flag = at_identity(run_dir)
+        flag = at_identity(run_dir, trajectory)
         first, last = trajectory["epoch"].min(), trajectory["epoch"].max()
         for (parameter, task), group in trajectory.groupby(["parameter", "task"], sort=False):
             values = group.set_index("epoch")["value"]
