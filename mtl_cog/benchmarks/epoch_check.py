@@ -79,7 +79,7 @@ def epoch_check(workload: Workload, methods_dir: Path, images: int, warmup_steps
     idx = torch.arange(min(workload.batch_size, images))
     with accelerator.autocast():
         flops = flops_per_image(network.to(device), objective, transform(split.images[idx]), split.labels[idx])
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim)
+    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # as fit builds it
     network, optimizer = accelerator.prepare(network, optimizer)
 
     def run_epoch(data, epoch: int) -> float:
