@@ -34,7 +34,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from scipy.special import expit, softmax  # noqa: E402
 
 from mtl_cog.constants import IDENTITY_VALUES, SUMMARY_BINS  # noqa: E402
-from mtl_cog.evaluation.metrics import CLAMP  # noqa: E402
+from mtl_cog.evaluation.binning import CLAMP, bin_sums, errors_from_sums, uniform_bin_index  # noqa: E402
 from mtl_cog.evaluation.multitask_metrics import count_calibration  # noqa: E402
 from mtl_cog.evaluation.predictions import Predictions  # noqa: E402
 from mtl_cog.io import atomic_write  # noqa: E402
@@ -92,12 +92,12 @@ def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, tr
     With ``counts``, a strip under the diagram shows how many predictions fall in each bin (log
     scale): a large gap in a bin of 3 predictions is noise, in a bin of 3,000 it is miscalibration.
     """
-    conf = np.clip(prob, CLAMP, 1 - CLAMP)
-    index = np.minimum((conf * n_bins).astype(int), n_bins - 1)
-    count = np.bincount(index, minlength=n_bins)
+    conf = np.clip(np.asarray(prob, dtype=np.float64), CLAMP, 1 - CLAMP)
+    index = uniform_bin_index(conf, n_bins)  # the bins of ece@B (mtl_cog.evaluation.binning)
+    sums = bin_sums(conf[None], np.asarray(outcome, dtype=np.float64)[None], index[None], n_bins)
+    count, hits, confs = sums[0].T
     safe = np.maximum(count, 1)
-    mean_p = np.bincount(index, conf, n_bins) / safe
-    freq = np.bincount(index, outcome, n_bins) / safe
+    mean_p, freq = confs / safe, hits / safe
     filled = count > 0
     left = np.arange(n_bins) / n_bins
     width = 1 / n_bins
@@ -113,7 +113,7 @@ def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, tr
         mean_truth = np.bincount(index, truth, n_bins) / safe
         ax.plot(mean_p[filled], mean_truth[filled], "o", ms=2.5 if small else 4, color="black",
                 label="mean true probability p*")
-    ece = float((np.abs(mean_p - freq) * count / len(conf)).sum())
+    ece = float(errors_from_sums(sums)["ece"][0])
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
@@ -121,7 +121,7 @@ def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, tr
                  fontsize=8 if small else 10)
     ax.tick_params(labelsize=7 if small else 9)
     if counts:
-        bin_count_strip(ax, left, width, count, small)
+        bin_count_strip(ax, left, width, count.astype(np.int64), small)
     return ece
 
 
