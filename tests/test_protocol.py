@@ -115,6 +115,28 @@ def test_every_method_gets_the_budget_over_its_knobs():
         protocol.trial_settings(protocol.search_space(digits["baseline"], 1e-3), 0)
 
 
+def test_every_loss_knob_is_a_real_key_of_every_config_with_that_loss_and_every_counterpart_exists():
+    shipped = {path.stem: load_config(path) for path in sorted((REPO / "configs" / "digits").glob("*.yaml"))}
+    tuned_losses = set()
+    for method, cfg in shipped.items():
+        space = protocol.search_space(cfg, 1e-3)
+        own = [knob for knob in space if knob.key.startswith("method.")]
+        if cfg.method.loss in protocol.LOSS_KNOBS:
+            tuned_losses.add(cfg.method.loss)
+            assert len(own) == 1, method
+        for setting in protocol.trial_settings(space, 4):  # each point is a valid config of that method
+            tuned = load_config(REPO / "configs" / "digits" / f"{method}.yaml", protocol.as_overrides(setting))
+            for key, value in setting.items():
+                section, name = key.split(".")
+                assert getattr(getattr(tuned, section), name) == pytest.approx(value), (method, key)
+        counterpart = cfg.method.counterpart
+        if counterpart:  # "baseline+ts" names a post-hoc calibrator on the baseline
+            assert counterpart.split("+")[0] in shipped, (method, counterpart)
+    assert tuned_losses == set(protocol.LOSS_KNOBS)  # no knob for a loss no config uses
+    assert {shipped[m].method.counterpart for m in ("cog_mbls", "cog_fedlas", "cog_margin", "cog_list")} == {
+        "mbls", "fedlas", "margin", "list"}
+
+
 def test_the_choice_is_the_lowest_validation_nll_and_ignores_unfinished_trials(tmp_path):
     from test_report import write_run
 

@@ -39,21 +39,20 @@ import pandas as pd
 
 from mtl_cog.cli import compare, evaluate
 from mtl_cog.cli.paths import CONFIGS
-from mtl_cog.cli.sweep import markdown_table
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.schema import check_seed
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.experiments import gpu_time, protocol
+from mtl_cog.experiments import gpu_time, launcher, protocol
 from mtl_cog.experiments.launcher import (
     RunJob,
     add_launcher_arguments,
     make_launcher,
     processes_per_run,
-    python_module_command,
 )
 from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable
 from mtl_cog.progress import track
+from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.runs import rundir
 
 SCALES = ("cpu", "paper")
@@ -170,9 +169,8 @@ def run_overrides(job: Job, args: argparse.Namespace) -> list[str]:
 
 
 def train_command(job: Job, args: argparse.Namespace, state: str = "new") -> list[str]:
-    train_args = (["--resume", str(job.run_dir)] if state == UNFINISHED else
-                  ["--config", str(job.config), *run_overrides(job, args)])
-    return python_module_command("mtl_cog.cli.train", train_args, processes_per_run(args), str(job.run_dir.resolve()))
+    return launcher.train_command(job.run_dir, job.config, run_overrides(job, args), state == UNFINISHED,
+                                  processes_per_run(args))
 
 
 def resolved_config(job: Job, args: argparse.Namespace) -> Config:
@@ -226,9 +224,9 @@ def launch(jobs: list[Job], args: argparse.Namespace, executor, what: str) -> li
     print(f"{what}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run", flush=True)
     if not todo:
         return []
-    launcher = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
+    runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     try:
-        codes = launcher.run(run_jobs)
+        codes = runner.run(run_jobs)
     except KeyboardInterrupt:
         print(f"interrupted: the same command continues where it stopped (--out {args.out}).", file=sys.stderr)
         raise SystemExit(130) from None

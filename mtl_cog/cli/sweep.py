@@ -40,7 +40,7 @@ from mtl_cog.experiments.launcher import (
     add_launcher_arguments,
     make_launcher,
     processes_per_run,
-    python_module_command,
+    train_command,
 )
 from mtl_cog.experiments.sweep import (
     DONE,
@@ -52,6 +52,7 @@ from mtl_cog.experiments.sweep import (
     validation_scores,
 )
 from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, make_folder
+from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.runs import rundir
 
 SWEEP_ARGS = "sweep_args.json"  # what the sweep was asked: --resume re-reads it
@@ -106,9 +107,8 @@ def run_overrides(args: argparse.Namespace, combo: dict[str, str], out: Path, i:
 
 def train_job(args: argparse.Namespace, combo: dict[str, str], out: Path, i: int, state: str) -> RunJob:
     run_dir = out / f"run_{i:02d}"
-    train_args = (["--resume", str(run_dir)] if state == UNFINISHED else
-                  ["--config", str(args.config), *run_overrides(args, combo, out, i)])
-    command = python_module_command("mtl_cog.cli.train", train_args, processes_per_run(args), str(run_dir.resolve()))
+    command = train_command(run_dir, args.config, run_overrides(args, combo, out, i), state == UNFINISHED,
+                            processes_per_run(args))
     return RunJob(f"run_{i:02d}", tuple(command), out / f"run_{i:02d}.log")
 
 
@@ -126,16 +126,6 @@ def print_plan(combos: list[dict], configs: list[Config], states: list[str], mea
     print(f"estimated time of the runs still to do: {gpu_time.format_duration(total)} on one device "
           f"(throughput: {'; '.join(sorted(sources))})")
     return total
-
-
-def markdown_table(table: pd.DataFrame) -> str:
-    """A Markdown table (pandas' to_markdown needs the tabulate package, which we do not require)."""
-    def cell(value: object) -> str:
-        return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None, executor=None) -> Path:

@@ -49,7 +49,7 @@ from scipy.special import expit, log_softmax, softmax
 
 from mtl_cog.errors import TruthError
 from mtl_cog.evaluation import multitask_metrics as multitask
-from mtl_cog.evaluation.binning import CLAMP, bin_sums, binned_calibration_errors, uniform_bin_index
+from mtl_cog.evaluation.binning import CLAMP, bin_sums, errors_from_sums, uniform_bin_index
 from mtl_cog.evaluation.metrics import NORMS
 from mtl_cog.evaluation.smooth_ece import smooth_ece
 
@@ -63,16 +63,16 @@ def truth_metric_names(bins: list[int] | tuple[int, ...]) -> list[str]:
     return [f"nf_{norm}@{b}" for norm in NORMS for b in bins] + ["nf_smece", *MODEL_METRICS, *FLOOR_METRICS]
 
 
-def noise_free_calibration_errors(confidence: np.ndarray, target: np.ndarray, n_bins: int) -> dict[str, float]:
-    """Bin ``confidence`` uniformly (as ECE does); per bin compare its mean with the mean of ``target``.
+def noise_free_bin_sums(confidence: np.ndarray, target: np.ndarray, n_bins: int) -> np.ndarray:
+    """Bin ``confidence`` uniformly (as ECE does) -> (n_bins, 3): count, sum of ``target``, sum of confidence.
 
     ``target`` is the true probability of the event whose predicted probability is ``confidence``
-    (p* for a binary task, p* of the predicted class for top-label calibration).
+    (p* for a binary task, p* of the predicted class for top-label calibration): the same binning as
+    the label-based errors (mtl_cog.evaluation.binning), with p* in place of the 0/1 outcome. A
+    task's errors and the pooled multi-task errors are both read from these sums.
     """
-    # The same binning as the label-based errors (metrics.py), with p* in place of the 0/1 outcome.
-    conf = np.asarray(confidence, dtype=np.float64).reshape(-1, 1)
-    hit = np.asarray(target, dtype=np.float64).reshape(-1, 1)
-    return {norm: float(value[0]) for norm, value in binned_calibration_errors(conf, hit, n_bins).items()}
+    conf = np.clip(np.asarray(confidence, dtype=np.float64), CLAMP, 1 - CLAMP)[None]
+    return bin_sums(conf, np.asarray(target, dtype=np.float64)[None], uniform_bin_index(conf, n_bins), n_bins)[0]
 
 
 def _as_class_probs(logits: np.ndarray, true_probs: np.ndarray, task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -97,8 +97,8 @@ def task_truth_metrics(logits: np.ndarray, true_probs: np.ndarray, labels: np.nd
 
 
 def _task_truth(logits: np.ndarray, true_probs: np.ndarray, labels: np.ndarray, bins: list[int] | tuple[int, ...],
-                task: str) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
-    """-> (the task's truth metrics, its calibration confidence (N,), the true probability of that event (N,))."""
+                task: str) -> tuple[dict[str, float], dict[int, np.ndarray]]:
+    """-> (the task's truth metrics, its noise-free bin sums {B: (B, 3)})."""
     p, log_p, p_true = _as_class_probs(logits, true_probs, task)
     if np.any(p_true < -1e-6) or np.any(p_true > 1 + 1e-6) or not np.allclose(p_true.sum(1), 1, atol=1e-4):
         raise TruthError(f"task {task!r}: true_probs must be probabilities (in [0, 1], summing to 1 over classes).")
@@ -114,9 +114,10 @@ def _task_truth(logits: np.ndarray, true_probs: np.ndarray, labels: np.ndarray, 
         confidence, target = p[np.arange(n), predicted], p_true[np.arange(n), predicted]
         bayes_pred = p_true.argmax(1)
     out: dict[str, float] = {}
+    sums = {b: noise_free_bin_sums(confidence, target, b) for b in bins}
     for b in bins:
-        for norm, value in noise_free_calibration_errors(confidence, target, b).items():
-            out[f"nf_{norm}@{b}"] = value
+        for norm, value in errors_from_sums(sums[b][None]).items():
+            out[f"nf_{norm}@{b}"] = float(value[0])
     out["nf_smece"] = float(smooth_ece(np.clip(confidence, CLAMP, 1 - CLAMP)[None], target[None])[0][0])
     log_true = np.log(np.clip(p_true, _LOG_EPS, 1.0))
     out["prob_error"] = float(0.5 * np.abs(p - p_true).sum(1).mean())
@@ -128,7 +129,7 @@ def _task_truth(logits: np.ndarray, true_probs: np.ndarray, labels: np.ndarray, 
     out["bayes_accuracy_exp"] = float(p_true.max(1).mean())
     out["bayes_nll_exp"] = float(-(p_true * log_true).sum(1).mean())
     out["bayes_brier_exp"] = float((p_true * (1 - p_true)).sum(1).mean())
-    return out, confidence, target
+    return out, sums
 
 
 def truth_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],
@@ -143,11 +144,7 @@ def truth_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
                  "mean": {m: float(np.mean([per_task[t][m] for t in task_names])) for m in names}}
     if len(task_names) < 2:
         return out
-    pooled = {}
-    for b in bins:  # the noise-free bins of every task added together
-        rows = [np.clip(confidence, CLAMP, 1 - CLAMP)[None] for _, confidence, _ in results]
-        pooled[b] = np.sum([bin_sums(row, target[None], uniform_bin_index(row, b), b)[0]
-                            for row, (_, _, target) in zip(rows, results)], axis=0)
+    pooled = {b: np.sum([sums[b] for _, sums in results], axis=0) for b in bins}  # every task's bins added
     out["multitask"] = multitask.task_spread(per_task, pooled, bins, prefix="nf_")
     binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
     if len(binary) >= 2:

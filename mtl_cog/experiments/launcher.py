@@ -64,6 +64,13 @@ def python_module_command(module: str, args: list[str], processes: int = 1, port
             "--main_process_port", str(port), "-m", module, *args]
 
 
+def train_command(run_dir: Path, config: Path, overrides: list[str], resume: bool, processes: int = 1) -> list[str]:
+    """The command that trains one run of a sweep or reproduction: a new run from ``config`` and
+    ``overrides``, or ``--resume`` of the unfinished run in ``run_dir`` (which keeps its own settings)."""
+    train_args = ["--resume", str(run_dir)] if resume else ["--config", str(config), *overrides]
+    return python_module_command("mtl_cog.cli.train", train_args, processes, str(run_dir.resolve()))
+
+
 def shell_command(job: RunJob) -> list[str]:
     """``job`` as one ``sh -c`` line: cd to the user's folder, set the variables, append all output to the log.
 

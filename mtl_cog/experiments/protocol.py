@@ -12,7 +12,9 @@ So, per data set and method (``scripts/reproduce.py --protocol fair``):
      ratio of the follower's, log-uniform in [1/30, 1/2], so the leader stays slower (the
      hierarchy COG needs) and a calibrator leader can move (1e-4 left temperatures at ~1.00);
    - the method's own knob, by loss (``LOSS_KNOBS``): label smoothing epsilon in [0.02, 0.2] (LS,
-     COG+LS), focal gamma in [1, 4] (focal).
+     COG+LS), focal gamma in [1, 4] (focal), MbLS margin m in [2, 20] (MbLS, COG+MbLS), FedLAS
+     alpha in [0.01, 0.2] (FedLAS, FedLAS+, COG+FedLAS), the margin-aware weight lambda in
+     [0.01, 1] (log; margin, COG+margin).
    TST/V-TST's second stage keeps its authors' defaults (as the COG paper did); their first
    stage is tuned like the baseline's. The ``budget`` settings are the first points of a
    scrambled Halton sequence (``scipy.stats.qmc``, fixed seed): evenly spread for any budget and
@@ -53,9 +55,16 @@ class Knob:
 
 
 # A loss with a hyperparameter of its own: one entry here puts it into the tuning.
+# Ranges: around the authors' defaults, wide enough to contain the values their papers report.
+# LiST's loss (margin_ce) has none: its margin is the robustness target the user asks for, not a
+# calibration knob (validation NLL would always pick the smallest), and L is fitted on validation.
 LOSS_KNOBS = {
     "ls": Knob("method.label_smoothing", 0.02, 0.2, log=False),
     "focal": Knob("method.focal_gamma", 1.0, 4.0, log=False),
+    "mbls": Knob("method.mbls_margin", 2.0, 20.0, log=False),  # MbLS: m = 10 default, tuned on validation
+    "fedlas": Knob("method.fedlas_alpha", 0.01, 0.2, log=False),  # FedLAS: 0.05 (CIFAR-10), 0.1 (CIFAR-100)
+    "fedlas_mbls": Knob("method.fedlas_alpha", 0.01, 0.2, log=False),  # FedLAS+: 0.1
+    "margin": Knob("method.margin_lambda", 0.01, 1.0, log=True),  # ours: 0.1 default
 }
 
 

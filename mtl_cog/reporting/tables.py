@@ -560,3 +560,13 @@ def pooled_predictions(records: list[RunRecord]) -> dict[tuple[str, str], list[P
             if variant.predictions is not None:
                 pooled.setdefault((record.dataset, variant.method), []).append(load_predictions(variant.predictions))
     return pooled
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """A Markdown table (pandas' to_markdown needs the tabulate package, which we do not require)."""
+    def cell(value: object) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
