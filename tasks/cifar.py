@@ -146,6 +146,9 @@ class CifarTask:
         val = round(self.v.val_fraction * OFFICIAL_TRAIN)  # as carve_validation
         return capped_sizes({"train": OFFICIAL_TRAIN - val, "val": val, "test": OFFICIAL_TEST}, data_cfg.max_samples)
 
+    def num_tasks(self, data_cfg) -> int:
+        return 1
+
     def _how_to_get(self) -> str:
         return (
             f"Get {self.v.name.upper()} (python version) from https://www.cs.toronto.edu/~kriz/cifar.html and "

@@ -35,6 +35,9 @@ class DigitsTask:
     def split_sizes(self, data_cfg) -> dict[str, int]:
         return capped_sizes({k: len(v) for k, v in split_indices(N_IMAGES).items()}, data_cfg.max_samples)
 
+    def num_tasks(self, data_cfg) -> int:
+        return 1
+
     def source_files(self, data_cfg) -> list[Path]:
         # The bundled CSV, so a cache notices a scikit-learn upgrade that changes it.
         import sklearn.datasets

@@ -86,6 +86,9 @@ class SVHNTask:
         val = round(VAL_FRACTION * OFFICIAL_TRAIN)  # as carve_validation
         return capped_sizes({"train": OFFICIAL_TRAIN - val, "val": val, "test": OFFICIAL_TEST}, data_cfg.max_samples)
 
+    def num_tasks(self, data_cfg) -> int:
+        return 1
+
     def source_files(self, data_cfg) -> list[Path]:
         root = Path(data_cfg.root)
         return [_find(root, f) or _candidates(root, f)[0] for f in FILES.values()]

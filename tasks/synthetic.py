@@ -95,6 +95,9 @@ class SyntheticTask:
         s = data_cfg.synthetic
         return capped_sizes({"train": s.train_size, "val": s.val_size, "test": s.test_size}, data_cfg.max_samples)
 
+    def num_tasks(self, data_cfg) -> int:
+        return data_cfg.synthetic.num_attributes
+
     def source_files(self, data_cfg) -> list:
         return []
 

@@ -99,7 +99,8 @@ def test_every_method_gets_the_budget_over_its_knobs():
     settings = {m: protocol.trial_settings(protocol.search_space(cfg, 1e-3), 5) for m, cfg in digits.items()}
     assert all(len(s) == 5 for s in settings.values())
     assert set(settings["baseline"][0]) == {"optim.follower_lr"}
-    assert set(settings["tst"][0]) == {"optim.follower_lr"}  # stage two keeps the authors' defaults
+    assert set(settings["tst"][0]) == {"optim.follower_lr", "two_stage.lr"}  # stage two's rate: TST's own knob
+    assert all(1e-4 <= t["two_stage.lr"] <= 1e-2 for t in settings["tst"])
     assert set(settings["cog_ts"][0]) == {"optim.follower_lr", "optim.leader_lr"}
     assert set(settings["cog_ls"][0]) == {"optim.follower_lr", "optim.leader_lr", "method.label_smoothing"}
     assert set(settings["focal"][0]) == {"optim.follower_lr", "method.focal_gamma"}
@@ -199,11 +200,26 @@ def test_estimate_known_answer_from_stated_defaults():
     cfg = load_config(REPO / "configs" / "cifar10" / "baseline.yaml", ["train.precision=bf16"])
     estimate = gpu_time.estimate_run(cfg)
     rate = gpu_time.DEFAULT_GPU_RATES[(32, True)]
-    expected = gpu_time.START_SECONDS + 300 * (40_000 / rate + 10_000 / (3 * rate)) + 20_000 / (3 * rate)
+    images = 300 * (40_000 / rate + 10_000 / (3 * rate)) + 20_000 / (3 * rate)
+    scoring = (300 + 2) * 1 * gpu_time.SCORE_SECONDS_PER_TASK  # 300 validations + the final two, one task
     assert estimate.sizes == {"train": 40_000, "val": 10_000, "test": 10_000}
-    assert estimate.seconds == pytest.approx(expected) and "not measured" in estimate.source
+    assert estimate.seconds == pytest.approx(gpu_time.START_SECONDS + images + scoring)
+    assert "not measured" in estimate.source
     fp32 = gpu_time.estimate_run(load_config(REPO / "configs" / "cifar10" / "baseline.yaml"))
-    assert fp32.seconds - gpu_time.START_SECONDS == pytest.approx(2 * (expected - gpu_time.START_SECONDS))
+    assert fp32.seconds == pytest.approx(gpu_time.START_SECONDS + 2 * images + scoring)
+
+
+def test_cpu_estimate_counts_tasks_and_the_second_stage():
+    cfg = load_config(REPO / "configs" / "synthetic" / "tst.yaml",
+                      ["model.backbone=cog_cnn_tiny", "data.image_size=16", "train.epochs=40",
+                       "data.synthetic.train_size=1000", "data.synthetic.val_size=200"])
+    rate = gpu_time.CPU_TINY_RATE
+    images = 40 * (1000 + 200 / 3) / rate + (200 + cfg.data.synthetic.test_size) / (3 * rate)
+    images += cfg.two_stage.epochs * 1200 / (3 * rate)
+    scoring = (40 + 2 + cfg.two_stage.epochs) * cfg.data.synthetic.num_attributes * gpu_time.SCORE_SECONDS_PER_TASK
+    estimate = gpu_time.estimate_run(cfg)
+    assert estimate.seconds == pytest.approx(gpu_time.CPU_START_SECONDS + images + scoring)
+    assert "CPU core" in estimate.source
 
 
 def test_a_gpu_check_measurement_replaces_the_defaults_and_scales_with_pixels(tmp_path):

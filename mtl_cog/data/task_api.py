@@ -285,8 +285,9 @@ class Task(Protocol):
 
     def source_files(self, data_cfg) -> list[Path]: ...
 
-    # Optional: ``split_sizes(data_cfg) -> {"train": n, "val": n, "test": n}`` without loading
-    # anything (dry runs estimate run times from it); see ``capped_sizes``.
+    # Optional, without loading anything (dry runs estimate run times from them):
+    # ``split_sizes(data_cfg) -> {"train": n, "val": n, "test": n}`` (see ``capped_sizes``) and
+    # ``num_tasks(data_cfg) -> int`` (scoring an evaluation costs time per task).
 
 
 def capped_sizes(sizes: dict[str, int], max_samples: int | None) -> dict[str, int]:

@@ -12,6 +12,8 @@ A report shows from them
   assumed: the best validation NLL improved by at most ``NLL_PLATEAU`` (1 %) during the final
   ``LAST_FRACTION`` (20 %) of epochs, and a calibrator made at most ``CALIBRATOR_SETTLED`` (10 %)
   of its total move (max abs change over all its parameters, first to last epoch) in that part.
+  A two-stage run (TST, V-TST) is judged on its second stage too (``two_stage_metrics.jsonl``,
+  the same NLL rule): a post-hoc head still learning at its last epoch is not a finished baseline.
 """
 
 from __future__ import annotations
@@ -124,11 +126,13 @@ class Convergence:
     epochs: int
     nll_gain_last: float  # relative improvement of the best validation NLL in the final part of training
     calibrator_move_last: float | None  # calibrator change in the final part / its change over the run
+    stage_two_nll_gain_last: float | None = None  # the same NLL gain for a second stage; None: one stage
 
     @property
     def converged(self) -> bool:
         settled = self.calibrator_move_last is None or self.calibrator_move_last <= CALIBRATOR_SETTLED
-        return self.nll_gain_last <= NLL_PLATEAU and settled
+        stage_two_settled = self.stage_two_nll_gain_last is None or self.stage_two_nll_gain_last <= NLL_PLATEAU
+        return self.nll_gain_last <= NLL_PLATEAU and settled and stage_two_settled
 
     def why_not(self) -> str:
         reasons = []
@@ -137,6 +141,9 @@ class Convergence:
             reasons.append(f"validation NLL still fell {100 * self.nll_gain_last:.1f}% in {part}")
         if self.calibrator_move_last is not None and self.calibrator_move_last > CALIBRATOR_SETTLED:
             reasons.append(f"the calibrator made {100 * self.calibrator_move_last:.0f}% of its move in {part}")
+        if self.stage_two_nll_gain_last is not None and self.stage_two_nll_gain_last > NLL_PLATEAU:
+            reasons.append(f"stage two's validation NLL still fell {100 * self.stage_two_nll_gain_last:.1f}% in "
+                           f"its last {100 * LAST_FRACTION:.0f}% of epochs")
         return "; ".join(reasons)
 
 
@@ -148,22 +155,42 @@ def _calibrator_vector(line: dict) -> np.ndarray | None:
     return np.concatenate(values) if values else None
 
 
+def _nll_gain_last(nll: np.ndarray) -> float:
+    """Relative improvement of the best validation NLL during the final ``LAST_FRACTION`` of epochs."""
+    cut = len(nll) - max(1, round(LAST_FRACTION * len(nll)))
+    before, overall = np.nanmin(nll[:cut]), np.nanmin(nll)
+    return max(float((before - overall) / before) if before > 0 else 0.0, 0.0)
+
+
+def _stage_two_nll(run_dir: Path) -> np.ndarray | None:
+    path = Path(run_dir) / rundir.STAGE_TWO_METRICS
+    if not path.is_file():
+        return None
+    values = []
+    for text in path.read_text().splitlines():
+        try:
+            values.append(float(json.loads(text)["val_nll"]))
+        except (ValueError, KeyError, TypeError):  # a torn line of a killed run
+            continue
+    return np.array(values) if len(values) >= 5 else None
+
+
 def convergence(run_dir: Path) -> Convergence | None:
-    """Did stage one settle? None when the run has fewer than 5 epoch lines (nothing to judge)."""
+    """Did stage one (and a second stage) settle? None when stage one has fewer than 5 epoch lines."""
     epochs, _ = read_metrics_lines(run_dir)
     if len(epochs) < 5:
         return None
     nll = np.array([line["val"].get("nll", np.nan) for line in epochs], dtype=float)
     cut = len(epochs) - max(1, round(LAST_FRACTION * len(epochs)))
-    before, overall = np.nanmin(nll[:cut]), np.nanmin(nll)
-    gain = float((before - overall) / before) if before > 0 else 0.0
+    gain = _nll_gain_last(nll)
+    stage_two = _stage_two_nll(run_dir)
     vectors = [_calibrator_vector(line) for line in epochs]
     move = None
     if all(v is not None for v in vectors) and len({len(v) for v in vectors}) == 1:
         total = float(np.abs(vectors[-1] - vectors[0]).max())
         last = float(np.abs(vectors[-1] - vectors[cut - 1]).max())
         move = last / total if total > 0 else 0.0
-    return Convergence(len(epochs), max(gain, 0.0), move)
+    return Convergence(len(epochs), gain, move, None if stage_two is None else _nll_gain_last(stage_two))
 
 
 def convergence_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
@@ -174,5 +201,6 @@ def convergence_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
             continue
         rows.append({"dataset": dataset, "method": method, "seed": seed, "run": str(run_dir), "epochs": result.epochs,
                      "nll_gain_last_20pct": result.nll_gain_last, "calibrator_move_last_20pct":
-                     result.calibrator_move_last, "converged": result.converged, "why_not": result.why_not()})
+                     result.calibrator_move_last, "stage_two_nll_gain_last_20pct": result.stage_two_nll_gain_last,
+                     "converged": result.converged, "why_not": result.why_not()})
     return pd.DataFrame(rows)
