@@ -183,6 +183,22 @@ def test_convergence_sees_a_falling_nll_and_a_moving_calibrator(tmp_path):
     assert convergence(write_metrics(tmp_path / "d", [0.5, 0.4], None)) is None  # too short to judge
 
 
+def test_convergence_judges_a_second_stage_too(tmp_path):
+    def two_stage(run: Path, stage_two_nll: list[float]) -> Path:
+        write_metrics(run, [1.0, 0.6] + [0.5] * 8, None)  # stage one settled
+        lines = [{"epoch": e, "train_loss": v, "val_nll": v, "best": True} for e, v in enumerate(stage_two_nll, 1)]
+        (run / "two_stage_metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json (torn)")
+        return run
+
+    still_learning = convergence(two_stage(tmp_path / "a", [2.3 - 0.1 * e for e in range(10)]))
+    assert still_learning.nll_gain_last == 0.0 and not still_learning.converged
+    assert still_learning.stage_two_nll_gain_last == pytest.approx((1.6 - 1.4) / 1.6)  # best of the first 8 of 10: 1.6
+    assert "stage two's validation NLL still fell" in still_learning.why_not()
+    settled = convergence(two_stage(tmp_path / "b", [2.3, 1.0, 0.8] + [0.7] * 7))
+    assert settled.converged and settled.stage_two_nll_gain_last == 0.0
+    assert convergence(write_metrics(tmp_path / "c", [0.5] * 10, None)).stage_two_nll_gain_last is None
+
+
 def test_calibrator_table_and_the_identity_flag(tmp_path):
     stuck = write_metrics(tmp_path / "stuck", [0.5] * 6, [1.0, 0.999, 1.001, 1.0, 1.002, 1.001])
     moved = write_metrics(tmp_path / "moved", [0.5] * 6, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], at_identity_flag=False)
