@@ -138,6 +138,15 @@ def test_every_loss_knob_is_a_real_key_of_every_config_with_that_loss_and_every_
         "mbls", "fedlas", "margin", "list"}
 
 
+def test_a_choice_at_the_edge_of_what_was_tried_is_named():
+    tried = [{"optim.follower_lr": 1e-3, "optim.leader_lr": 1e-4}, {"optim.follower_lr": 4e-3, "optim.leader_lr": 5e-4},
+             {"optim.follower_lr": 2e-3, "optim.leader_lr": 3e-4}, {"optim.follower_lr": 3e-3, "optim.leader_lr": 5e-5}]
+    assert protocol.edge_knobs(tried, 1) == ["optim.follower_lr=highest", "optim.leader_lr=highest"]
+    assert protocol.edge_knobs(tried, 3) == ["optim.leader_lr=lowest"]
+    assert protocol.edge_knobs(tried, 2) == []  # inside on both knobs
+    assert protocol.edge_knobs([{"optim.follower_lr": 1e-3}], 0) == []  # one trial: no range to be at the edge of
+
+
 def test_the_choice_is_the_lowest_validation_nll_and_ignores_unfinished_trials(tmp_path):
     from test_report import write_run
 
@@ -314,3 +323,39 @@ def test_per_class_and_matrix_calibrators_are_read_too(tmp_path):
     table = calibrator_trajectory(run).set_index(["parameter", "task"])["value"]
     assert table[("matrix (diagonal)", "digit[0]")] == 1.2 and table[("matrix (diagonal)", "digit[1]")] == 0.8
     assert table[("matrix", "attr")] == 1.5 and table[("bias", "digit[1]")] == -0.1 and table[("bias", "attr")] == 0.2
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monkeypatch, capsys):
+    """Tiny but real: 2 trials per method, 2 seeds, 2 epochs; then the same command reuses every run."""
+    from mtl_cog.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", "--epochs", "2", "--datasets", "digits",
+            "--methods", "baseline", "cog_fc", "--posthoc-on", "baseline", "--out", "out", "--jobs", "2"]
+    report = reproduce.main(argv)
+    chosen = pd.read_csv(report / "chosen_settings.csv", keep_default_na=False)
+    assert sorted(chosen["method"]) == ["baseline", "cog_fc"] and set(chosen["trials"]) == {2}
+    assert "at_edge" in chosen.columns  # with 2 trials every choice is at an edge of what was tried
+    assert all(row.at_edge.startswith("optim.follower_lr=") for row in chosen.itertuples())
+    for method in ("baseline", "cog_fc"):
+        trials = pd.read_csv(tmp_path / "out" / "tuning" / f"digits-{method}" / "trials.csv", keep_default_na=False)
+        assert list(trials["chosen"]).count("*") == 1 and trials["val_nll"].notna().all()
+    # the chosen setting is what the final runs trained with
+    row = chosen.set_index("method").loc["cog_fc"]
+    final = load_config(tmp_path / "out" / "runs" / "digits-cog_fc-seed1" / "config.yaml")
+    for override in row["settings"].split():
+        key, value = override.split("=")
+        section, name = key.split(".")
+        assert getattr(getattr(final, section), name) == pytest.approx(float(value))
+    paired = pd.read_csv(report / "paired_differences.csv")
+    pair = paired[(paired["variant"] == "cog_fc") & (paired["counterpart"] == "baseline")]
+    assert set(pair["metric"]) >= {"nll", "brier", "accuracy"}
+    assert (pair["ci_low"] <= pair["mean_difference"]).all() and (pair["mean_difference"] <= pair["ci_high"]).all()
+    assert "at the edge of what was tried" in (report / "protocol.md").read_text()
+    capsys.readouterr()
+    reproduce.main(argv)  # nothing left to train: every run is reused
+    out = capsys.readouterr().out
+    assert "tuning: 4 runs, 4 already finished, 0 to run" in out and "final runs: 4 runs, 4 already finished" in out

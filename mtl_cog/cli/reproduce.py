@@ -247,8 +247,10 @@ def choose_settings(tuning: dict[tuple[str, str], list[Job]], args: argparse.Nam
         table = pd.DataFrame(trial_rows)
         atomic_write(trials[0].run_dir.parent / "trials.csv", lambda tmp, table=table: table.to_csv(tmp, index=False))
         chosen = trials[choice.index]
+        tried = [{k: float(v) for k, v in (o.split("=", 1) for o in t.overrides)} for t in trials]
+        edges = " ".join(protocol.edge_knobs(tried, choice.index))
         rows.append({"dataset": dataset, "method": method, "settings": " ".join(chosen.overrides),
-                     "val_nll": choice.nlls[choice.index], "trials": len(trials),
+                     "val_nll": choice.nlls[choice.index], "at_edge": edges, "trials": len(trials),
                      "tuning_seed": protocol.TUNE_SEED, "trial": chosen.run_dir.name})
     return pd.DataFrame(rows)
 
@@ -361,6 +363,10 @@ def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.D
         lines += [f"Every method had {args.budget} tuning runs (seed {protocol.TUNE_SEED}) on validation NLL; "
                   "the chosen settings (chosen_settings.csv) were then run with seeds "
                   f"{' '.join(map(str, args.seeds))}. See docs/protocol.md.", "", markdown_table(chosen)]
+        edges = chosen[chosen["at_edge"] != ""]
+        if len(edges):
+            lines += ["", f"**{len(edges)} of {len(chosen)} choices lie at the edge of what was tried** (`at_edge`): "
+                      "their best setting may lie outside the search range (mtl_cog/experiments/protocol.py)."]
     atomic_write_text(report_dir / "protocol.md", "\n".join(lines) + "\n")
     print(report_dir / "protocol.md")
 

@@ -125,6 +125,20 @@ class Choice:
     nlls: list[float]  # validation NLL of every trial (NaN: not finished)
 
 
+def edge_knobs(settings: list[dict[str, float]], chosen: int) -> list[str]:
+    """The knobs whose chosen value is the lowest or highest one tried, e.g. ``["optim.follower_lr=highest"]``.
+
+    The optimum may then lie outside the range: a comparison should say so rather than present
+    the choice as tuned (the range is in ``search_space``; widen it there).
+    """
+    edges = []
+    for key, value in settings[chosen].items():
+        tried = {s[key] for s in settings if key in s}
+        if len(tried) > 1 and value in (min(tried), max(tried)):
+            edges.append(f"{key}={'lowest' if value == min(tried) else 'highest'}")
+    return edges
+
+
 def choose(trial_dirs: list[Path], bins: list[int]) -> Choice:
     """The trial with the lowest validation NLL (first on ties) among finished runs."""
     nlls = [validation_scores(d, bins)["nll"] for d in trial_dirs]
