@@ -138,8 +138,8 @@ def training_rate(cfg: Config, measured: Throughput | None) -> tuple[float, str,
             scaled += f", x{speed / PRECISION_SPEED[measured.precision]:g} for precision {cfg.train.precision}"
         return rate, f"{measured.source}{scaled}", False
     if backbone in CPU_BACKBONES:
-        rated_size, speed = CPU_BACKBONES[backbone]
-        rate = CPU_TINY_RATE * speed * (rated_size / size) ** 2
+        rated_size, relative_speed = CPU_BACKBONES[backbone]
+        rate = CPU_TINY_RATE * relative_speed * (rated_size / size) ** 2
         return rate, f"{backbone}, one CPU core (measured on the 2-core development machine)", True
     key = min(DEFAULT_GPU_RATES, key=lambda k: (k[1] != cfg.model.cifar_stem, abs(math.log(k[0] / size))))
     rate = DEFAULT_GPU_RATES[key] * (key[0] / size) ** 2 * speed
