@@ -167,6 +167,21 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every readable line of a JSONL file ([] when there is none); a torn line of a killed writer is
+    skipped, so the lines before it still count (for reports; a resume trims instead)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for text in path.read_text().splitlines():
+        try:
+            records.append(json.loads(text))
+        except ValueError:
+            continue
+    return records
+
+
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     """Append one JSON line and make it durable (fsync): O(1) however long the file is.
 

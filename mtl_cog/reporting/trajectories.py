@@ -18,7 +18,6 @@ A report shows from them
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from mtl_cog.constants import IDENTITY_TOLERANCE, IDENTITY_VALUES
+from mtl_cog.io import read_jsonl
 from mtl_cog.runs import rundir
 
 LAST_FRACTION = 0.2
@@ -35,15 +35,7 @@ CALIBRATOR_SETTLED = 0.1
 
 def read_metrics_lines(run_dir: Path) -> tuple[list[dict], dict]:
     """(stage one's epoch lines, the final line) of a run's metrics.jsonl; empty when there is none."""
-    path = Path(run_dir) / rundir.METRICS
-    if not path.is_file():
-        return [], {}
-    lines = []
-    for text in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(text))
-        except ValueError:  # a torn last line of a killed run: the epochs before it still count
-            continue
+    lines = read_jsonl(Path(run_dir) / rundir.METRICS)
     epochs = [line for line in lines if not line.get("final") and isinstance(line.get("val"), dict)]
     final = next((line for line in reversed(lines) if line.get("final")), {})
     return epochs, final
@@ -163,16 +155,9 @@ def _nll_gain_last(nll: np.ndarray) -> float:
 
 
 def _stage_two_nll(run_dir: Path) -> np.ndarray | None:
-    path = Path(run_dir) / rundir.STAGE_TWO_METRICS
-    if not path.is_file():
-        return None
-    values = []
-    for text in path.read_text().splitlines():
-        try:
-            values.append(float(json.loads(text)["val_nll"]))
-        except (ValueError, KeyError, TypeError):  # a torn line of a killed run
-            continue
-    return np.array(values) if len(values) >= 5 else None
+    values = [line["val_nll"] for line in read_jsonl(Path(run_dir) / rundir.STAGE_TWO_METRICS)
+              if isinstance(line, dict) and isinstance(line.get("val_nll"), (int, float))]
+    return np.array(values, dtype=float) if len(values) >= 5 else None
 
 
 def convergence(run_dir: Path) -> Convergence | None:
