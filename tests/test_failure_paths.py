@@ -306,7 +306,7 @@ def test_a_really_full_disk(tmp_path, capsys):
     disk.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(disk)],
                                            capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a small tmpfs")
+        pytest.skip("needs root with permission to mount a small tmpfs")
     try:
         err = user_error("train_mtl", tiny(tmp_path, f"output_dir={disk}", "run_name=r"), capsys)
         assert "No space left on device (the disk is full: free some space)" in err and str(disk / "r") in err
