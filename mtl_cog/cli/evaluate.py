@@ -1,7 +1,7 @@
 """Score predictions: any prediction file, or a run's best checkpoint re-evaluated.
 
     python scripts/evaluate.py --predictions FILE.npz [--bins 5 10 15 20 50] --out metrics.json
-    accelerate launch scripts/evaluate.py --run RUN_DIR [--split test] --out metrics.json
+    accelerate launch scripts/evaluate.py --run RUN_DIR [--split test] --out metrics.json [--unfinished]
     python scripts/evaluate.py --run RUN_DIR --posthoc ts vs ms svs sms isotonic histogram
 
 With ``--posthoc``, each named calibrator is fitted (one per task) on the run's
@@ -44,7 +44,8 @@ from mtl_cog.io import atomic_write, atomic_write_json, check_writable
 from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.progress import track
 from mtl_cog.runs import rundir
-from mtl_cog.runs.trained import load_network, load_run
+from mtl_cog.runs.digests import verify_digests
+from mtl_cog.runs.trained import check_same_spec, load_network, load_run, open_finished_run, run_task_spec
 from mtl_cog.training.accelerator import create_accelerator
 
 # post-hoc methods that re-run the trained network (name -> fit on validation, apply to test)
@@ -57,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--predictions", type=Path, help="a prediction file (.npz, see mtl_cog/predictions.py)")
     source.add_argument("--run", type=Path, help="a run folder: re-evaluate its best checkpoint")
     parser.add_argument("--split", choices=["train", "val", "test"], default="test", help="with --run")
+    parser.add_argument("--unfinished", action="store_true",
+                        help="with --run: score the last best checkpoint of a run that has not finished (no DONE); "
+                        "without it such a run is refused, since its checkpoint is not the run's result")
     parser.add_argument("--bins", type=int, nargs="+", default=None, help=f"bin counts (default {list(DEFAULT_BINS)})")
     parser.add_argument("--pairs", type=int, default=None,
                         help="attribute pairs scored by pair_joint_ece (default: the run's eval.joint_pairs, "
@@ -90,10 +94,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(args.out)
         return metrics
 
+    cfg = open_finished_run(args.run, args.unfinished, "--unfinished")  # DONE + the files it wrote
     accelerator = create_accelerator()
-    cfg = rundir.load_run_config(args.run)
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
+    check_same_spec(run_task_spec(cfg, args.run), task_data.spec, args.run)
     network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
     predictions = predict_split(accelerator, network, task_data.spec, task_data.splits[args.split],
                                 cfg.train.eval_batch_size)
@@ -111,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
 def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: Path | None,
                 pairs: int | None = None) -> dict:
     """Fit each post-hoc method on the run's validation predictions; score it on its test predictions."""
+    verify_digests(run_dir, (rundir.CONFIG, rundir.predictions_file("val"), rundir.predictions_file("test")))
     eval_cfg = rundir.load_run_config(run_dir).eval
     bins = bins or eval_cfg.bins
     pairs = eval_cfg.joint_pairs if pairs is None else pairs

@@ -69,6 +69,7 @@ from mtl_cog.errors import CacheError, DataError
 FORMAT_VERSION = 2  # 1: one cache per data.max_samples, no checksums (such folders are ignored)
 META = "meta.json"
 CHECKSUM = "xxh3_128"
+META_CHECKSUM = "meta_xxh3_128"  # meta.json's checksum of its own other keys
 READ_CHUNK = 16 * 2**20  # bytes per read while verifying: constant memory, any file size
 LOCK_WAIT_MESSAGE_EVERY = 60.0  # seconds between "still waiting for the builder" messages
 
@@ -190,6 +191,10 @@ def inspect_cache(folder: Path, expected_fingerprint: dict[str, Any] | None) -> 
         return None, f"damaged: {META} is unreadable ({err})"
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         return None, "stale: written by another version of the cache format"
+    if META_CHECKSUM not in meta:
+        return None, f"stale: written before {META} was checksummed itself"
+    if meta_checksum(meta) != meta[META_CHECKSUM]:  # the spec (normalisation, task names) flows into training
+        return None, f"damaged: {META} does not match its own checksum (its content changed after it was written)"
     if expected_fingerprint is not None and meta.get("fingerprint") != expected_fingerprint:
         return None, "stale: its source files, reader code or data options changed"
     try:
@@ -223,6 +228,13 @@ def _verify_file(path: Path, expected: dict[str, Any]) -> str:
     if file_checksum(path) != expected[CHECKSUM]:
         return "does not match its checksum (its content changed after it was written)"
     return ""
+
+
+def meta_checksum(meta: dict[str, Any]) -> str:
+    """xxh3-128 of ``meta`` without its own checksum, as canonical JSON: the files' checksums sit in
+    meta.json, so without this one byte of meta.json (the spec's mean, a task name) went unchecked."""
+    body = {k: v for k, v in meta.items() if k != META_CHECKSUM}
+    return xxhash.xxh3_128(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def file_checksum(path: Path) -> str:
@@ -334,6 +346,7 @@ def write_source(folder: Path, source: TaskSource, fp: dict[str, Any], show_prog
             "splits": splits,
             "files": checksums,
         }
+        meta[META_CHECKSUM] = meta_checksum(meta)
         with _disk_errors(folder, needed):
             (tmp / META).write_text(json.dumps(meta, indent=1))
             _fsync_folder(tmp)

@@ -48,6 +48,7 @@ from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
 from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
+from mtl_cog.runs.digests import record_digests
 from mtl_cog.runs.task_spec import save_task_spec
 from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
 from mtl_cog.training import resume_settings
@@ -240,6 +241,7 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         frame = metrics_frame(results["test"])
         atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
         report = write_run_report(run_dir)  # reliability PNG (+ truth metrics): before DONE, so a DONE run has it
+        record_digests(run_dir)  # what readers check the run's files against (mtl_cog.runs.digests)
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
     publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
     tracker.finish()
