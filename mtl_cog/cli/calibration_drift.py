@@ -62,13 +62,17 @@ def drift_line(end: EpochEnd, layout: LogitLayout) -> dict:
     """One JSON-able line: validation metrics, fitted temperatures, logit magnitudes, margin quantiles."""
     predictions, mean, multitask = end.val_predictions, end.val["mean"], end.val.get("multitask", {})
     flat = layout.join(predictions.logits)
-    temperatures = fit_temperatures(layout, predictions.logits, predictions.labels).numpy()
+    temperatures = fit_temperatures(layout, predictions.logits, predictions.labels, predictions.task_names,
+                                    what=f"calibration drift, epoch {end.epoch}").numpy()
+    fitted = temperatures[np.isfinite(temperatures)]  # NaN: no validation errors, so no optimal T
     ece = f"ece@{SUMMARY_BINS}" if f"ece@{SUMMARY_BINS}" in mean else next(k for k in mean if k.startswith("ece@"))
     line = {"epoch": end.epoch, "train_loss": _round(end.train_loss, 4),
             **{f"val_{m}": _round(mean[m], 4) for m in ("accuracy", "nll", "brier", ece, "smece")},
             **{f"val_{m}": _round(multitask[m], 4) for m in (f"pooled_{ece}", "count_ece") if m in multitask},
-            "fitted_T_median": _round(float(np.median(temperatures)), 3),
-            "tasks_with_T_above_1": int((temperatures > 1).sum()), "tasks": len(predictions.task_names),
+            "fitted_T_median": _round(float(np.median(fitted)) if fitted.size else None, 3),
+            "tasks_with_T_above_1": int((fitted > 1).sum()),
+            "tasks_without_T_optimum": int((~np.isfinite(temperatures)).sum()),
+            "tasks": len(predictions.task_names),
             "mean_abs_logit": _round(float(np.abs(flat).mean()), 3)}
     if predictions.true_probs is not None:
         p = np.clip(np.stack(predictions.true_probs, axis=1), 1e-7, 1 - 1e-7)

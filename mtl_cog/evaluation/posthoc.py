@@ -62,7 +62,7 @@ def _flat(predictions: Predictions, layout: LogitLayout) -> tuple[torch.Tensor, 
 def _fit_ours(method: str, val: Predictions, test: Predictions, layout: LogitLayout) -> list[np.ndarray]:
     calibrator = CALIBRATORS.get(OUR_CALIBRATORS[method])(layout).double()
     val_logits, val_labels = _flat(val, layout)
-    fit_calibrator(calibrator, val_logits, val_labels, layout)
+    fit_calibrator(calibrator, val_logits, val_labels, layout, task_names=val.task_names, what=f"post-hoc {method!r}")
     with torch.no_grad():
         test_logits = calibrator(_flat(test, layout)[0]).float().numpy()
     return layout.split(test_logits)

@@ -122,7 +122,8 @@ def stability_calibrate(network: nn.Module, transform, val_images: torch.Tensor,
     val_logits, val_labels = _flat(val, layout)
     calibrator.instability = torch.as_tensor(1 - stability(network, transform, val_images, layout, perturbations,
                                                             seed), dtype=torch.float64)
-    fit_calibrator(calibrator, val_logits, val_labels, layout)
+    fit_calibrator(calibrator, val_logits, val_labels, layout, task_names=val.task_names,
+                   what="post-hoc 'stability'")
     calibrator.instability = torch.as_tensor(1 - stability(network, transform, test_images, layout, perturbations,
                                                            seed + 1), dtype=torch.float64)
     with torch.no_grad():
