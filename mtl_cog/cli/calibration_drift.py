@@ -38,11 +38,12 @@ from scipy.stats import spearmanr
 
 import tasks  # noqa: F401  (registers the data sets)
 from mtl_cog.config import load_config
+from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import LogitLayout
-from mtl_cog.errors import UserError, run_cli
+from mtl_cog.errors import run_cli
 from mtl_cog.evaluation.posthoc import layout_of
 from mtl_cog.evaluation.sharpness import hutchinson_trace, margin_quantiles, top_eigenvalue
 from mtl_cog.io import atomic_write_text
@@ -107,21 +108,18 @@ def ece_curvature_correlation(lines: list[dict], ece_key: str) -> dict[str, floa
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--every", type=int, default=5, help="report every N epochs (and the last)")
+    parser.add_argument("--every", type=whole_number(1, None, "epochs >= 1"), default=5,
+                        help="report every N epochs (and the last)")
     parser.add_argument("--curvature", choices=CURVATURE, default="top_eigenvalue",
                         help="GGN summary of the training NLL on a fixed batch (default top_eigenvalue)")
-    parser.add_argument("--curvature-batch", type=int, default=256,
+    parser.add_argument("--curvature-batch", type=whole_number(1, None, "images >= 1"), default=256,
                         help="the first N training images form the fixed batch (default 256)")
-    parser.add_argument("--curvature-iterations", type=int, default=20,
+    parser.add_argument("--curvature-iterations", type=whole_number(1, None, "iterations >= 1"), default=20,
                         help="power-iteration steps (at most) or Hutchinson samples (default 20)")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    for name in ("every", "curvature_batch", "curvature_iterations"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1. Got {getattr(args, name)}.")
-    return args
+    return parser.parse_args(argv)
 
 
 class FixedBatch:

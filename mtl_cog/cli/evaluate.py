@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 
 import tasks  # noqa: F401  (registers the data sets)
+from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.config.schema import check_bins
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.loading import load_task
@@ -53,7 +54,7 @@ NETWORK_POSTHOC = {"stability": stability_calibrate}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--predictions", type=Path, help="a prediction file (.npz, see mtl_cog/predictions.py)")
     source.add_argument("--run", type=Path, help="a run folder: re-evaluate its best checkpoint")
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="with --run: score the last best checkpoint of a run that has not finished (no DONE); "
                         "without it such a run is refused, since its checkpoint is not the run's result")
     parser.add_argument("--bins", type=int, nargs="+", default=None, help=f"bin counts (default {list(DEFAULT_BINS)})")
-    parser.add_argument("--pairs", type=int, default=None,
+    parser.add_argument("--pairs", type=whole_number(0, None, "a pair count >= 0"), default=None,
                         help="attribute pairs scored by pair_joint_ece (default: the run's eval.joint_pairs, "
                         f"else {DEFAULT_PAIRS}; 0 = none)")
     parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
@@ -76,8 +77,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.bins is not None:
         check_bins(args.bins, "--bins")
-    if args.pairs is not None and args.pairs < 0:
-        raise UserError(f"--pairs must be >= 0. Got {args.pairs}.")
     if args.out is not None:
         check_writable(args.out, "--out")  # before the work, not after it
     if args.posthoc:

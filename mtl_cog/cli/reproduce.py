@@ -40,7 +40,8 @@ import pandas as pd
 from mtl_cog.cli import compare, evaluate
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
-from mtl_cog.config.schema import check_seed
+from mtl_cog.config.arguments import Parser, distinct, whole_number
+from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.experiments import gpu_time, launcher, protocol
 from mtl_cog.experiments.launcher import (
@@ -100,16 +101,18 @@ class Plan:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="OUT/runs, OUT/tuning, OUT/report")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="configs", help="fair: equal tuning budget")
     parser.add_argument("--scale", choices=SCALES, default="cpu", help="cpu: tiny runs; paper: the configs as set")
     parser.add_argument("--datasets", nargs="+", default=None, help="default: digits synthetic (cpu), "
                         "celeba svhn cifar10 cifar100 (paper)")
     parser.add_argument("--methods", nargs="+", default=None, help="only these configs (default: all in configs/<ds>/)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=None, help="override every run's train.epochs")
-    parser.add_argument("--budget", type=int, default=3, help="fair: tuning runs per method and data set (default 3)")
+    parser.add_argument("--seeds", type=whole_number(0, MAX_SEED, "a seed"), nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=whole_number(1, None, "an epoch count"), default=None,
+                        help="override every run's train.epochs")
+    parser.add_argument("--budget", type=whole_number(1, protocol.MAX_BUDGET, "a number of tuning runs"), default=3,
+                        help="fair: tuning runs per method and data set (default 3)")
     parser.add_argument("--posthoc-on", nargs="+", default=["baseline"], metavar="METHOD",
                         help="methods whose runs get the post-hoc calibrators (default: baseline, as the paper)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the estimated time, run nothing")
@@ -119,12 +122,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser, parallel_flag="--jobs")
     args = parser.parse_args(argv)
+    for flag, values in (("--seeds", args.seeds), ("--datasets", args.datasets), ("--methods", args.methods)):
+        distinct(values, flag)  # one folder per (dataset, method, seed): a repeat would race two jobs on it
     args.datasets = args.datasets or list(DATASETS[args.scale])
     if args.scale == "cpu" and set(args.datasets) - set(CPU_SCALE):
         raise UserError(f"--scale cpu has sizes for {', '.join(CPU_SCALE)} only; use --scale paper for "
                         f"{', '.join(sorted(set(args.datasets) - set(CPU_SCALE)))}.")
-    if (args.parallel is not None and args.parallel < 1) or (args.epochs is not None and args.epochs < 1):
-        raise UserError(f"--jobs and --epochs must be >= 1. Got {args.parallel} and {args.epochs}.")
     return args
 
 

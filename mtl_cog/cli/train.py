@@ -21,16 +21,18 @@ from pathlib import Path
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
+from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.experiments import gpu_time
 from mtl_cog.runs import rundir
 from mtl_cog.training import fit
+from mtl_cog.training.preflight import check_before_writing
 
 DEFAULT_CONFIG = CONFIGS / "synthetic" / "cog_fc.yaml"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None, help=f"YAML experiment config (default {DEFAULT_CONFIG})")
     parser.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last saved state (overrides apply on top)")
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> Path:
     else:
         cfg = load_config(args.config or DEFAULT_CONFIG, args.overrides)
     if args.dry_run:
+        check_before_writing(cfg, args.resume, args.overwrite)  # the real run's checks, so both refuse alike
         return dry_run(cfg, args.gpu_check)
     return fit(cfg, resume_dir=args.resume, overwrite=args.overwrite).run_dir
 

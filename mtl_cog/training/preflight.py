@@ -12,14 +12,22 @@ one-stage ``model.head``: the run would silently drop the KL term and evaluate s
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import tasks  # noqa: F401  (registers the built-in data sets)
-from mtl_cog.config import Config
+from mtl_cog.config import Config, load_config
 from mtl_cog.data.task_api import TASKS
-from mtl_cog.errors import ConfigError, UnknownNameError
+from mtl_cog.errors import CheckpointError, ConfigError, UnknownNameError
+from mtl_cog.io import check_writable
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
 from mtl_cog.objectives import OBJECTIVES
 from mtl_cog.registry import Registry
+from mtl_cog.runs import rundir
+from mtl_cog.runs import training_state as state
+from mtl_cog.runs.checkpoint import read_metadata
+from mtl_cog.training import resume_settings
 
 
 def check_registered_names(cfg: Config) -> None:
@@ -44,3 +52,33 @@ def check_registered_names(cfg: Config) -> None:
             f"two_stage.enabled=true (as configs/<dataset>/vtst.yaml does) and keep model.head=linear, "
             f"or a one-stage head (model.head=linear or mlp)."
         )
+
+
+def check_before_writing(cfg: Config, resume_dir: Path | None, overwrite: bool) -> Path:
+    """Every check of ``fit`` that needs no data and no network, for the run ``cfg`` describes; -> its folder.
+
+    What ``train --dry-run`` runs, so that a dry run approves only what the real command would
+    start: registered names, a writable ``output_dir`` and a free (or ``--overwrite``-able) run
+    folder for a new run; for ``--resume``, a resumable folder and only changes the resume
+    applies (``train.epochs`` not below the epochs already trained). Reads only; writes nothing.
+    """
+    check_registered_names(cfg)
+    if resume_dir is None:
+        run_dir = Path(cfg.output_dir) / (cfg.run_name or rundir.default_run_name(cfg.data.task, cfg.method.name,
+                                                                                 cfg.seed))
+        rundir.check_output_dir(Path(cfg.output_dir))
+        rundir.check_new_run(run_dir, overwrite)
+        return run_dir
+    rundir.check_resumable(resume_dir)
+    check_writable(resume_dir / rundir.CONFIG, f"--resume {resume_dir}")
+    next_epoch = None
+    if (resume_dir / rundir.STATE).is_file():
+        try:
+            raw = json.loads(read_metadata(resume_dir / rundir.STATE)["progress"])
+            next_epoch = state.Progress.from_dict(raw).epoch
+        except (KeyError, ValueError, TypeError) as err:
+            raise CheckpointError(f"{resume_dir / rundir.STATE}: its progress is damaged ({err}); the run cannot be "
+                                  "resumed from it.") from None
+    resume_settings.check_changes(resume_settings.changed_settings(load_config(resume_dir / rundir.CONFIG), cfg),
+                                  next_epoch)
+    return resume_dir
