@@ -33,6 +33,7 @@ from mtl_cog.errors import PeerLostError, run_cli
 from mtl_cog.io import append_jsonl, atomic_write_text, is_temp_file_name
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
+from mtl_cog.runs.digests import record_digests
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -348,6 +349,12 @@ STATE_DAMAGE = {
     "optimiser tensor of the wrong shape": (
         lambda t, m: t.update({"optimizer/0/exp_avg": torch.zeros(3, 3)}),
         "optimiser state 'exp_avg' of parameter 0 has shape (3, 3), but the parameter has shape"),
+    "RNG tensor cut short": (lambda t, m: t.update({"rng/torch": t["rng/torch"][:100].clone()}),
+                             "RNG state 'rng/torch' is torch.uint8 (100,)"),
+    "RNG tensor of another dtype": (lambda t, m: t.update({"rng/torch": t["rng/torch"].float()}),
+                                    "RNG state 'rng/torch' is torch.float32"),
+    "RNG tensor with damaged content": (lambda t, m: t["rng/torch"].zero_(), "'rng/torch' is damaged"),
+    "numpy RNG keys out of range": (lambda t, m: t["rng/numpy_keys"].fill_(-7), "outside numpy's uint32 keys"),
     "NaN weights": (lambda t, m: t["model/heads.linear.weight" if "model/heads.linear.weight" in t else
                                    next(k for k in t if k.startswith("model/") and t[k].is_floating_point())]
                     .fill_(float("nan")), "holds NaN or infinite values"),
@@ -371,6 +378,7 @@ def test_nan_weights_in_the_best_checkpoint_are_refused_by_evaluate(finished, tm
     name = next(k for k in tensors if k.startswith("heads") and tensors[k].is_floating_point())
     tensors[name][0] = float("inf")
     save_file(tensors, str(run / rundir.BEST_MODEL), metadata=metadata)
+    record_digests(run)  # as if the run had written it: the loader's own check must refuse it
     err = user_error("evaluate", ["--run", str(run), "--out", str(tmp_path / "m.json")], capsys)
     assert f"{run / rundir.BEST_MODEL} holds NaN or infinite values in 1 tensor(s) ({name})" in err
     assert not (tmp_path / "m.json").exists()
