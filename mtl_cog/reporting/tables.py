@@ -53,6 +53,7 @@ from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.progress import track
 from mtl_cog.runs import rundir
 from mtl_cog.runs.task_spec import load_task_spec
+from mtl_cog.runs.digests import verify_digests
 
 RANK_METRICS = ("accuracy", "nll", "brier")
 POSTHOC_PREFIX = rundir.posthoc_predictions_file("test", "")[: -len(".npz")]  # "predictions_test_"
@@ -199,8 +200,12 @@ def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
     return list(variants.values())
 
 
+READ_FOR_TABLES = (rundir.CONFIG, rundir.TASK_SPEC, rundir.TEST_METRICS, rundir.predictions_file("test"))
+
+
 def load_run_record(run_dir: str | Path) -> RunRecord:
     run_dir = Path(run_dir)
+    verify_digests(run_dir, READ_FOR_TABLES)  # the files below are the ones the run wrote
     config = _read_config(run_dir)
     method = str(config["method"]["name"])
     record = RunRecord(run_dir, str(config["data"]["task"]), method, int(config["seed"]), config)
