@@ -52,8 +52,8 @@ from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.progress import track
 from mtl_cog.runs import rundir
-from mtl_cog.runs.task_spec import load_task_spec
 from mtl_cog.runs.digests import verify_digests
+from mtl_cog.runs.task_spec import load_task_spec
 
 RANK_METRICS = ("accuracy", "nll", "brier")
 POSTHOC_PREFIX = rundir.posthoc_predictions_file("test", "")[: -len(".npz")]  # "predictions_test_"
