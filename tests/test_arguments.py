@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_robustness import script, tiny, user_error
+from test_robustness import REPO, script, tiny, user_error
 
 from mtl_cog.config import load_config
 from mtl_cog.config.arguments import Parser, distinct, real_number, whole_number
@@ -168,3 +168,18 @@ def test_a_dry_run_refuses_a_resume_key_the_real_resume_refuses(finished, tmp_pa
     err = user_error("train_mtl", ["--resume", str(run), key, "--dry-run"], capsys)
     assert expected in err and (run / rundir.CONFIG).read_text() == before
     script("train_mtl").main(["--resume", str(run), "--dry-run", "train.epochs=4"])  # an applied change passes
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("sweep", ["--config", str(REPO / "configs" / "synthetic" / "baseline.yaml"), "--grid", "seed=0,1", "--dry-run"]),
+    ("reproduce", ["--datasets", "synthetic", "--methods", "baseline", "--seeds", "0", "--dry-run"]),
+])
+def test_sweep_and_reproduce_dry_runs_refuse_what_the_real_command_refuses(command, argv, tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("")
+    err = user_error(command, [*argv, "--out", str(tmp_path / "file")], capsys)
+    assert "--out" in err and "is a file, not a folder" in err
+    monkeypatch.setattr(launcher.shutil, "which", lambda name: None)  # no Slurm here
+    err = user_error(command, [*argv, "--out", str(tmp_path / "o"), "--launcher", "slurm"], capsys)
+    assert "needs Slurm's sbatch on PATH" in err and not (tmp_path / "o").exists()

@@ -432,6 +432,7 @@ def _run_without_predictions(finished: Path, tmp_path: Path) -> Path:
     run = copy_run(finished, tmp_path)
     for split in ("val", "test"):
         (run / rundir.predictions_file(split)).unlink()  # compare then reads test_metrics.csv
+    (run / rundir.DIGESTS).unlink()  # as runs from before prediction files (and digests) were
     return run
 
 
@@ -458,6 +459,9 @@ def test_compare_refuses_a_yaml_alias_bomb_in_a_run_config(finished, tmp_path, c
     run = copy_run(finished, tmp_path)
     bomb = "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}" if i else "x"] * 9) + "]\n" for i in range(9))
     (run / rundir.CONFIG).write_text(bomb + (run / rundir.CONFIG).read_text())
+    err = user_error("compare", [str(run), "--out", str(tmp_path / "report")], capsys)
+    assert "config.yaml is not the file this run wrote" in err  # the digest sees the edit first
+    record_digests(run)  # as if the run had written it: the YAML loader's own limit refuses it
     err = user_error("compare", [str(run), "--out", str(tmp_path / "report")], capsys)
     assert "expands to more than 100000 YAML nodes" in err and str(run / rundir.CONFIG) in err
 

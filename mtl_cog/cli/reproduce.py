@@ -326,6 +326,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
           + (f", after {args.budget} tuning runs per method" if tuning else "")
           + f"; post-hoc calibrators on {', '.join(args.posthoc_on)}")
     if args.dry_run:
+        launcher.check_launcher(args, executor)  # what the real command would refuse, a dry run refuses too
         print_plan(args, tuning, final, measured)
         if tuning:
             print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them)")

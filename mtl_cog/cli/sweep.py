@@ -39,6 +39,7 @@ from mtl_cog.experiments import gpu_time
 from mtl_cog.experiments.launcher import (
     RunJob,
     add_launcher_arguments,
+    check_launcher,
     make_launcher,
     processes_per_run,
     train_command,
@@ -52,7 +53,7 @@ from mtl_cog.experiments.sweep import (
     run_state,
     validation_scores,
 )
-from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, make_folder
+from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, check_writable, make_folder
 from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.runs import rundir
 
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     combos, configs, states = plan_runs(args, out)
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
     print(f"sweep of {len(combos)} runs in {out}", flush=True)
+    check_writable(out, "--out", folder=True)  # what the real sweep would refuse, a dry run refuses too
+    check_launcher(args, executor)
     if args.dry_run:
         print_plan(combos, configs, states, measured)
         return out / "best_config.yaml"

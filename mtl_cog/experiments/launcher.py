@@ -263,11 +263,16 @@ def make_launcher(args: argparse.Namespace, log_folder: Path, default_parallel: 
     return SubmititLauncher(executor)
 
 
+def check_launcher(args: argparse.Namespace, executor=None) -> None:
+    """What ``make_launcher`` would refuse, without starting anything (dry runs call it too)."""
+    if args.launcher == "slurm" and executor is None and shutil.which("sbatch") is None:
+        raise UserError("--launcher slurm needs Slurm's sbatch on PATH (run this on the cluster's login node).")
+
+
 def slurm_executor(args: argparse.Namespace, log_folder: Path):
     import submitit
 
-    if shutil.which("sbatch") is None:
-        raise UserError("--launcher slurm needs Slurm's sbatch on PATH (run this on the cluster's login node).")
+    check_launcher(args)
     extra = {}
     for item in args.slurm_args:
         if "=" not in item:
