@@ -36,7 +36,6 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-import tasks  # noqa: F401  (registers the data sets)
 from mtl_cog.config import load_config
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.data.batches import BatchTransform
