@@ -27,7 +27,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-import tasks  # noqa: F401  (registers the data sets)
 from mtl_cog.config.schema import check_bins
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.loading import load_task
