@@ -1,6 +1,7 @@
 """How calibration drifts during training, beside the sharpness of the loss and the margins.
 
     python scripts/calibration_drift.py --config configs/synthetic/baseline.yaml [--every 5]
+    python scripts/calibration_drift.py --data synthetic --method baseline [--config extra.yaml] ...   # the same
         [--curvature top_eigenvalue|trace|both|none] [--curvature-batch 256] [--curvature-iterations 20]
         [key=value ...]
 
@@ -30,13 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-import tasks  # noqa: F401  (registers the data sets)
+from mtl_cog.cli.config_args import add_config_arguments, given, resolve_files
 from mtl_cog.config import load_config
 from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.constants import SUMMARY_BINS
@@ -109,7 +109,7 @@ def ece_curvature_correlation(lines: list[dict], ece_key: str) -> dict[str, floa
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, required=True)
+    add_config_arguments(parser, default=False)
     parser.add_argument("--every", type=whole_number(1, None, "epochs >= 1"), default=5,
                         help="report every N epochs (and the last)")
     parser.add_argument("--curvature", choices=CURVATURE, default="top_eigenvalue",
@@ -119,7 +119,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--curvature-iterations", type=whole_number(1, None, "iterations >= 1"), default=20,
                         help="power-iteration steps (at most) or Hutchinson samples (default 20)")
     parser.add_argument("overrides", nargs="*")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not given(args):
+        parser.error("give --config, or --data and --method")
+    return args
 
 
 class FixedBatch:
@@ -143,7 +146,7 @@ class FixedBatch:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    cfg = load_config(args.config, [*args.overrides, "tracking=none"])
+    cfg = load_config(resolve_files(args, default=False), [*args.overrides, "tracking=none"])
     batch = None if args.curvature == "none" else FixedBatch(cfg.data, args.curvature_batch)
     lines: list[dict] = []
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import tasks  # noqa: F401  (registers the built-in data sets)
 from mtl_cog.config import Config, load_config
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import CheckpointError, ConfigError, UnknownNameError
