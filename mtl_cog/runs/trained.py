@@ -142,6 +142,7 @@ def open_finished_run(run_dir: Path, allow_unfinished: bool = False, unfinished_
     caller, named by ``unfinished_option`` in the message) opens it anyway; such a run has no
     digests yet, so only the type and range checks of the loaders apply.
     """
+    cfg = rundir.load_run_config(run_dir)  # first: a folder that is no run, or a broken config, says so
     finished = (run_dir / rundir.DONE).exists()
     if not finished and not allow_unfinished:
         hint = f", or pass {unfinished_option} to score its last best checkpoint anyway" if unfinished_option else ""
@@ -149,14 +150,12 @@ def open_finished_run(run_dir: Path, allow_unfinished: bool = False, unfinished_
                              f"still change. Finish it with --resume {run_dir}{hint}.")
     if finished:
         verify_digests(run_dir, NETWORK_FILES)
-    return rundir.load_run_config(run_dir)
+    return cfg
 
 
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> TrainedRun:
     """Open a finished run folder (``DONE`` present) for prediction on ``device``."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir() or not (run_dir / rundir.CONFIG).is_file():
-        rundir.load_run_config(run_dir)  # the message of a folder that is no run
     cfg = open_finished_run(run_dir)
     spec = run_task_spec(cfg, run_dir)
     return TrainedRun(run_dir, cfg, spec, load_network(cfg, spec, run_dir), torch.device(device))
