@@ -8,6 +8,7 @@ from mtl_cog.config.schema import (
     EvalConfig,
     MethodConfig,
     ModelConfig,
+    MtlConfig,
     OptimConfig,
     SyntheticConfig,
     TrainConfig,
@@ -15,6 +16,6 @@ from mtl_cog.config.schema import (
 )
 
 __all__ = [
-    "PRECISIONS", "Config", "DataConfig", "EvalConfig", "MethodConfig", "ModelConfig", "OptimConfig",
+    "PRECISIONS", "Config", "DataConfig", "EvalConfig", "MethodConfig", "ModelConfig", "MtlConfig", "OptimConfig",
     "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict", "load_config", "save_config",
 ]

@@ -326,6 +326,31 @@ class TwoStageConfig:
             )
 
 
+AGGREGATE_ON = ("features", "parameters")
+
+
+@dataclass
+class MtlConfig:
+    """How the per-task losses become the shared backbone's gradient (docs/mtl.md).
+
+    ``aggregator``: ``equal`` (the mean of the per-task losses: plain training, bit for bit) or a
+    name registered in ``mtl_cog/objectives/aggregators/`` (uncertainty, upgrad, mgda, pcgrad,
+    imtl_g, aligned_mtl). ``aggregate_on``: where the Gramian of the per-task gradients is taken,
+    ``features`` (the backbone's output, Sener & Koltun's MGDA-UB bound: one cheap Jacobian through
+    the heads) or ``parameters`` (the backbone's parameters: exact, one backward per task). The
+    heads and the COG leader get the mean loss's gradient either way.
+    """
+
+    aggregator: str = "equal"
+    aggregate_on: str = "features"
+
+    def validate(self) -> None:
+        if not self.aggregator:
+            raise ConfigError("mtl.aggregator must name an aggregator (equal, uncertainty, upgrad, mgda, ...).")
+        if self.aggregate_on not in AGGREGATE_ON:
+            raise ConfigError(f"mtl.aggregate_on must be one of {', '.join(AGGREGATE_ON)}. Got {self.aggregate_on!r}.")
+
+
 @dataclass
 class Config:
     seed: int = 0
@@ -342,6 +367,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     two_stage: TwoStageConfig = field(default_factory=TwoStageConfig)
+    mtl: MtlConfig = field(default_factory=MtlConfig)
 
     def validate(self) -> None:
         if self.tracking not in ("wandb", "none"):
@@ -363,6 +389,7 @@ class Config:
         self.train.validate()
         self.eval.validate()
         self.two_stage.validate()
+        self.mtl.validate()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -29,6 +29,7 @@ from torch import nn
 
 import tasks  # noqa: F401  (registers the built-in data sets)
 from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import SplitData, TaskSpec
@@ -42,7 +43,8 @@ from mtl_cog.io import append_jsonl, atomic_write, atomic_write_json, atomic_wri
 from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
-from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
+from mtl_cog.objectives import WithAuxiliaryLoss, build_objective, set_partial_labels
+from mtl_cog.objectives.aggregators import build_aggregator
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
 from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
@@ -52,7 +54,13 @@ from mtl_cog.runs.task_spec import save_task_spec
 from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
 from mtl_cog.training import resume_settings
 from mtl_cog.training.accelerator import create_accelerator
-from mtl_cog.training.calibrator_view import CalibratorRecord, calibrator_record, flag_identity_calibrator
+from mtl_cog.training.aggregated_step import Aggregation
+from mtl_cog.training.calibrator_view import (
+    CalibratorRecord,
+    calibrator_record,
+    flag_identity_calibrator,
+    task_weights_line,
+)
 from mtl_cog.training.optim import build_optimizer, build_scheduler, learning_rates
 from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.speed import apply_speed_options
@@ -103,6 +111,7 @@ class Stage:
     selection_metric: str
     files: state.StageFiles
     patience: int | None = None  # stop after this many epochs without improvement; None = never
+    aggregation: Aggregation | None = None  # mtl.aggregator (None: equal weights, plain training)
 
 
 def is_better(metric: str, value: float, best: float | None) -> bool:
@@ -178,6 +187,8 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         f"data {spec.dataset}: {spec.num_tasks} task(s), train/val/test = {len(train)}/{len(val)}/{len(test)}"
     )
     objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
+    set_partial_labels(objective, bool((train.labels == MISSING_LABEL).any()))  # fully labelled: no per-batch look
+    aggregation = build_aggregation(cfg, spec, objective, accelerator)
     optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # + the loss's own parameters
     scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
     prepared, optimizer = accelerator.prepare(network, optimizer)
@@ -199,6 +210,7 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         cfg.eval.selection_metric,
         state.StageFiles(run_dir / rundir.STATE, run_dir / rundir.METRICS,
                          stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL),
+        aggregation=aggregation,
     )
     progress = restore_stage(accelerator, stage_one)
     if accelerator.is_main_process:
@@ -252,6 +264,25 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     return RunResult(run_dir, best_epoch, results)
 
 
+def build_aggregation(cfg: Config, spec: TaskSpec, objective: nn.Module,
+                      accelerator: Accelerator) -> Aggregation | None:
+    """``mtl.aggregator`` for this run (None for ``equal``), attached to the objective as ``aggregator``.
+
+    Attached because what the aggregator learns (uncertainty weighting's log-variances) is, like a
+    loss's own parameters, trained in the optimiser's ``objective`` group at the follower rate,
+    averaged over processes and saved with the training state; an aggregator without parameters
+    adds nothing to either. Stage two (TST/V-TST) trains only heads and keeps equal weights.
+    """
+    aggregator = build_aggregator(cfg.mtl.aggregator, spec.num_tasks)
+    if aggregator is None:
+        return None
+    objective.add_module("aggregator", aggregator.to(accelerator.device))
+    where = f" (Gramian on the backbone's {cfg.mtl.aggregate_on})" if aggregator.needs_gramian else ""
+    accelerator.print(f"mtl aggregator {cfg.mtl.aggregator}{where}: "
+                      "the backbone follows the aggregated gradient, heads and leader the mean loss's")
+    return Aggregation(aggregator, cfg.mtl.aggregate_on)
+
+
 def restore_stage(accelerator: Accelerator, stage: Stage) -> state.Progress:
     """The stage's last saved state loaded into its model, optimiser and scheduler (fresh if none)."""
     return state.restore_run(stage.files, stage.model, stage.optimizer, stage.scheduler, accelerator.is_main_process,
@@ -286,6 +317,7 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
             stage.seed, epoch, start=progress.within if epoch == progress.epoch else None,
             nonfinite=train_cfg.nonfinite, check_every=train_cfg.log_every_steps,
             save_every=train_cfg.save_every_steps, on_save=lambda within, epoch=epoch: save_state(epoch, within),
+            aggregation=stage.aggregation,
         )
         predictions = predict_split(accelerator, stage.network, spec, val, train_cfg.eval_batch_size)
         val_metrics = score(predictions, eval_cfg.bins, eval_cfg.joint_pairs)
@@ -348,6 +380,8 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
                   "nonfinite_skipped": stats["skipped"]}
         if calibrator is not None:
             record["calibrator"] = {"summary": calibrator.summary, "tasks": calibrator.by_task}
+        if "task_weights" in stats:  # mtl.aggregator: the backbone's mean task weights over the epoch
+            record["task_weights"] = dict(zip(val_metrics["tasks"], stats["task_weights"], strict=True))
         record["val_tasks"] = val_metrics["tasks"]
         record["val_multitask"] = val_metrics.get("multitask", {})
         record["val_pairs"] = val_metrics.get("pairs", [])
@@ -364,6 +398,8 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
     )
     if calibrator is not None:
         accelerator.print(f"           calibrator: {calibrator.one_line()}")
+    if "task_weights" in stats:
+        accelerator.print(f"           task weights: {task_weights_line(stats['task_weights'])}")
 
 
 def wandb_row(record: dict) -> dict[str, float]:
@@ -374,6 +410,8 @@ def wandb_row(record: dict) -> dict[str, float]:
            **flatten_metrics("val", val)}
     if "calibrator" in record:
         row.update(CalibratorRecord(record["calibrator"]["tasks"], record["calibrator"]["summary"]).wandb_values())
+    for task, weight in record.get("task_weights", {}).items():
+        row[f"{task}/task_weight"] = weight
     return row
 
 
