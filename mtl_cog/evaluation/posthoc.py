@@ -37,7 +37,7 @@ from torch import nn
 
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import PosthocError
-from mtl_cog.evaluation.predictions import Predictions
+from mtl_cog.evaluation.predictions import Predictions, labelled_rows
 from mtl_cog.models.calibrators import CALIBRATORS, fit_calibrator
 
 OUR_CALIBRATORS = {"ts": "temperature", "vs": "vector", "ms": "matrix"}
@@ -106,6 +106,7 @@ def _fit_guo(val: Predictions, test: Predictions) -> list[np.ndarray]:
     """
     out, reversed_tasks = [], []
     for name, z, y, z_test in zip(val.task_names, val.logits, val.labels, test.logits):
+        z, y = labelled_rows(z, y)  # partly labelled: fit on the task's labelled samples only
         logits = torch.as_tensor(z, dtype=torch.float32)  # the recipe runs on the float32 logits of a network
         if logits.ndim == 1:  # binary: softmax of [0, z / T] is sigmoid(z / T)
             logits = torch.stack([torch.zeros_like(logits), logits], 1)
@@ -171,6 +172,6 @@ def calibrate(method: str, val: Predictions, test: Predictions) -> Predictions:
     elif method == GUO_TEMPERATURE_SCALING:
         logits = _fit_guo(val, test)
     else:
-        logits = [_fit_probmetrics(method, name, val.logits[t], val.labels[t], test.logits[t])
+        logits = [_fit_probmetrics(method, name, *labelled_rows(val.logits[t], val.labels[t]), test.logits[t])
                   for t, name in enumerate(val.task_names)]
     return Predictions(list(test.task_names), logits, list(test.labels), test.true_probs)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.errors import PredictionFileError
 from mtl_cog.io import atomic_write
 
@@ -34,6 +35,19 @@ class Predictions:
 
     def __len__(self) -> int:
         return len(self.labels[0]) if self.labels else 0
+
+
+def labelled_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One task's logits and labels without its unlabelled rows (label ``MISSING_LABEL``, partly labelled data).
+
+    Prediction files keep every row (aligned across tasks, so multi-task metrics can pair them);
+    every consumer that scores or fits one task takes its labelled rows through this function.
+    """
+    labels = np.asarray(labels)
+    known = labels != MISSING_LABEL
+    if known.all():
+        return logits, labels
+    return np.asarray(logits)[known], labels[known]
 
 
 def save_predictions(path: str | Path, predictions: Predictions) -> None:
@@ -169,7 +183,12 @@ def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
     if not np.all(np.isfinite(z)):
         raise PredictionFileError(f"{path}: task {name!r}: logits contain NaN or infinite values.")
     num_classes = 2 if z.ndim == 1 else z.shape[1]
-    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+    known = y[y != MISSING_LABEL]  # partly labelled data keeps its unlabelled rows, marked MISSING_LABEL
+    if len(known) and (known.min() < 0 or known.max() >= num_classes):
         raise PredictionFileError(
-            f"{path}: task {name!r}: labels must be in [0, {num_classes - 1}]; got [{y.min()}, {y.max()}]."
+            f"{path}: task {name!r}: labels must be in [0, {num_classes - 1}] or {MISSING_LABEL} (missing); "
+            f"got [{known.min()}, {known.max()}]."
         )
+    if not len(known):
+        raise PredictionFileError(f"{path}: task {name!r} has no labelled sample (every label is {MISSING_LABEL}): "
+                                  "there is nothing to score or fit.")
