@@ -103,6 +103,10 @@ class DataConfig:
     cache_dir: str | None = None  # where decoded uint8 caches live; default <root>/.mtl_cog_cache
     # decode once into a memory-mapped uint8 cache (mtl_cog/cache.py); false = decode on every run
     use_cache: bool = True
+    # Partly labelled data on demand: hide this fraction of the (sample, task) labels of every split at random
+    # (they become MISSING_LABEL), drawn from hide_labels_seed, independent of the training seed (docs/mtl.md).
+    hide_labels: float = 0.0
+    hide_labels_seed: int = 0
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def validate(self) -> None:
@@ -116,6 +120,10 @@ class DataConfig:
         check_path_text(self.cache_dir, "data.cache_dir")
         self.synthetic.validate()
         check_seed(self.synthetic.seed, "data.synthetic.seed")
+        if not 0.0 <= self.hide_labels < 1.0:
+            raise ConfigError(f"data.hide_labels (the fraction of labels hidden) must be in [0, 1). "
+                              f"Got {self.hide_labels}.")
+        check_seed(self.hide_labels_seed, "data.hide_labels_seed")
 
 
 @dataclass
