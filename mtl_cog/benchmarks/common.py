@@ -22,8 +22,10 @@ from mtl_cog.config import Config, load_config
 from mtl_cog.data.task_api import LogitLayout, SplitData, TaskSpec
 from mtl_cog.errors import ConfigError
 from mtl_cog.models.network import build_network
-from mtl_cog.objectives import build_objective
+from mtl_cog.objectives import build_objective, set_partial_labels
+from mtl_cog.objectives.aggregators import build_aggregator
 from mtl_cog.training import step as training_step
+from mtl_cog.training.aggregated_step import Aggregation, aggregated_loss
 from mtl_cog.training.optim import build_optimizer
 from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.speed import apply_speed_options
@@ -65,11 +67,12 @@ def method_config(methods_dir: Path, name: str, workload: Workload, overrides: l
     COG-TST's ``mlp`` head) come from the file; only backbone, sizes and speed options are the
     benchmark's, so every method is timed on the same network body and batch.
     """
+    name, aggregation = split_aggregator(name)
     path = methods_dir / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(available_methods(methods_dir))
         raise ConfigError(f"unknown method {name!r}: there is no {path}. Available: {known}.")
-    cfg = load_config(path, overrides)
+    cfg = load_config(path, [*(overrides or []), *aggregation])
     cfg = dataclasses.replace(
         cfg, tracking="none",
         model=dataclasses.replace(cfg.model, backbone=workload.backbone, cifar_stem=workload.cifar_stem),
@@ -80,6 +83,16 @@ def method_config(methods_dir: Path, name: str, workload: Workload, overrides: l
     cfg.validate()  # the workload's values pass the same checks as a config file's
     check_registered_names(cfg)  # an unregistered loss, head or calibrator fails before anything is timed
     return cfg
+
+
+def split_aggregator(name: str) -> tuple[str, list[str]]:
+    """``method[+aggregator[:features|parameters]]`` -> (method, its ``mtl.*`` overrides): a method under an
+    aggregator (``baseline+upgrad``, ``cog_fc+mgda:parameters``) is timed like any method."""
+    method, _, aggregator = name.partition("+")
+    if not aggregator:
+        return method, []
+    aggregator, _, place = aggregator.partition(":")
+    return method, [f"mtl.aggregator={aggregator}", *([f"mtl.aggregate_on={place}"] if place else [])]
 
 
 def binary_spec(num_tasks: int = NUM_TASKS, pad_crop: int = 0, hflip: bool = True) -> TaskSpec:
@@ -104,11 +117,18 @@ class Trainee:
     network: torch.nn.Module
     objective: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    aggregation: Aggregation | None = None  # mtl.aggregator other than equal
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """``batch_loss`` then ``apply_update``: exactly one step of ``train_one_epoch``."""
-        loss = training_step.batch_loss(self.network, self.objective, images, labels)
-        training_step.apply_update(self.accelerator, self.optimizer, loss)
+        """``batch_loss`` (or ``aggregated_loss``) then ``apply_update``: exactly one step of ``train_one_epoch``."""
+        if self.aggregation is None:
+            loss = to_backward = training_step.batch_loss(self.network, self.objective, images, labels)
+        else:
+            shared = [p for p in self.accelerator.unwrap_model(self.network).backbone.parameters() if p.requires_grad]
+            out = aggregated_loss(self.accelerator, self.network, self.objective, self.aggregation, images, labels,
+                                  shared)
+            loss, to_backward = out.loss, out.backward
+        training_step.apply_update(self.accelerator, self.optimizer, to_backward)
         return loss.detach()
 
 
@@ -117,9 +137,14 @@ def build_trainee(accelerator: Accelerator, cfg: Config, layout: LogitLayout, se
     torch.manual_seed(seed)
     network = apply_speed_options(build_network(cfg.model, cfg.method, layout), cfg.train)
     objective = build_objective(layout, cfg.method).to(accelerator.device)
+    set_partial_labels(objective, False)  # as fit, for fully labelled data: no per-batch look for missing labels
+    aggregator = build_aggregator(cfg.mtl.aggregator, layout.num_tasks)
+    if aggregator is not None:  # as fit: its learned parts train with the loss's
+        objective.add_module("aggregator", aggregator.to(accelerator.device))
     optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # as fit: + the loss's parameters
     network, optimizer = accelerator.prepare(network, optimizer)
-    return Trainee(accelerator, network, objective, optimizer)
+    aggregation = Aggregation(aggregator, cfg.mtl.aggregate_on) if aggregator is not None else None
+    return Trainee(accelerator, network, objective, optimizer, aggregation)
 
 
 def sync(device: torch.device) -> None:
