@@ -256,8 +256,8 @@ def check_labels(spec: TaskSpec, labels: np.ndarray, where: str) -> None:
         column = labels[:, t]
         row = int(np.flatnonzero(((column < 0) & (column != MISSING_LABEL)) | (column >= limits[t]))[0])
         value = int(column[row])
-        hint = (f" An unknown label must be written as {MISSING_LABEL} (MISSING_LABEL), never as another negative "
-                "value (CelebA's files use -1 for 'no')." if value < 0 else "")
+        hint = (f" A negative label usually marks an unknown value: write it as {MISSING_LABEL} (MISSING_LABEL), "
+                "never as another negative value (CelebA's files use -1 for 'no')." if value < 0 else "")
         raise DataError(
             f"{where}: task {spec.task_names[t]!r} has label {value} at row {row}; its labels must lie in "
             f"0..{int(limits[t]) - 1} or be {MISSING_LABEL} (missing).{hint}"
