@@ -13,9 +13,12 @@ from mtl_cog.config.schema import (
     SyntheticConfig,
     TrainConfig,
     TwoStageConfig,
+    counterpart_identity,
+    method_identity,
 )
 
 __all__ = [
     "PRECISIONS", "Config", "DataConfig", "EvalConfig", "MethodConfig", "ModelConfig", "MtlConfig", "OptimConfig",
-    "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict", "load_config", "save_config",
+    "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict", "counterpart_identity",
+    "load_config", "method_identity", "save_config",
 ]

@@ -335,6 +335,28 @@ class TwoStageConfig:
 
 
 AGGREGATE_ON = ("features", "parameters")
+EQUAL_WEIGHTS = "equal"
+
+
+def method_identity(config: dict[str, Any]) -> str:
+    """What a run compares as: ``method.name``, plus ``+<aggregator>`` under a multi-task aggregator
+    (``cog_fc+upgrad``; ``cog_fc+mgda_params`` with the Gramian on the parameters). Read from a config
+    *dict* (``Config.to_dict()`` or a run folder's ``config.yaml``), so runs older than ``mtl:`` are plain."""
+    name = str(config["method"]["name"])
+    mtl = config.get("mtl") or {}
+    aggregator = mtl.get("aggregator", EQUAL_WEIGHTS)
+    if aggregator == EQUAL_WEIGHTS:
+        return name
+    return f"{name}+{aggregator}" + ("_params" if mtl.get("aggregate_on") == "parameters" else "")
+
+
+def counterpart_identity(counterpart: str, config: dict[str, Any]) -> str:
+    """A method's ``counterpart`` under the same aggregator: ``baseline+ts`` of ``cog_ts+upgrad`` is
+    ``baseline+upgrad+ts`` (the baseline trained with UPGrad, then post-hoc TS): a pair differs in COG only."""
+    own = method_identity(config)
+    suffix = own[len(str(config["method"]["name"])):]  # "" under equal weights
+    base, plus, posthoc = counterpart.partition("+")
+    return f"{base}{suffix}{plus}{posthoc}"
 
 
 @dataclass
@@ -349,7 +371,7 @@ class MtlConfig:
     heads and the COG leader get the mean loss's gradient either way.
     """
 
-    aggregator: str = "equal"
+    aggregator: str = EQUAL_WEIGHTS
     aggregate_on: str = "features"
 
     def validate(self) -> None:

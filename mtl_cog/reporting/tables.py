@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
+from mtl_cog.config import method_identity
 from mtl_cog.config.loader import load_yaml
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.errors import ConfigError, ReportError
@@ -202,7 +203,7 @@ def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
 def load_run_record(run_dir: str | Path) -> RunRecord:
     run_dir = Path(run_dir)
     config = _read_config(run_dir)
-    method = str(config["method"]["name"])
+    method = method_identity(config)  # the aggregator (mtl.aggregator) is part of the method compared
     record = RunRecord(run_dir, str(config["data"]["task"]), method, int(config["seed"]), config)
     test_predictions = run_dir / rundir.predictions_file("test")
     if test_predictions.is_file():

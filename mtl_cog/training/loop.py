@@ -28,7 +28,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 
 import tasks  # noqa: F401  (registers the built-in data sets)
-from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
+from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, method_identity, save_config
 from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
@@ -128,7 +128,7 @@ def open_run_folder(cfg: Config, accelerator: Accelerator, resume_dir: Path | No
         on_main_process(accelerator, lambda: held.enter_context(rundir.open_for_resume(resume_dir)))
         return resume_dir
     # One run name for all processes (timestamps differ between them).
-    name = [cfg.run_name or rundir.default_run_name(cfg.data.task, cfg.method.name, cfg.seed)]
+    name = [cfg.run_name or rundir.default_run_name(cfg.data.task, method_identity(cfg.to_dict()), cfg.seed)]
     run_name = broadcast_object_list(name)[0] if accelerator.num_processes > 1 else name[0]
     run_dir = Path(cfg.output_dir) / run_name
     rundir.check_output_dir(Path(cfg.output_dir))

@@ -22,10 +22,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mtl_cog.config.schema import EQUAL_WEIGHTS
 from mtl_cog.registry import Registry
 
 AGGREGATORS: Registry[type[nn.Module]] = Registry("aggregator")
-EQUAL = "equal"  # the mean of the per-task losses: plain training, no aggregator object at all
+EQUAL = EQUAL_WEIGHTS  # the mean of the per-task losses: plain training, no aggregator object at all
 
 
 class TaskAggregator(nn.Module):
