@@ -20,6 +20,8 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
   calibrator.csv               learned per-task calibrator values (first/last epoch) from metrics.jsonl,
                                and whether the calibrator never left the identity
   convergence.csv              per run: did the validation NLL and the calibrator settle?
+  task_weights.csv             runs under a multi-task aggregator (mtl.aggregator): each task's weight of
+                               the backbone's gradient at the first and last epoch (docs/mtl.md)
   calibration_errors.csv       every calibration error at every bin count, with the rank per bin count
   per_task.csv                 multi-task data sets: every metric of every task and method
   truth.csv                    where the data set knows p* (synthetic): noise-free calibration errors,
@@ -55,7 +57,12 @@ from mtl_cog.reporting.tables import (
     summary_markdown,
     summary_table,
 )
-from mtl_cog.reporting.trajectories import calibrator_table, calibrator_trajectory, convergence_table
+from mtl_cog.reporting.trajectories import (
+    calibrator_table,
+    calibrator_trajectory,
+    convergence_table,
+    task_weight_table,
+)
 
 WORST_K = 10  # tasks shown in worst_tasks_<ds>.png
 
@@ -206,8 +213,9 @@ def main(argv: list[str] | None = None) -> Path:
     runs = [(r.dataset, r.method, r.seed, r.run_dir) for r in records]
     trajectories = {r.run_dir: calibrator_trajectory(r.run_dir) for r in records}  # each metrics.jsonl read once here
     calibrators, converge = calibrator_table(runs, trajectories), convergence_table(runs)
+    weights = task_weight_table(runs)  # runs trained under a multi-task aggregator (mtl.aggregator)
     for frame, name in ((paired, "paired_differences"), (spread, "rank_spread"), (calibrators, "calibrator"),
-                        (converge, "convergence")):
+                        (converge, "convergence"), (weights, "task_weights")):
         if not frame.empty:
             _write_csv(frame, out / f"{name}.csv")
     text = summary_markdown(summary, args.summary_bins, args.summary_bins)
