@@ -6,6 +6,7 @@ from mtl_cog.config.schema import (
     Config,
     DataConfig,
     EvalConfig,
+    FashionMosaicConfig,
     MethodConfig,
     ModelConfig,
     MtlConfig,
@@ -18,7 +19,7 @@ from mtl_cog.config.schema import (
 )
 
 __all__ = [
-    "PRECISIONS", "Config", "DataConfig", "EvalConfig", "MethodConfig", "ModelConfig", "MtlConfig", "OptimConfig",
-    "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict", "counterpart_identity",
-    "load_config", "method_identity", "save_config",
+    "PRECISIONS", "Config", "DataConfig", "EvalConfig", "FashionMosaicConfig", "MethodConfig", "ModelConfig",
+    "MtlConfig", "OptimConfig", "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict",
+    "counterpart_identity", "load_config", "method_identity", "save_config",
 ]
