@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +26,6 @@ from mtl_cog.training.step import apply_update, batch_loss
 
 NAMES = sorted(AGGREGATORS.names())
 ACCELERATOR = create_accelerator()
-REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_network(layout: LogitLayout, calibrator: str = "identity", seed: int = 0) -> Network:
@@ -234,13 +230,8 @@ def test_learned_log_variances_are_in_the_saved_objective_state():
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_one_process_gradient():
-    """DDP over two halves of a batch (a task unlabelled on one half): the synchronised gradients equal one
-    process's aggregated step on the whole batch, for Gramians on the features and on the parameters."""
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
-              "--dynamo_backend", "no", "--multi_gpu", "--num_processes", "2"]
-    result = subprocess.run([*launch, str(REPO / "tests" / "launch_aggregated_step.py")], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = sorted(line for line in result.stdout.splitlines() if line[:2] in ("0 ", "1 "))
+def test_two_processes_give_the_one_process_gradient(launch_two_processes):
+    """DDP over two halves of a batch (with missing labels): the synchronised gradients equal one process's
+    aggregated step on the whole batch, for Gramians on the features and on the parameters."""
+    lines = launch_two_processes("launch_aggregated_step.py")
     assert lines == sorted(f"{rank} {name} True True" for rank in (0, 1) for name in ("mgda", "upgrad", "uncertainty"))
