@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 from torch import nn
 
-from mtl_cog.config import MethodConfig
+from mtl_cog.config import MethodConfig, counterpart_identity, method_identity
 from mtl_cog.config.loader import config_from_dict
 from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.task_api import LogitLayout
@@ -18,8 +19,11 @@ from mtl_cog.models.heads import LinearHeads
 from mtl_cog.models.network import Network
 from mtl_cog.objectives import build_objective
 from mtl_cog.objectives.aggregators import AGGREGATORS, build_aggregator
+from mtl_cog.reporting.trajectories import task_weight_table
+from mtl_cog.runs import rundir
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.aggregated_step import Aggregation, aggregated_loss
+from mtl_cog.training.loop import wandb_row
 from mtl_cog.training.optim import build_optimizer
 from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.step import apply_update, batch_loss
@@ -235,3 +239,32 @@ def test_two_processes_give_the_one_process_gradient(launch_two_processes):
     aggregated step on the whole batch, for Gramians on the features and on the parameters."""
     lines = launch_two_processes("launch_aggregated_step.py")
     assert lines == sorted(f"{rank} {name} True True" for rank in (0, 1) for name in ("mgda", "upgrad", "uncertainty"))
+
+
+# ---------------------------------------------------------------------------------- identity and logs
+
+
+def test_the_aggregator_is_part_of_the_method_identity():
+    plain = config_from_dict({"method": {"name": "cog_ts"}}).to_dict()
+    upgrad = config_from_dict({"method": {"name": "cog_ts"}, "mtl": {"aggregator": "upgrad"}}).to_dict()
+    on_params = config_from_dict({"method": {"name": "cog_fc"},
+                                  "mtl": {"aggregator": "mgda", "aggregate_on": "parameters"}}).to_dict()
+    assert method_identity(plain) == "cog_ts" and method_identity(upgrad) == "cog_ts+upgrad"
+    assert method_identity(on_params) == "cog_fc+mgda_params"
+    del plain["mtl"]  # a run folder written before the mtl section existed
+    assert method_identity(plain) == "cog_ts"
+    assert counterpart_identity("baseline+ts", upgrad) == "baseline+upgrad+ts"
+    assert counterpart_identity("baseline", upgrad) == "baseline+upgrad"
+    assert counterpart_identity("baseline+ts", plain) == "baseline+ts"
+
+
+def test_task_weights_reach_metrics_jsonl_wandb_and_the_compare_table(tmp_path):
+    lines = [{"epoch": e, "train_loss": 0.5, "lr": {"follower": 1e-3}, "val": {"nll": 0.6},
+              "task_weights": {"a": 0.5 + e / 10, "b": 0.5 - e / 10}} for e in (1, 2, 3)]
+    (tmp_path / rundir.METRICS).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    table = task_weight_table([("toy", "cog_fc+upgrad", 0, tmp_path)])
+    assert table.set_index("task")["first_epoch_weight"].to_dict() == pytest.approx({"a": 0.6, "b": 0.4})
+    assert table.set_index("task")["last_epoch_weight"].to_dict() == pytest.approx({"a": 0.8, "b": 0.2})
+    row = wandb_row(lines[-1])
+    assert row["a/task_weight"] == pytest.approx(0.8) and row["b/task_weight"] == pytest.approx(0.2)
+    assert task_weight_table([("toy", "cog_fc", 0, tmp_path / "none")]).empty
