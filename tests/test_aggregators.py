@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from accelerate.utils import convert_outputs_to_fp32
 from torch import nn
 
 from mtl_cog.config import MethodConfig, counterpart_identity, method_identity
@@ -268,3 +269,14 @@ def test_task_weights_reach_metrics_jsonl_wandb_and_the_compare_table(tmp_path):
     row = wandb_row(lines[-1])
     assert row["a/task_weight"] == pytest.approx(0.8) and row["b/task_weight"] == pytest.approx(0.2)
     assert task_weight_table([("toy", "cog_fc", 0, tmp_path / "none")]).empty
+
+
+def test_under_bf16_the_returned_features_are_the_ones_the_heads_read():
+    """Accelerate's bf16 forward hands out float32 copies of half-precision outputs; the features must still be
+    the tensor the logits come from, or the aggregated gradient would never reach the backbone."""
+    layout = LogitLayout((2, 2))
+    network = tiny_network(layout)
+    forward = convert_outputs_to_fp32(torch.autocast("cpu", dtype=torch.bfloat16)(network.forward))
+    features, logits = forward(batch(layout)[0], with_features=True)
+    (grad,) = torch.autograd.grad(logits.sum(), features)  # raises if nothing downstream used them
+    assert grad.shape == features.shape and grad.abs().sum() > 0

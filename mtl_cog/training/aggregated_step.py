@@ -67,17 +67,20 @@ def per_task_gradients(aggregation: Aggregation, losses: torch.Tensor,
     """d L_t / d input for every task t and input: a (T, *input.shape) tensor per input, graph kept.
 
     One vmapped vector-Jacobian product (``is_grads_batched``); an op without a batching rule makes
-    it fall back, once and for the rest of the run, to one product per task.
+    it fall back, once and for the rest of the run, to one product per task. Features the losses do
+    not depend on are an error (the hook on them would never fire); an unused backbone parameter
+    (a layer a timm model skips) simply has zero gradients.
     """
     eye = torch.eye(len(losses), dtype=losses.dtype, device=losses.device)
+    unused = aggregation.on == "parameters"
     if aggregation.batched:
         try:
             return list(torch.autograd.grad(losses, inputs, grad_outputs=eye, is_grads_batched=True,
-                                            retain_graph=True, allow_unused=True, materialize_grads=True))
+                                            retain_graph=True, allow_unused=unused, materialize_grads=unused))
         except RuntimeError:
             aggregation.batched = False
-    rows = [torch.autograd.grad(losses, inputs, grad_outputs=e, retain_graph=True, allow_unused=True,
-                                materialize_grads=True) for e in eye]
+    rows = [torch.autograd.grad(losses, inputs, grad_outputs=e, retain_graph=True, allow_unused=unused,
+                                materialize_grads=unused) for e in eye]
     return [torch.stack([row[i] for row in rows]) for i in range(len(inputs))]
 
 
