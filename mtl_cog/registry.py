@@ -35,5 +35,9 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
+    def in_order(self) -> list[str]:
+        """The names in the order they were registered (where that order is shown, e.g. table rows)."""
+        return list(self._items)
+
     def __contains__(self, name: str) -> bool:
         return name in self._items

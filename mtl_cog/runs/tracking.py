@@ -119,6 +119,16 @@ def flatten_metrics(split: str, metrics: dict) -> dict[str, float]:
     return flat
 
 
+def final_record(final_epoch: int, best_epoch: int, results: dict[str, dict],
+                 calibrator_at_identity: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``metrics.jsonl``'s final line, the W&B run summary) of the selected network's ``results`` by split."""
+    line = {"epoch": final_epoch, "final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
+            "test_multitask": results["test"].get("multitask", {}), "calibrator_at_identity": calibrator_at_identity}
+    summary = {**flatten_metrics("val", results["val"]), **flatten_metrics("test", results["test"]),
+               "best_epoch": best_epoch, "calibrator_at_identity": calibrator_at_identity}
+    return line, summary
+
+
 class Tracker:
     """Writes ``metrics.jsonl`` (one line per epoch, one final line) and forwards the numbers to W&B.
 

@@ -3,8 +3,10 @@
 A run is: open (or resume) the run folder, load the data, build network, objective and
 optimiser, train stage one epoch by epoch (validate, log, keep the best checkpoint, save the
 resumable state), for two-stage methods (TST, V-TST) train a new head on the frozen backbone
-with the *same* epoch loop, then score the best network on validation and test, write the
-predictions, the per-task table and the reliability figure, and mark the run ``DONE``.
+with the *same* epoch loop, then hand the best network to ``mtl_cog.reporting.end_of_run.finish_run`` (assess validation
+and test, save the predictions and the per-task table, report, mark the run ``DONE``). The
+network, objective and optimiser come from ``mtl_cog.training.trainee.build_trainee``, the
+assembly the benchmarks time.
 
 Callers that need more than the run folder pass ``Hooks`` (for example
 ``scripts/calibration_drift.py`` reads the validation predictions after every epoch); nothing
@@ -33,18 +35,15 @@ from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import SplitData, TaskSpec
 from mtl_cog.errors import RunFolderError, UserError
+from mtl_cog.evaluation.assess import AssessSettings
 from mtl_cog.evaluation.inference import predict_split
-from mtl_cog.evaluation.metrics import format_table, metrics_frame
-from mtl_cog.evaluation.predictions import Predictions, save_predictions
-from mtl_cog.evaluation.robustness import add_certified_accuracy
+from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
-from mtl_cog.io import append_jsonl, atomic_write, atomic_write_json, atomic_write_text
-from mtl_cog.models.lipschitz import network_lipschitz
-from mtl_cog.models.network import build_network, parameter_counts
+from mtl_cog.io import append_jsonl, atomic_write_json
+from mtl_cog.models.network import parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
-from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
-from mtl_cog.reporting.run_report import publish_final_report, write_run_report
-from mtl_cog.reporting.tables import worst_tasks_line
+from mtl_cog.objectives import WithAuxiliaryLoss
+from mtl_cog.reporting.end_of_run import finish_run
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
 from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
@@ -53,10 +52,10 @@ from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
 from mtl_cog.training import resume_settings
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.calibrator_view import CalibratorRecord, calibrator_record, flag_identity_calibrator
-from mtl_cog.training.optim import build_optimizer, build_scheduler, learning_rates
+from mtl_cog.training.optim import learning_rates
 from mtl_cog.training.preflight import check_registered_names
-from mtl_cog.training.speed import apply_speed_options
 from mtl_cog.training.step import train_one_epoch
+from mtl_cog.training.trainee import Trainee, build_trainee
 
 
 @dataclass
@@ -103,6 +102,12 @@ class Stage:
     selection_metric: str
     files: state.StageFiles
     patience: int | None = None  # stop after this many epochs without improvement; None = never
+
+    @classmethod
+    def stage_one(cls, trainee: Trainee, cfg: Config, files: state.StageFiles) -> Stage:
+        """Stage one of ``cfg`` on ``build_trainee``'s network (``fit`` and the benchmarks that time it)."""
+        return cls("stage_one", trainee.network, trainee.model, trainee.objective, trainee.optimizer,
+                   trainee.scheduler, cfg.train.epochs, cfg.seed, cfg.eval.selection_metric, files)
 
 
 def is_better(metric: str, value: float, best: float | None) -> bool:
@@ -170,17 +175,13 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     spec, train, val, test = task_data.spec, *(task_data.splits[s] for s in ("train", "val", "test"))
     train = place_split(train, accelerator.device) if cfg.train.images_on_device else train
 
-    network = apply_speed_options(build_network(cfg.model, cfg.method, spec.layout), cfg.train)
-    counts = parameter_counts(network)
+    trainee = build_trainee(accelerator, cfg, spec.layout)
+    counts = trainee.counts
     leader = "+".join(cfg.method.leader) or "none (standard training)"
     accelerator.print(f"method {cfg.method.name}: leader = {leader}; parameters {counts}")
     accelerator.print(
         f"data {spec.dataset}: {spec.num_tasks} task(s), train/val/test = {len(train)}/{len(val)}/{len(test)}"
     )
-    objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # + the loss's own parameters
-    scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
-    prepared, optimizer = accelerator.prepare(network, optimizer)
     if resume_dir is None:  # only now: bad data or a bad model name leave no half-made run folder
         on_main_process(accelerator, lambda: held.enter_context(rundir.create_run_folder(run_dir, overwrite)))
     if accelerator.is_main_process:
@@ -190,16 +191,13 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     accelerator.wait_for_everyone()
     tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict(), group=cfg.wandb_group,
                       job_type=cfg.wandb_job_type)
-    model = accelerator.unwrap_model(prepared)
+    model = trainee.model
 
     stage_one_best = run_dir / rundir.STAGE_ONE_MODEL
     two_stage_started = cfg.two_stage.enabled and stage_one_best.exists()
-    stage_one = Stage(
-        "stage_one", prepared, model, objective, optimizer, scheduler, cfg.train.epochs, cfg.seed,
-        cfg.eval.selection_metric,
-        state.StageFiles(run_dir / rundir.STATE, run_dir / rundir.METRICS,
-                         stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL),
-    )
+    stage_one = Stage.stage_one(trainee, cfg, state.StageFiles(
+        run_dir / rundir.STATE, run_dir / rundir.METRICS,
+        stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL))
     progress = restore_stage(accelerator, stage_one)
     if accelerator.is_main_process:
         replay_to_tracker(tracker, stage_one.files.metrics)
@@ -212,41 +210,15 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     load_model(stage_one.files.best_model, model)
     calibrator_at_identity = flag_identity_calibrator(accelerator, model)
     selected = f"epoch {best_epoch}, by validation {cfg.eval.selection_metric}"
+    prepared = trainee.network
     if cfg.two_stage.enabled:  # TST / V-TST: a new head on the frozen backbone, trained by the same loop
-        prepared = run_second_stage(accelerator, cfg, model, objective, spec, train, val, run_dir, hooks)
+        prepared = run_second_stage(accelerator, cfg, model, trainee.objective, spec, train, val, run_dir, hooks)
         head_epoch = read_metadata(run_dir / rundir.BEST_MODEL).get("epoch")
         selected = f"stage one epoch {best_epoch}, stage-two head epoch {head_epoch} by validation nll"
 
-    results = {}
-    lipschitz = network_lipschitz(accelerator.unwrap_model(prepared))  # LiST networks only; None otherwise
-    for split_name, split in (("val", val), ("test", test)):
-        predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
-        results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs)
-        if lipschitz is not None:  # certified robust accuracy from the logit margins and the bound
-            add_certified_accuracy(results[split_name], predictions, lipschitz.numpy(), cfg.method.certify_eps,
-                                   spec.std)
-        if accelerator.is_main_process:
-            save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
-    # The best network's numbers: one value per key, in the W&B run summary (never a one-point
-    # chart at an invented step); metrics.jsonl keeps its final line.
-    tracker.log_final(
-        {"epoch": cfg.train.epochs + 1, "final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
-         "test_multitask": results["test"].get("multitask", {}), "calibrator_at_identity": calibrator_at_identity},
-        {**flatten_metrics("val", results["val"]), **flatten_metrics("test", results["test"]),
-         "best_epoch": best_epoch, "calibrator_at_identity": calibrator_at_identity},
-    )
-    report = None
-    if accelerator.is_main_process:
-        frame = metrics_frame(results["test"])
-        atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
-        report = write_run_report(run_dir)  # reliability PNG (+ truth metrics): before DONE, so a DONE run has it
-        atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
-    publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
-    tracker.finish()
-    accelerator.print(f"\ntest metrics of the best checkpoint ({selected}):")
-    accelerator.print(format_table(results["test"]))
-    if worst := worst_tasks_line(results["test"]["tasks"], cfg.eval.bins):  # multi-task: where to look first
-        accelerator.print(worst)
+    results = finish_run(accelerator, prepared, spec, val, test, cfg.train.eval_batch_size,
+                         AssessSettings.of_run(cfg), run_dir, tracker, best_epoch, cfg.train.epochs + 1,
+                         calibrator_at_identity, selected)
     accelerator.print(f"run folder: {run_dir}")
     accelerator.print(str(run_dir))
     return RunResult(run_dir, best_epoch, results)
