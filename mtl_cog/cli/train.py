@@ -21,10 +21,12 @@ from pathlib import Path
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
+from mtl_cog.config.loader import with_overrides
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.experiments import gpu_time
 from mtl_cog.runs import rundir
 from mtl_cog.training import fit
+from mtl_cog.training.resume_settings import plan_resume
 
 DEFAULT_CONFIG = CONFIGS / "synthetic" / "cog_fc.yaml"
 
@@ -48,14 +50,17 @@ def main(argv: list[str] | None = None) -> Path:
         if args.config is not None or args.overwrite:
             raise UserError("--resume continues a run with its saved config: no --config or --overwrite with it.")
         rundir.check_resumable(args.resume)
-        cfg = load_config(args.resume / rundir.CONFIG, args.overrides)
+        saved = load_config(args.resume / rundir.CONFIG)  # read once: fit diffs against this very config
+        cfg = with_overrides(saved, args.overrides)
         if args.overrides:
             print(f"resuming with changed settings: {' '.join(args.overrides)}")
     else:
-        cfg = load_config(args.config or DEFAULT_CONFIG, args.overrides)
+        saved, cfg = None, load_config(args.config or DEFAULT_CONFIG, args.overrides)
     if args.dry_run:
+        if saved is not None:  # the checks the real resume runs first (fit runs them itself, under the run's lock)
+            plan_resume(args.resume, cfg, saved)
         return dry_run(cfg, args.gpu_check)
-    return fit(cfg, resume_dir=args.resume, overwrite=args.overwrite).run_dir
+    return fit(cfg, resume_dir=args.resume, overwrite=args.overwrite, saved_config=saved).run_dir
 
 
 def dry_run(cfg: Config, gpu_check: Path | None) -> Path:

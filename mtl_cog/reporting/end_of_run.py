@@ -27,7 +27,8 @@ from mtl_cog.io import atomic_write, atomic_write_text
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
 from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
-from mtl_cog.runs.tracking import Tracker, final_record
+from mtl_cog.runs.metrics_log import final_record
+from mtl_cog.runs.tracking import Tracker
 
 
 def assess_and_save(accelerator: Accelerator, network: nn.Module, spec: TaskSpec, splits: dict[str, SplitData],

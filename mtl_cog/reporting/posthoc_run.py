@@ -18,7 +18,7 @@ from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.evaluation.metrics import metrics_frame
 from mtl_cog.evaluation.posthoc import POSTHOC, build_posthoc, check_pair
-from mtl_cog.evaluation.predictions import load_predictions, save_predictions
+from mtl_cog.evaluation.predictions import Predictions, load_predictions, save_predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import atomic_write, atomic_write_json
 from mtl_cog.progress import track
@@ -33,13 +33,17 @@ def posthoc_method_names() -> list[str]:
 
 def fit_posthoc_run(run_dir: Path, methods: list[str], bins: list[int] | None, out: Path | None,
                     pairs: int | None = None) -> dict:
-    """Fit each post-hoc method on the run's validation predictions; score it on its test predictions."""
+    """Fit each post-hoc method on the run's validation predictions; score it on its test predictions.
+
+    Nothing is written until every method has been fitted and scored, so a method that is refused
+    (a degenerate fit, a data set that cannot be read) leaves the run folder as it was."""
     eval_cfg = rundir.load_run_config(run_dir).eval
     bins = bins or eval_cfg.bins
     pairs = eval_cfg.joint_pairs if pairs is None else pairs
     val = load_predictions(run_dir / rundir.predictions_file("val"))
     test = load_predictions(run_dir / rundir.predictions_file("test"))
     results = {"none": score(test, bins, pairs)}
+    calibrated: dict[str, Predictions] = {}
     trained: TrainedRun | None = None
     images: dict[str, torch.Tensor] = {}
     for method in track(methods, f"post-hoc calibrators of {run_dir.name}", every=1):
@@ -49,9 +53,11 @@ def fit_posthoc_run(run_dir: Path, methods: list[str], bins: list[int] | None, o
             images = {"val": splits["val"].images, "test": splits["test"].images}
         calibrator = build_posthoc(method, *((trained.network, trained.transform) if trained is not None else ()))
         check_pair(method, val, test)
-        calibrated = calibrator.fit(val, images.get("val")).apply(test, images.get("test"))
-        save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
-        results[method] = score(calibrated, bins, pairs)
+        calibrated[method] = calibrator.fit(val, images.get("val")).apply(test, images.get("test"))
+        results[method] = score(calibrated[method], bins, pairs)
+    # written only once every method has been fitted: a refused method leaves the run folder as it was
+    for method, predictions in calibrated.items():
+        save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), predictions)
     frame = pd.concat([metrics_frame(m).assign(method=name) for name, m in results.items()], ignore_index=True)
     frame = frame[["method", *[c for c in frame.columns if c != "method"]]]
     atomic_write(run_dir / rundir.POSTHOC_METRICS, lambda tmp: frame.to_csv(tmp, index=False))

@@ -17,7 +17,6 @@ at any moment; the data flow of one step and of one evaluation is in ``docs/arch
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -30,7 +29,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 
 import tasks  # noqa: F401  (registers the built-in data sets)
-from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
+from mtl_cog.config import Config, EvalConfig, TrainConfig, save_config
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import SplitData, TaskSpec
@@ -39,7 +38,7 @@ from mtl_cog.evaluation.assess import AssessSettings
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
-from mtl_cog.io import append_jsonl, atomic_write_json
+from mtl_cog.io import atomic_write_json, read_jsonl
 from mtl_cog.models.network import parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss
@@ -47,8 +46,9 @@ from mtl_cog.reporting.end_of_run import finish_run
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
 from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
+from mtl_cog.runs.metrics_log import append_line, epoch_line, wandb_row
 from mtl_cog.runs.task_spec import save_task_spec
-from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
+from mtl_cog.runs.tracking import Tracker, log_with
 from mtl_cog.training import resume_settings
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.calibrator_view import CalibratorRecord, calibrator_record, flag_identity_calibrator
@@ -150,24 +150,27 @@ def on_main_process(accelerator: Accelerator, action: Callable[[], object]) -> N
 
 
 def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
-        hooks: Hooks | None = None) -> RunResult:
+        hooks: Hooks | None = None, saved_config: Config | None = None) -> RunResult:
     """Train, select, evaluate and save one run described by ``cfg``; see the module docstring.
 
     The run folder is locked (``mtl_cog.runs.lock``) while ``fit`` writes into it, and unlocked
     however ``fit`` ends (a killed run leaves a stale lock, which the next ``--resume`` takes over).
+    Every check that can refuse the run (names, the run folder, the settings changed on
+    ``--resume``, the saved training state) runs before the first file is written. ``saved_config``
+    is ``resume_dir``'s ``config.yaml`` when the caller has read it already.
     """
     with ExitStack() as held:
-        return _fit(cfg, resume_dir, overwrite, hooks or Hooks(), held)
+        return _fit(cfg, resume_dir, overwrite, hooks or Hooks(), held, saved_config)
 
 
-def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, held: ExitStack) -> RunResult:
+def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, held: ExitStack,
+         saved_config: Config | None) -> RunResult:
     check_registered_names(cfg)  # a misspelt head or loss fails now, not after hours of stage one
     accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision)
     set_seed(cfg.seed)
     run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite, held)
-    saved_cfg = load_config(run_dir / rundir.CONFIG) if resume_dir is not None else None
-    if saved_cfg is not None:  # refused changes stop here, before config.yaml is rewritten
-        resume_settings.check_changes(resume_settings.changed_settings(saved_cfg, cfg))
+    # refused changes (a key that cannot change, fewer epochs than already trained) stop here, unwritten
+    plan = resume_settings.plan_resume(run_dir, cfg, saved_config) if resume_dir is not None else None
     accelerator.print(f"run folder: {run_dir}")
 
     with accelerator.main_process_first():  # the main process builds any data cache first
@@ -184,6 +187,13 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     )
     if resume_dir is None:  # only now: bad data or a bad model name leave no half-made run folder
         on_main_process(accelerator, lambda: held.enter_context(rundir.create_run_folder(run_dir, overwrite)))
+    model = trainee.model
+    stage_one_best = run_dir / rundir.STAGE_ONE_MODEL
+    two_stage_started = cfg.two_stage.enabled and stage_one_best.exists()
+    stage_one = Stage.stage_one(trainee, cfg, state.StageFiles(
+        run_dir / rundir.STATE, run_dir / rundir.METRICS,
+        stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL))
+    progress = restore_stage(accelerator, stage_one)  # a damaged state is refused here, before config.yaml changes
     if accelerator.is_main_process:
         save_config(cfg, run_dir / rundir.CONFIG)
         save_task_spec(spec, run_dir / rundir.TASK_SPEC)
@@ -191,18 +201,10 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     accelerator.wait_for_everyone()
     tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict(), group=cfg.wandb_group,
                       job_type=cfg.wandb_job_type)
-    model = trainee.model
-
-    stage_one_best = run_dir / rundir.STAGE_ONE_MODEL
-    two_stage_started = cfg.two_stage.enabled and stage_one_best.exists()
-    stage_one = Stage.stage_one(trainee, cfg, state.StageFiles(
-        run_dir / rundir.STATE, run_dir / rundir.METRICS,
-        stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL))
-    progress = restore_stage(accelerator, stage_one)
     if accelerator.is_main_process:
         replay_to_tracker(tracker, stage_one.files.metrics)
-    if saved_cfg is not None:
-        apply_resumed_settings(accelerator, saved_cfg, cfg, stage_one, progress, run_dir)
+    if plan is not None:
+        apply_resumed_settings(accelerator, plan, cfg, stage_one, progress, run_dir)
     best_epoch = run_stage(accelerator, stage_one, progress, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
 
     # The best checkpoint (validation Brier by default), on every process.
@@ -284,17 +286,15 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
     return best_epoch
 
 
-def apply_resumed_settings(accelerator: Accelerator, saved: Config, cfg: Config, stage: Stage,
+def apply_resumed_settings(accelerator: Accelerator, plan: resume_settings.ResumePlan, cfg: Config, stage: Stage,
                            progress: state.Progress, run_dir: Path) -> None:
-    """Apply the settings changed on ``--resume`` to the restored optimiser and record them (see resume_settings)."""
-    changes = resume_settings.changed_settings(saved, cfg)
-    if not changes:
+    """Apply the settings changed on ``--resume`` (checked by ``plan_resume``) to the restored optimiser; log them."""
+    if not plan.changes:
         return
-    resume_settings.check_changes(changes, progress.epoch)
-    resume_settings.apply_to_optimizer(cfg, changes, stage.optimizer, stage.scheduler)
+    resume_settings.apply_to_optimizer(cfg, plan.changes, stage.optimizer, stage.scheduler)
     if accelerator.is_main_process:
-        resume_settings.record_resume(run_dir / rundir.RESUMES, progress.epoch, progress.within.step, changes)
-    accelerator.print("resumed with " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
+        resume_settings.record_resume(run_dir / rundir.RESUMES, progress.epoch, progress.within.step, plan.changes)
+    accelerator.print("resumed with " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in plan.changes.items()))
 
 
 def notify_validation_end(stage: Stage, predictions: Predictions) -> None:
@@ -313,23 +313,18 @@ def notify_validation_end(stage: Stage, predictions: Predictions) -> None:
 
 def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, epoch: int, stats: dict, lrs: dict,
               val_metrics: dict, best_epoch: int, calibrator: CalibratorRecord | None = None) -> None:
-    """One line of the stage's metrics file (stage one also to W&B) and one console line (two with a calibrator)."""
-    mean = val_metrics["mean"]
+    """One line of the stage's metrics file (one schema for both stages, ``mtl_cog.runs.metrics_log``;
+    stage one's also to W&B) and one console line (two with a calibrator)."""
+    line = epoch_line(stage.name, epoch, stats["loss"], lrs, val_metrics, best_epoch, stats["skipped"],
+                      None if calibrator is None else {"summary": calibrator.summary, "tasks": calibrator.by_task})
     if tracker is not None:
-        record = {"train_loss": stats["loss"], "lr": lrs, "val": mean, "best_epoch": best_epoch,
-                  "nonfinite_skipped": stats["skipped"]}
-        if calibrator is not None:
-            record["calibrator"] = {"summary": calibrator.summary, "tasks": calibrator.by_task}
-        record["val_tasks"] = val_metrics["tasks"]
-        record["val_multitask"] = val_metrics.get("multitask", {})
-        record["val_pairs"] = val_metrics.get("pairs", [])
-        tracker.log_epoch(epoch, record, wandb_row(record))
+        tracker.log_epoch(epoch, {k: v for k, v in line.items() if k != "epoch"}, wandb_row(line))
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
     else:
         if accelerator.is_main_process:
-            append_jsonl(stage.files.metrics, {"epoch": epoch, "train_loss": stats["loss"], "val_nll": mean["nll"],
-                                               "best": best_epoch == epoch, "lr": lrs, "val": mean})
+            append_line(stage.files.metrics, line)
         prefix = f"stage two epoch {epoch:3d}/{stage.epochs}"
+    mean = val_metrics["mean"]
     accelerator.print(
         f"{prefix}  loss {stats['loss']:.4f}  val acc {mean['accuracy']:.4f}  nll {mean['nll']:.4f}"
         f"  brier {mean['brier']:.4f}  ece@15 {mean['ece@15']:.4f}{'  *' if best_epoch == epoch else ''}"
@@ -338,22 +333,10 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
         accelerator.print(f"           calibrator: {calibrator.one_line()}")
 
 
-def wandb_row(record: dict) -> dict[str, float]:
-    """The W&B history row of one stage-one ``metrics.jsonl`` line: the same row live and on ``--resume``."""
-    val = {"tasks": record.get("val_tasks", {}), "mean": record["val"], "multitask": record.get("val_multitask", {}),
-           "pairs": record.get("val_pairs", [])}
-    row = {"train/loss": record["train_loss"], **{f"lr/{k}": v for k, v in record["lr"].items()},
-           **flatten_metrics("val", val)}
-    if "calibrator" in record:
-        row.update(CalibratorRecord(record["calibrator"]["tasks"], record["calibrator"]["summary"]).wandb_values())
-    return row
-
-
 def replay_to_tracker(tracker: Tracker, metrics_path: Path) -> None:
     """The epochs of ``metrics.jsonl`` (as repaired by ``restore_stage``) that W&B lacks, on ``--resume``."""
-    if tracker.enabled and metrics_path.exists():
-        lines = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-        tracker.replay({line["epoch"]: wandb_row(line) for line in lines if not line.get("final")})
+    if tracker.enabled:
+        tracker.replay({line["epoch"]: wandb_row(line) for line in read_jsonl(metrics_path) if not line.get("final")})
 
 
 def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, objective: nn.Module,
