@@ -183,11 +183,19 @@ class ProbmetricsCalibration(PosthocCalibrator):
     """A probmetrics calibrator (``probmetrics.calibrators``) per task; binary tasks enter as logits [0, z]."""
 
     name: ClassVar[str]
+    options: ClassVar[dict[str, object]] = {}  # keyword arguments of ``get_calibrator``
 
     def make(self):
         from probmetrics.calibrators import get_calibrator
 
-        return get_calibrator(self.name)
+        return get_calibrator(self.name, **self.options)
+
+    def _guarded(self, task: str, work):
+        try:
+            return work()
+        except Exception as err:  # noqa: BLE001  (sklearn / scipy raise many types on degenerate data)
+            raise PosthocError(f"post-hoc {self.name!r} failed on task {task!r}: {type(err).__name__}: {err}") \
+                from None
 
     def fit(self, val: Predictions, images: torch.Tensor | None = None) -> ProbmetricsCalibration:
         from probmetrics.distributions import CategoricalLogits
@@ -195,12 +203,8 @@ class ProbmetricsCalibration(PosthocCalibrator):
         self.fitted = []
         for name, z, y in zip(val.task_names, val.logits, val.labels):
             calibrator = self.make()
-            try:
-                calibrator.fit_torch(CategoricalLogits(torch.as_tensor(z, dtype=torch.float64)),
-                                     torch.as_tensor(y, dtype=torch.long))
-            except Exception as err:  # noqa: BLE001  (sklearn / scipy raise many types on degenerate data)
-                raise PosthocError(f"post-hoc {self.name!r} failed on task {name!r}: {type(err).__name__}: {err}") \
-                    from None
+            self._guarded(name, lambda c=calibrator, z=z, y=y: c.fit_torch(
+                CategoricalLogits(torch.as_tensor(z, dtype=torch.float64)), torch.as_tensor(y, dtype=torch.long)))
             self.fitted.append(calibrator)
         return self
 
@@ -209,11 +213,8 @@ class ProbmetricsCalibration(PosthocCalibrator):
 
         logits = []
         for calibrator, name, z in zip(self.fitted, predictions.task_names, predictions.logits):
-            try:
-                out = calibrator.predict_proba_torch(CategoricalLogits(torch.as_tensor(z, dtype=torch.float64)))
-            except Exception as err:  # noqa: BLE001
-                raise PosthocError(f"post-hoc {self.name!r} failed on task {name!r}: {type(err).__name__}: {err}") \
-                    from None
+            out = self._guarded(name, lambda c=calibrator, z=z: c.predict_proba_torch(
+                CategoricalLogits(torch.as_tensor(z, dtype=torch.float64))))
             # log-probabilities, floored (probmetrics clips log(0) at log of float32's tiny) so all are finite
             log_p = torch.log(out.get_probs().double().clamp_min(1e-30))
             logits.append(((log_p[:, 1] - log_p[:, 0]) if np.ndim(z) == 1 else log_p).float().numpy())
@@ -222,22 +223,12 @@ class ProbmetricsCalibration(PosthocCalibrator):
 
 @POSTHOC.register("svs")
 class RegularisedVectorScaling(ProbmetricsCalibration):
-    name = "svs"
-
-    def make(self):
-        from probmetrics.calibrators import get_calibrator
-
-        return get_calibrator("svs", svs_print_init_info=False)
+    name, options = "svs", {"svs_print_init_info": False}
 
 
 @POSTHOC.register("sms")
 class RegularisedMatrixScaling(ProbmetricsCalibration):
-    name = "sms"
-
-    def make(self):
-        from probmetrics.calibrators import get_calibrator
-
-        return get_calibrator("sms", sms_print_init_info=False)
+    name, options = "sms", {"sms_print_init_info": False}
 
 
 @POSTHOC.register("isotonic")
