@@ -221,13 +221,12 @@ def jobs_to_run(jobs: list[Job], args: argparse.Namespace) -> tuple[list[RunJob]
     return run_jobs, todo
 
 
-def launch(jobs: list[Job], args: argparse.Namespace, executor, what: str) -> list[Job]:
-    """Run the unfinished ``jobs``; -> the jobs that failed."""
+def launch(jobs: list[Job], args: argparse.Namespace, runner, what: str) -> list[Job]:
+    """Run the unfinished ``jobs`` with ``runner`` (``make_launcher``'s); -> the jobs that failed."""
     run_jobs, todo = jobs_to_run(jobs, args)
     print(f"{what}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run", flush=True)
     if not todo:
         return []
-    runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     try:
         codes = runner.run(run_jobs)
     except KeyboardInterrupt:
@@ -329,16 +328,18 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
             print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them)")
         return report_dir
 
+    # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before any run or log is written
+    runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     chosen = None
     if tuning:
-        failed = launch([j for trials in tuning.values() for j in trials], args, executor, "tuning")
+        failed = launch([j for trials in tuning.values() for j in trials], args, runner, "tuning")
         if failed:
             raise UserError(f"{len(failed)} tuning run(s) failed ({', '.join(str(j.run_dir) for j in failed)}; see "
                             "their .log files): every method must get its whole budget, so nothing was chosen. "
                             "Fix the cause and run the same command again: it continues from there.")
         chosen = choose_settings(tuning, args)
         final = final_jobs(chosen, args, runs_dir)
-    failed = launch(final, args, executor, "final runs")
+    failed = launch(final, args, runner, "final runs")
     failed += fit_posthoc(final, args.posthoc_on)
     if len(failed) == len(final):
         raise UserError("every run failed; see the .log files next to the run folders.")
