@@ -192,6 +192,7 @@ def test_two_process_user_error_prints_one_error_line():
     assert "values were not passed" not in result.stderr and result.returncode == 1
 
 
+@pytest.mark.slow  # a two-process accelerate launch that trains
 def test_killing_one_process_of_two_gives_the_survivor_one_error_line(tmp_path):
     """Real processes: SIGKILL rank 1 of a 2-process (gloo) run; rank 0 ends with one error line, no traceback."""
     run = tmp_path / "runs" / "two"
@@ -284,6 +285,7 @@ def test_full_disk_while_saving_the_state_stops_cleanly_and_the_run_resumes(tmp_
     assert [json.loads(line)["epoch"] for line in (run / rundir.METRICS).read_text().splitlines()] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow  # a training in a subprocess (the limit needs its own process)
 def test_file_size_limit_during_a_save_is_one_error_line(tmp_path):
     """A real ``ulimit -f`` (EFBIG): the state file (~230 KB) cannot be written; small files can."""
     limit = 150_000
