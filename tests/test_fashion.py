@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-import tasks  # noqa: F401  (registers every task)
 from mtl_cog.config import DataConfig, FashionMosaicConfig
 from mtl_cog.data.cache import cache_root
 from mtl_cog.data.loading import load_task
