@@ -13,7 +13,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-import tasks  # noqa: F401  (registers the data sets: a network method reloads the run's data)
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.evaluation.metrics import metrics_frame
