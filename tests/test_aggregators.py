@@ -22,9 +22,9 @@ from mtl_cog.objectives import build_objective
 from mtl_cog.objectives.aggregators import AGGREGATORS, build_aggregator
 from mtl_cog.reporting.trajectories import task_weight_table
 from mtl_cog.runs import rundir
+from mtl_cog.runs.metrics_log import wandb_row
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.aggregated_step import Aggregation, aggregated_loss
-from mtl_cog.training.loop import wandb_row
 from mtl_cog.training.optim import build_optimizer
 from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.step import apply_update, batch_loss

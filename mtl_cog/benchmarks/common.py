@@ -1,8 +1,8 @@
 """What every benchmark shares: the workload, method configs, random splits, timing, peak memory.
 
-The benchmarks never carry their own training step: a *trainee* here is only the network,
-objective and optimiser that ``mtl_cog.training.step.batch_loss`` + ``apply_update`` (the
-library's step, the one ``train_one_epoch`` runs) are timed on.
+The benchmarks never carry their own training step nor their own assembly: a *trainee* is
+``mtl_cog.training.trainee.build_trainee``'s, the one ``fit`` trains, and its step is the
+library's (``batch_loss`` + ``apply_update``, the one ``train_one_epoch`` runs).
 """
 
 from __future__ import annotations
@@ -16,19 +16,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from accelerate import Accelerator
 
 from mtl_cog.config import Config, load_config
-from mtl_cog.data.task_api import LogitLayout, SplitData, TaskSpec
+from mtl_cog.data.task_api import SplitData, TaskSpec
 from mtl_cog.errors import ConfigError
-from mtl_cog.models.network import build_network
-from mtl_cog.objectives import build_objective, set_partial_labels
-from mtl_cog.objectives.aggregators import build_aggregator
-from mtl_cog.training import step as training_step
-from mtl_cog.training.aggregated_step import Aggregation, aggregated_loss
-from mtl_cog.training.optim import build_optimizer
 from mtl_cog.training.preflight import check_registered_names
-from mtl_cog.training.speed import apply_speed_options
 
 NUM_TASKS = 40  # CelebA's attributes: the multi-task setting the speed targets are stated for
 CELEBA_SPLITS = {"train": 162_770, "val": 19_867, "test": 19_962}  # 202,599 in all
@@ -107,44 +99,6 @@ def random_split(n: int, size: int, num_tasks: int, seed: int, device: str | tor
     images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=generator, device=device)
     labels = torch.randint(0, 2, (n, num_tasks), generator=generator, device=device)
     return SplitData(images, labels)
-
-
-@dataclass
-class Trainee:
-    """One method's prepared network, objective and optimiser (what the library's step is timed on)."""
-
-    accelerator: Accelerator
-    network: torch.nn.Module
-    objective: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    aggregation: Aggregation | None = None  # mtl.aggregator other than equal
-
-    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """``batch_loss`` (or ``aggregated_loss``) then ``apply_update``: exactly one step of ``train_one_epoch``."""
-        if self.aggregation is None:
-            loss = to_backward = training_step.batch_loss(self.network, self.objective, images, labels)
-        else:
-            shared = [p for p in self.accelerator.unwrap_model(self.network).backbone.parameters() if p.requires_grad]
-            out = aggregated_loss(self.accelerator, self.network, self.objective, self.aggregation, images, labels,
-                                  shared)
-            loss, to_backward = out.loss, out.backward
-        training_step.apply_update(self.accelerator, self.optimizer, to_backward)
-        return loss.detach()
-
-
-def build_trainee(accelerator: Accelerator, cfg: Config, layout: LogitLayout, seed: int = 0) -> Trainee:
-    """Network, objective and optimiser of ``cfg`` as ``fit`` builds them; the same initial backbone per seed."""
-    torch.manual_seed(seed)
-    network = apply_speed_options(build_network(cfg.model, cfg.method, layout), cfg.train)
-    objective = build_objective(layout, cfg.method).to(accelerator.device)
-    set_partial_labels(objective, False)  # as fit, for fully labelled data: no per-batch look for missing labels
-    aggregator = build_aggregator(cfg.mtl.aggregator, layout.num_tasks)
-    if aggregator is not None:  # as fit: its learned parts train with the loss's
-        objective.add_module("aggregator", aggregator.to(accelerator.device))
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # as fit: + the loss's parameters
-    network, optimizer = accelerator.prepare(network, optimizer)
-    aggregation = Aggregation(aggregator, cfg.mtl.aggregate_on) if aggregator is not None else None
-    return Trainee(accelerator, network, objective, optimizer, aggregation)
 
 
 def sync(device: torch.device) -> None:

@@ -29,10 +29,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from mtl_cog.benchmarks.common import (
     NUM_TASKS,
-    Trainee,
     Workload,
     binary_spec,
-    build_trainee,
     method_config,
     random_split,
     timed,
@@ -41,6 +39,7 @@ from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.task_api import SplitData
 from mtl_cog.errors import ConfigError
 from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.trainee import Trainee, build_trainee
 
 REFERENCE = "baseline"  # every ratio is over standard training's step
 DEFAULT_METHODS = ("baseline", "cog_fc", "cog_ts")

@@ -1,7 +1,8 @@
 """Calibrators: logits (B, L) -> logits (B, L), the identity at initialisation.
 
 The same class serves COG (trained jointly as the Stackelberg leader) and post-hoc calibration
-(fitted on frozen validation logits by ``fit_posthoc``); only the fitting differs. Per-task
+(fitted on frozen validation logits by ``fit_calibrator`` below, through
+``mtl_cog.evaluation.posthoc.LearnedScaling``); only the fitting differs. Per-task
 parameters are broadcast to the flat logit layout with one gather, so 40 tasks cost one op.
 To add a calibrator: one class here (or in its own module) with ``@CALIBRATORS.register(name)``.
 """

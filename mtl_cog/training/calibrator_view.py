@@ -28,13 +28,6 @@ class CalibratorRecord:
         return "  ".join(f"{name} median {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]"
                          for name, s in self.summary.items())
 
-    def wandb_values(self) -> dict[str, float]:
-        """Scalar summaries, and per-task values where the parameter is one number per task."""
-        values = {f"calibrator/{name}_{stat}": v for name, s in self.summary.items() for stat, v in s.items()}
-        for name, per_task in self.by_task.items():
-            values.update({f"{task}/calibrator/{name}": v for task, v in per_task.items() if isinstance(v, float)})
-        return values
-
 
 def _flat(value: object) -> list[float]:
     return np.asarray(value, dtype=np.float64).ravel().tolist()
