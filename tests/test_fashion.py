@@ -456,6 +456,7 @@ def test_describe_gives_prevalences_and_the_most_correlated_pairs_of_known_label
     assert pairs[0] == ("a", "b", pytest.approx(1.0)) and pairs[1][:2] == ("a", "c")
     assert pairs[1][2] == pytest.approx(corr_ac)
     text = describe_markdown(data, 2)
+    assert "mean 1.62, 5th-95th percentile 1-3, range 1-3." in text  # a+b+c per row: 2,2,2,3,1,1,1,1
     assert "| `k` | 3 classes, most frequent 2 | 62.5% | 75.0% |" in text and f"| `a` | `c` | {corr_ac:+.3f} |" in text
 
 
