@@ -12,20 +12,18 @@ one-stage ``model.head``: the run would silently drop the KL term and evaluate s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from mtl_cog.config import Config, load_config
+from mtl_cog.config import Config, method_identity
 from mtl_cog.data.task_api import TASKS
-from mtl_cog.errors import CheckpointError, ConfigError, UnknownNameError
+from mtl_cog.errors import ConfigError, UnknownNameError
 from mtl_cog.io import check_writable
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
 from mtl_cog.objectives import OBJECTIVES
+from mtl_cog.objectives.aggregators import AGGREGATORS, EQUAL
 from mtl_cog.registry import Registry
 from mtl_cog.runs import rundir
-from mtl_cog.runs import training_state as state
-from mtl_cog.runs.checkpoint import read_metadata
 from mtl_cog.training import resume_settings
 
 
@@ -39,11 +37,14 @@ def check_registered_names(cfg: Config) -> None:
         ("method.loss", cfg.method.loss, OBJECTIVES),
         ("two_stage.head", cfg.two_stage.head, HEADS),
     ]
+    if cfg.mtl.aggregator != EQUAL:  # equal weights is plain training: no registered object
+        checks.append(("mtl.aggregator", cfg.mtl.aggregator, AGGREGATORS))
     for key, name, registry in checks:
         try:
             registry.get(name)
         except UnknownNameError as err:  # its message suggests close matches and lists the options
-            raise ConfigError(f"{key}: {err}") from None
+            extra = f" Or {EQUAL} (the mean of the task losses)." if key == "mtl.aggregator" else ""
+            raise ConfigError(f"{key}: {err}{extra}") from None
     if not HEADS.get(cfg.model.head).supports_one_stage:
         raise ConfigError(
             f"model.head={cfg.model.head!r} only works as a second-stage head: one-stage training would drop "
@@ -53,31 +54,23 @@ def check_registered_names(cfg: Config) -> None:
         )
 
 
-def check_before_writing(cfg: Config, resume_dir: Path | None, overwrite: bool) -> Path:
+def check_before_writing(cfg: Config, resume_dir: Path | None, overwrite: bool, saved: Config | None = None) -> Path:
     """Every check of ``fit`` that needs no data and no network, for the run ``cfg`` describes; -> its folder.
 
     What ``train --dry-run`` runs, so that a dry run approves only what the real command would
     start: registered names, a writable ``output_dir`` and a free (or ``--overwrite``-able) run
-    folder for a new run; for ``--resume``, a resumable folder and only changes the resume
-    applies (``train.epochs`` not below the epochs already trained). Reads only; writes nothing.
+    folder for a new run; for ``--resume``, a resumable folder with a writable ``config.yaml`` and
+    the resume plan's checks (``resume_settings.plan_resume``: only changes the resume applies,
+    ``train.epochs`` not below the epochs already trained, a readable state). Reads only.
     """
     check_registered_names(cfg)
     if resume_dir is None:
-        run_dir = Path(cfg.output_dir) / (cfg.run_name or rundir.default_run_name(cfg.data.task, cfg.method.name,
-                                                                                 cfg.seed))
+        name = cfg.run_name or rundir.default_run_name(cfg.data.task, method_identity(cfg.to_dict()), cfg.seed)
+        run_dir = Path(cfg.output_dir) / name
         rundir.check_output_dir(Path(cfg.output_dir))
         rundir.check_new_run(run_dir, overwrite)
         return run_dir
     rundir.check_resumable(resume_dir)
     check_writable(resume_dir / rundir.CONFIG, f"--resume {resume_dir}")
-    next_epoch = None
-    if (resume_dir / rundir.STATE).is_file():
-        try:
-            raw = json.loads(read_metadata(resume_dir / rundir.STATE)["progress"])
-            next_epoch = state.Progress.from_dict(raw).epoch
-        except (KeyError, ValueError, TypeError) as err:
-            raise CheckpointError(f"{resume_dir / rundir.STATE}: its progress is damaged ({err}); the run cannot be "
-                                  "resumed from it.") from None
-    resume_settings.check_changes(resume_settings.changed_settings(load_config(resume_dir / rundir.CONFIG), cfg),
-                                  next_epoch)
+    resume_settings.plan_resume(resume_dir, cfg, saved)
     return resume_dir
