@@ -46,7 +46,8 @@ def _data(seed: int, n: int = 300) -> tuple[Predictions, Predictions]:
 @pytest.mark.parametrize("method", ["ts", "vs", "ms"])
 def test_a_task_without_validation_errors_keeps_its_uncalibrated_logits_and_is_named(method):
     val, test = _data(0)
-    with pytest.warns(UserWarning, match=r"post-hoc '" + method + r"'.*task\(s\) sep, digits have no errors"):
+    family = {"ts": "temperature", "vs": "vector", "ms": "matrix"}[method]
+    with pytest.warns(UserWarning, match=r"post-hoc " + family + r" scaling.*task\(s\) sep, digits have no errors"):
         calibrated = calibrate(method, val, test)
     assert np.allclose(calibrated.logits[0], test.logits[0]) and np.allclose(calibrated.logits[2], test.logits[2])
     alone = calibrate(method, Predictions(["noisy"], [val.logits[1]], [val.labels[1]]),
