@@ -11,39 +11,52 @@ import pytest
 from mtl_cog.config import load_config
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import gpu_time, protocol
-from mtl_cog.reporting.paired import counterpart_pairs, crossed_bootstrap, paired_differences, rank_spread
+from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread, seed_t_interval, verdict
 from mtl_cog.reporting.trajectories import at_identity, calibrator_table, convergence
 
 REPO = Path(__file__).resolve().parents[1]
 
-# ------------------------------------------------------------------------------------------ bootstrap
+# ------------------------------------------------------------------------------------------ t interval
 
 
 def test_constant_differences_give_a_zero_width_interval():
-    mean, low, high = crossed_bootstrap(np.full((3, 40), -0.02))
+    mean, low, high = seed_t_interval(np.full((3, 40), -0.02))
     assert mean == low == high == pytest.approx(-0.02)
 
 
-def test_two_seeds_one_task_matches_the_enumerated_bootstrap():
-    # resampling 2 seeds: means 0, .5, .5, 1 with probability 1/4 each -> 2.5% / 97.5% quantiles 0 and 1
-    mean, low, high = crossed_bootstrap(np.array([[0.0], [1.0]]))
-    assert mean == 0.5 and low == 0.0 and high == 1.0
+def test_three_seeds_one_task_give_the_textbook_t_interval():
+    # mean 2, sd 1, t(2, 0.975) = 4.30265: 2 ± 4.30265 / sqrt(3) = 2 ± 2.48414
+    mean, low, high = seed_t_interval(np.array([[1.0], [2.0], [3.0]]))
+    assert mean == 2.0 and low == pytest.approx(2 - 2.48414, abs=1e-5) and high == pytest.approx(2 + 2.48414, abs=1e-5)
 
 
-def test_seeds_and_tasks_are_resampled_as_crossed_factors():
-    # every seed sees the same task effects: resampling tasks must widen the interval; seeds add nothing
-    tasks_only = np.tile(np.linspace(-1, 1, 10), (3, 1))
-    _, low, high = crossed_bootstrap(tasks_only)
-    assert low < -0.2 and high > 0.2
+def test_tasks_are_averaged_within_a_seed_before_the_interval():
+    # fixed task effects cancel into the estimand; only seed-to-seed variation widens the interval
+    tasks_only = np.tile(np.linspace(-1, 1, 10), (3, 1)) + 0.5
+    assert seed_t_interval(tasks_only) == pytest.approx((0.5, 0.5, 0.5))
     seeds_only = np.tile(np.array([[-1.0], [0.0], [1.0]]), (1, 10))
-    _, low2, high2 = crossed_bootstrap(seeds_only)
-    assert low2 < -0.3 and high2 > 0.3
+    _, low, high = seed_t_interval(seeds_only)
+    assert low == pytest.approx(-4.3027 / math.sqrt(3), abs=1e-4) and high == -low
+
+
+def test_one_seed_has_no_interval_and_no_verdict():
+    mean, low, high = seed_t_interval(np.array([[0.3, 0.1]]))
+    assert mean == pytest.approx(0.2) and math.isnan(low) and math.isnan(high)
+    assert verdict(mean, low, high, lower_better=True) == "inconclusive"
+
+
+@pytest.mark.parametrize(("mean", "low", "high", "lower_better", "expected"), [
+    (-0.1, -0.2, -0.05, True, "variant"), (-0.1, -0.2, -0.05, False, "counterpart"),
+    (0.1, 0.05, 0.2, True, "counterpart"), (0.1, 0.05, 0.2, False, "variant"),
+    (0.1, -0.05, 0.2, True, "inconclusive"), (0.0, 0.0, 0.0, True, "inconclusive")])
+def test_verdict_names_the_side_the_interval_excludes_zero_for(mean, low, high, lower_better, expected):
+    assert verdict(mean, low, high, lower_better) == expected
 
 
 @pytest.mark.parametrize("bad", [np.zeros((0, 3)), np.zeros(4), np.array([[np.nan, 1.0]])])
-def test_bootstrap_refuses_empty_flat_or_nan_input(bad):
+def test_interval_refuses_empty_flat_or_nan_input(bad):
     with pytest.raises(ValueError):
-        crossed_bootstrap(bad)
+        seed_t_interval(bad)
 
 
 def _scores(rows):
@@ -57,7 +70,7 @@ def test_paired_differences_pair_seeds_and_tasks_and_say_who_is_better():
         for task in ("a", "b"):
             base = 0.5 + 0.1 * seed  # seed effects cancel in the pairing
             rows.append(["ds", "baseline", seed, "r", task, 0.8, base, 0.2, 0.10])
-            rows.append(["ds", "cog_fc", seed, "r", task, 0.8, base - 0.05, 0.2, 0.04])
+            rows.append(["ds", "cog_fc", seed, "r", task, 0.8, base - 0.05, 0.2, 0.04 + 0.01 * seed])
         rows.append(["ds", "baseline", seed, "r", "mean", 0.8, 0.5, 0.2, 0.1])  # task means are not pairs
     rows.append(["ds", "tst", 0, "r", "a", 0.8, 0.5, 0.2, 0.1])  # cog_tst absent: no row for it
     table = paired_differences(_scores(rows), {"cog_fc": "baseline", "cog_tst": "tst"}).set_index("metric")
@@ -65,10 +78,12 @@ def test_paired_differences_pair_seeds_and_tasks_and_say_who_is_better():
     assert table.loc["nll", "mean_difference"] == pytest.approx(-0.05)
     assert table.loc["nll", "ci_low"] == pytest.approx(-0.05) and table.loc["nll", "ci_high"] == pytest.approx(-0.05)
     assert table.loc["nll", "better"] == "variant" and table.loc["ece@15", "better"] == "variant"
-    assert table.loc["accuracy", "better"] == "unclear"  # identical: the interval is [0, 0]
+    # ECE differences -0.06, -0.05, -0.04: -0.05 ± 4.3027 * 0.01 / sqrt(3)
+    assert table.loc["ece@15", "ci_high"] == pytest.approx(-0.05 + 4.3027 * 0.01 / math.sqrt(3), abs=1e-5)
+    assert table.loc["accuracy", "better"] == "inconclusive"  # identical: the interval is [0, 0]
     assert table.loc["nll", "n_seeds"] == 3 and table.loc["nll", "n_tasks"] == 2
     one_seed = paired_differences(_scores([r for r in rows if r[2] == 0]), {"cog_fc": "baseline"})
-    assert one_seed["ci_low"].isna().all() and set(one_seed["better"]) == {"n/a (one seed)"}
+    assert one_seed["ci_low"].isna().all() and set(one_seed["better"]) == {"inconclusive"}
 
 
 def test_counterparts_come_from_the_method_configs():

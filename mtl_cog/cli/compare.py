@@ -14,8 +14,8 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
                                rank spread over seeds, learned calibrators, convergence
   summary.tex                  summary.md's tables in LaTeX (booktabs)
   paired_differences.csv       each COG variant minus its counterpart (method.counterpart): mean
-                               difference in NLL, Brier, ECE@15, accuracy, 95% bootstrap interval
-                               over seeds × tasks (mtl_cog/reporting/paired.py)
+                               difference in NLL, Brier, ECE@15, accuracy, 95% t interval over
+                               seeds (task-averaged; mtl_cog/reporting/paired.py)
   rank_spread.csv              each method's average rank per seed: mean, std, range
   calibrator.csv               learned per-task calibrator values (first/last epoch) from metrics.jsonl,
                                and whether the calibrator never left the identity
@@ -136,8 +136,9 @@ def extra_sections(notes: list[str], paired: pd.DataFrame, spread: pd.DataFrame,
         lines += [f"- {note}" for note in notes] + [""]
     if not paired.empty:
         lines += ["## COG variants against their counterparts (paired)", "",
-                  "Mean difference variant − counterpart over seeds × tasks, 95% bootstrap interval over seeds and "
-                  "tasks (mtl_cog/reporting/paired.py); *better*: the side the interval excludes zero for.", "",
+                  "Mean difference variant − counterpart over seeds × tasks, 95% t interval over seeds of the "
+                  "task-averaged differences (mtl_cog/reporting/paired.py); *better*: the side the interval "
+                  "excludes zero for, *inconclusive* when it contains zero or a single seed gives no interval.", "",
                   "| data set | variant | counterpart | metric | difference [95% interval] | seeds × tasks | better |",
                   "|---|---|---|---|---|---|---|"]
         for row in paired.itertuples():
