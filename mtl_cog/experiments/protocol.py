@@ -27,7 +27,7 @@ So, per data set and method (``scripts/reproduce.py --protocol fair``):
    Values are rounded to two significant digits (readable in configs and tables).
 2. **Select** the setting with the lowest validation NLL (mean over tasks) of its best
    checkpoint, the COG paper's criterion (App. B).
-3. **Evaluate**: ``seeds`` runs (default 0, 1, 2) of the chosen setting; post-hoc calibrators are
+3. **Evaluate**: ``seeds`` runs (default 0-4, the paper's five) of the chosen setting; post-hoc calibrators are
    fitted on the baseline runs; ``scripts/compare.py`` writes the report, which pairs each COG
    variant with its counterpart (``method.counterpart``) and says which runs did not converge
    (``mtl_cog.reporting.trajectories.convergence``).
