@@ -3,4 +3,4 @@
 Importing this package registers every task. ``mtl_cog`` itself names no data set.
 """
 
-from tasks import celeba, cifar, digits, svhn, synthetic  # noqa: F401  (registration side effects)
+from tasks import celeba, cifar, digits, fashion_mnist, fashion_mosaic, svhn, synthetic  # noqa: F401  (registration side effects)

@@ -94,6 +94,28 @@ class SyntheticConfig:
 
 
 @dataclass
+class FashionMosaicConfig:
+    """Options of the ``fashion_mosaic`` task (see ``tasks/fashion_mosaic.py``): 2x2 mosaics of Fashion-MNIST items."""
+
+    # The issue's floor for a CelebA-shaped benchmark at CPU scale; validation is 20 % of train,
+    # as for synthetic (post-hoc calibrators fit on it, COG on the training set).
+    train_size: int = 20000
+    val_size: int = 4000
+    test_size: int = 8000
+    empty_tile_probability: float = 0.3  # each tile independently; the item count is Binomial(4, 0.7)
+    # true: the four binary tile_<p>_empty tasks become 11-class tile_<p>_item tasks (10 classes + empty),
+    # a heterogeneous multi-task setting (binary and multi-class heads side by side)
+    heterogeneous: bool = False
+    seed: int = 0  # the mosaic layout's own seed, independent of the training seed
+
+    def validate(self) -> None:
+        _positive(self, "train_size", "val_size", "test_size", prefix="data.fashion_mosaic")
+        if not 0.0 <= self.empty_tile_probability < 1.0:
+            raise ConfigError("data.fashion_mosaic.empty_tile_probability must be in [0, 1). "
+                              f"Got {self.empty_tile_probability}.")
+
+
+@dataclass
 class DataConfig:
     task: str = "synthetic"
     root: str = "data"
@@ -104,6 +126,7 @@ class DataConfig:
     # decode once into a memory-mapped uint8 cache (mtl_cog/cache.py); false = decode on every run
     use_cache: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    fashion_mosaic: FashionMosaicConfig = field(default_factory=FashionMosaicConfig)
 
     def validate(self) -> None:
         if not self.task:
@@ -116,6 +139,8 @@ class DataConfig:
         check_path_text(self.cache_dir, "data.cache_dir")
         self.synthetic.validate()
         check_seed(self.synthetic.seed, "data.synthetic.seed")
+        self.fashion_mosaic.validate()
+        check_seed(self.fashion_mosaic.seed, "data.fashion_mosaic.seed")
 
 
 @dataclass
