@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -59,7 +60,7 @@ BASELINE, TS = "baseline", "ts"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, required=True, help="a COG method config, e.g. configs/digits/cog_fc.yaml")
+    parser.add_argument("--config", type=Path, required=True, help="a COG method config (configs/<ds>/cog_fc.yaml)")
     parser.add_argument("--ratios", type=float, nargs="+", default=list(curve.RATIOS),
                         help="leader/follower ratios in (0, 1] (default: 1e-3 3e-3 ... 0.3 1)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -118,9 +119,8 @@ def build_plan(args: argparse.Namespace) -> tuple[list[curve.CurveRun], str, str
     refs = references(args, cfg, dataset)
     runs = curve.plan(method, base, refs, follower, args.ratios, args.seeds, out / "runs", extra)
     if args.protocol_dir is None and args.follower_lr is not None:  # the references share the given rate
-        runs = [r if r.ratio is not None else
-                curve.CurveRun(r.arm, None, r.seed, r.config, r.run_dir, (*r.overrides, f"optim.follower_lr={follower:g}"))
-                for r in runs]
+        same_rate = f"optim.follower_lr={follower:g}"
+        runs = [r if r.ratio is not None else replace(r, overrides=(*r.overrides, same_rate)) for r in runs]
     return runs, method, dataset, out
 
 

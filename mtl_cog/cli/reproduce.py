@@ -67,6 +67,10 @@ CPU_SCALE = {
     "digits": ["data.image_size=16", "train.batch_size=64", "train.epochs=100"],
     "synthetic": ["data.image_size=16", "train.batch_size=64", "train.epochs=40",
                   "data.synthetic.train_size=1000", "data.synthetic.val_size=200", "data.synthetic.test_size=1000"],
+    # Real images at CPU scale (docs/protocol.md, "Real images"): the first 3,000 images of each
+    # split (Fashion-MNIST's files are in no class order), 16 px, the tiny CNN. A subset, stated.
+    "fashion_mnist": ["data.image_size=16", "train.batch_size=64", "train.epochs=20", "data.max_samples=3000"],
+    "fashion_mosaic": ["data.image_size=32", "train.batch_size=64", "train.epochs=15", "data.max_samples=2000"],
 }
 # The CPU-scale backbone is the tiny counterpart of the config's: a LiST network stays Lipschitz.
 TINY_BACKBONES = {"cog_lipschitz_small": "cog_lipschitz_tiny"}  # any other backbone -> cog_cnn_tiny
