@@ -386,3 +386,9 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
     reproduce.main(argv)  # nothing left to train: every run is reused
     out = capsys.readouterr().out
     assert "2 already complete, 0 worker(s) to run" in out and "final runs: 4 runs, 4 already finished" in out
+
+
+def test_only_list_is_marked_as_fitting_on_validation():
+    marked = {path.stem for path in sorted((REPO / "configs" / "digits").glob("*.yaml"))
+              if protocol.fits_on_validation(load_config(path))}
+    assert marked == {"list"}  # COG-LiST leads L by gradient on training data

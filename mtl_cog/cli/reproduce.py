@@ -299,6 +299,7 @@ def choose_settings(studies: dict[tuple[str, str], tuning.StudySpec], args: argp
                      "val_nll": best.value, "at_edge": " ".join(protocol.range_edges(list(spec.knobs), best.params)),
                      "trials": len(outcome.trials), "pruned": sum(t.state.name == "PRUNED" for t in outcome.trials),
                      "epoch_share": trained / (len(outcome.trials) * spec.epochs), "extra_trials": len(outcome.extras),
+                     "val_in_sample": protocol.fits_on_validation(load_config(spec.config, list(spec.overrides))),
                      "tuning_seed": protocol.TUNE_SEED, "trial": best.user_attrs.get("run", "")})
     if incomplete:
         raise UserError(f"tuning is incomplete for {', '.join(incomplete)}: every method must get its whole budget, "
@@ -439,6 +440,11 @@ def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.D
             share = (chosen["epoch_share"] * chosen["trials"]).sum() / chosen["trials"].sum()
             lines += ["", f"Pruning: {int(chosen['pruned'].sum())} of {int(chosen['trials'].sum())} trials stopped "
                       f"early; the tuning trained {share:.0%} of the epochs it would have without pruning."]
+        in_sample = chosen[chosen["val_in_sample"]]
+        if len(in_sample):
+            lines += ["", f"`val_in_sample`: {', '.join(sorted(set(in_sample['method'])))} fit part of the network on "
+                      "the validation split while training (LiST's L), so their validation NLL, which chose their "
+                      "setting and checkpoint, is in-sample and optimistic; their test metrics are not."]
         edges = chosen[chosen["at_edge"] != ""]
         if len(edges):
             lines += ["", f"**{len(edges)} of {len(chosen)} choices lie at the edge of their search range** "

@@ -45,6 +45,7 @@ from scipy.stats import qmc
 
 from mtl_cog.config import Config
 from mtl_cog.errors import UserError
+from mtl_cog.models.calibrators import CALIBRATORS
 
 TUNE_SEED = 1000
 SAMPLER_SEED = 0
@@ -159,3 +160,14 @@ def range_edges(knobs: list[Knob], values: dict[str, float], share: float = EDGE
         elif position >= 1 - share:
             edges.append(f"{knob.key}=highest")
     return edges
+
+
+def fits_on_validation(cfg: Config) -> bool:
+    """Whether training fits part of the network on the validation split (LiST's L: ``on_validation_end``).
+
+    Such a method's validation metrics are in-sample: its tuning value and its checkpoint choice
+    are optimistic next to the other methods' (its test metrics are not affected). The report
+    marks them (``val_in_sample``) rather than hiding the method.
+    """
+    return cfg.method.calibrator in CALIBRATORS and hasattr(CALIBRATORS.get(cfg.method.calibrator),
+                                                            "on_validation_end")
