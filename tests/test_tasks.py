@@ -10,7 +10,6 @@ import scipy.io
 import torch
 from PIL import Image
 
-import tasks  # noqa: F401  (registers every task)
 from mtl_cog.config import DataConfig, FashionMosaicConfig, SyntheticConfig
 from mtl_cog.data import task_api
 from mtl_cog.data.task_api import TASKS, TaskSpec, block_length, check_labels

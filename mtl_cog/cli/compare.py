@@ -23,7 +23,7 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
   calibration_errors.csv       every calibration error at every bin count, with the rank per bin count
   per_task.csv                 multi-task data sets: every metric of every task and method
   truth.csv                    where the data set knows p* (synthetic): noise-free calibration errors,
-                               mean |p̂ − p*|, KL, Bayes floors (see mtl_cog/truth.py)
+                               mean |p̂ − p*|, KL, Bayes floors (see mtl_cog/evaluation/truth.py)
   reliability_<ds>_<method>.png, reliability_<ds>.png, pareto_<ds>.png, calibration_vs_bins_<ds>.png,
   ece_per_task_<ds>.png and worst_tasks_<ds>.png (multi-task), truth_<ds>.png (where p* is known),
   calibrator_<ds>.png (methods with a learned calibrator: values across tasks and over epochs)
@@ -44,14 +44,13 @@ from mtl_cog.evaluation.truth import FLOOR_METRICS, MODEL_METRICS
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable, make_folder
 from mtl_cog.progress import Progress
 from mtl_cog.reporting import plots
+from mtl_cog.reporting.latex import summary_latex
 from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread
+from mtl_cog.reporting.run_records import load_runs, pooled_predictions
 from mtl_cog.reporting.tables import (
     calibration_error_table,
-    load_runs,
     per_task_table,
-    pooled_predictions,
     score_runs,
-    summary_latex,
     summary_markdown,
     summary_table,
 )

@@ -17,6 +17,7 @@ from mtl_cog.cli import (
     calibration_drift,
     compare,
     evaluate,
+    generate_configs,
     leader_curve,
     list_front,
     parameter_counts,
@@ -39,6 +40,7 @@ COMMANDS = {
     "parameter-counts": parameter_counts,
     "calibration-drift": calibration_drift,
     "list-front": list_front,
+    "generate-configs": generate_configs,
 }
 
 

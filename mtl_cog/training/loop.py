@@ -27,7 +27,6 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 
-import tasks  # noqa: F401  (registers the built-in data sets)
 from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
@@ -148,7 +147,7 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         hooks: Hooks | None = None) -> RunResult:
     """Train, select, evaluate and save one run described by ``cfg``; see the module docstring.
 
-    The run folder is locked (``mtl_cog.runs.lock``) while ``fit`` writes into it, and unlocked
+    The run folder is locked (``mtl_cog.locks``) while ``fit`` writes into it, and unlocked
     however ``fit`` ends (a killed run leaves a stale lock, which the next ``--resume`` takes over).
     """
     with ExitStack() as held:
