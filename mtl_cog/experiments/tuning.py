@@ -17,7 +17,7 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
   they ask at the same moment; such extras are recorded (``extra``) but never chosen.
 - **Resume.** Every trial trains a run folder ``OUT/tuning/<study>/trial_NN`` that saves its
   state each epoch. A worker that dies stops its heartbeat; the next worker to start marks the
-  trial failed and retries it with the same parameters (``RetryFailedTrialCallback``), and the
+  trial failed and retries it with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the
   retry continues the same run folder (``trial_NN`` is the first attempt's number).
 - **Pruning (optional, ``--prune``).** Successive halving (``optuna.pruners.SuccessiveHalvingPruner``,
   Jamieson & Talwalkar 2016; asynchronous, Li et al. 2020) on the per-epoch validation NLL, with
@@ -32,11 +32,12 @@ paper's tuning criterion (App. B); the setting with the lowest value is chosen.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-from optuna.storages import RDBStorage, RetryFailedTrialCallback
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from mtl_cog.errors import UserError
@@ -75,9 +76,11 @@ def pruner(prune: bool, epochs: int) -> optuna.pruners.BasePruner:
 def open_study(url: str, name: str, epochs: int, prune: bool, budget: int,
                seed: int = SAMPLER_SEED) -> optuna.Study:
     """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner."""
-    storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
-                         failed_trial_callback=RetryFailedTrialCallback(max_retry=MAX_RETRIES,
-                                                                               inherit_intermediate_values=True))
+    with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
+        storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
+                             heartbeat_stale_trial_callback=retry)
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
                                          constant_liar=True)
     return optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
@@ -101,7 +104,7 @@ def first_attempt(trial: FrozenTrial | optuna.Trial) -> int:
     """The number of the trial this one retries (itself if none): it names the run folder."""
     if not isinstance(trial, FrozenTrial):
         trial = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
-    retried = RetryFailedTrialCallback.retried_trial_number(trial)
+    retried = trial.system_attrs.get("failed_trial")  # RetryHeartbeatStaleTrialCallback's mark: the first attempt
     return trial.number if retried is None else retried
 
 
