@@ -139,11 +139,17 @@ def settle_stale(study: optuna.Study, wait: bool = True) -> None:
               f"{GRACE_SECONDS} s for their heartbeat to go stale", flush=True)
         deadline = time.monotonic() + GRACE_SECONDS + HEARTBEAT_SECONDS
         while time.monotonic() < deadline:
-            optuna.storages.fail_stale_trials(study)
+            _fail_stale(study)
             if not any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
                 return
             time.sleep(5)
-    optuna.storages.fail_stale_trials(study)
+    _fail_stale(study)
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    with warnings.catch_warnings():  # "experimental" since Optuna 2.9; the heartbeat's own cleanup
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
 
 
 @dataclass
