@@ -134,3 +134,8 @@ def test_cog_fc_at_ratio_one_is_the_baseline_exactly(tmp_path, monkeypatch, caps
     capsys.readouterr()
     leader_curve.main(argv)  # again: every run reused
     assert "2 runs, 2 already finished, 0 to run" in capsys.readouterr().out
+
+
+def test_without_the_reference_there_is_no_paired_row():
+    scores = _scores()
+    assert paired_to_reference(scores[scores["arm"] != "baseline"], "cog_fc", "baseline", [0.1, 1.0]).empty

@@ -4,6 +4,7 @@
     mtl-cog leader-curve --config configs/fashion_mnist/cog_ls.yaml --protocol-dir runs/fair   # tuned settings
     mtl-cog leader-curve ... --ratios 0.01 0.1 1 --launcher slurm --partition gpu    # one Slurm job per run
     mtl-cog leader-curve ... --dry-run                                               # the runs and their time
+    mtl-cog leader-curve ... --report-only                       # the curve of the runs finished so far
 
 Every run keeps the follower rate and all other settings fixed and sets the leader's rate to
 ratio x follower (ratio 1: no hierarchy, allowed here; for COG-FC it is the baseline, step for
@@ -70,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a fair-protocol folder (reproduce --protocol fair --out DIR): tuned settings from there")
     parser.add_argument("--out", type=Path, default=None, help="default runs/leader-curve-<dataset>-<method>")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their estimated time; run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the curve from the runs finished so far (e.g. while another process trains)")
     parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser)
@@ -173,7 +176,7 @@ def score_runs(runs: list[curve.CurveRun], bins: list[int]) -> pd.DataFrame:
 
 
 def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: list[float], dataset: str, out: Path,
-                  edges: str) -> Path:
+                  edges: str, partial: str = "") -> Path:
     table = curve_table(scores)
     paired = paired_to_reference(scores, method, counterpart, ratios)
     best, val_nll = best_ratio(scores, method)
@@ -182,6 +185,7 @@ def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: l
     lines = [f"# Leader-rate curve: {dataset} / {method}", "",
              "Mean over seeds of the task-averaged test metric, 95% t interval over seeds "
              "(mtl_cog/reporting/leader_curve.py). Ratio = leader / follower learning rate; 1 = no hierarchy.", ""]
+    lines += [partial, ""] if partial else []
     if best is not None:
         lines += [f"**Best ratio on validation NLL: {best:g}** (validation NLL per ratio: "
                   + ", ".join(f"{r:g}: {v:.4f}" for r, v in val_nll.items()) + ").", ""]
@@ -214,13 +218,15 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         print(f"{len(todo)} of {len(runs)} runs to do, ~{gpu_time.format_duration(seconds)} on one device")
         return out / "curve.md"
     check_writable(out, "--out", folder=True)
-    failed = launch(runs, configs, args, out, executor)
+    failed = [] if args.report_only else launch(runs, configs, args, out, executor)
     scores = score_runs(runs, [15])
     if scores.empty:
         raise UserError(f"no run of the curve finished; see the .log files in {out / 'runs'}.")
     counterpart = load_config(runs[0].config, run_overrides(runs[0])).method.counterpart or BASELINE
     edges = curve.chosen_edges(args.protocol_dir, dataset, args.config.stem) if args.protocol_dir else ""
-    path = write_results(scores, method, counterpart, args.ratios, dataset, out, edges)
+    finished = sum((r.run_dir / rundir.DONE).is_file() for r in runs)
+    path = write_results(scores, method, counterpart, args.ratios, dataset, out, edges,
+                         "" if finished == len(runs) else f"**Partial: {finished} of {len(runs)} runs finished.**")
     if failed:
         raise UserError(f"{len(failed)} run(s) failed, so the curve lacks them: "
                         + ", ".join(str(r.run_dir) for r in failed) + ". Run the same command again to continue.")

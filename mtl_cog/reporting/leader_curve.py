@@ -62,9 +62,9 @@ def paired_to_reference(scores: pd.DataFrame, method: str, reference: str, ratio
     """Per ratio and metric: method minus reference on the seeds both have, 95 % t interval, verdict."""
     rows = []
     theirs_all = _select(scores, reference, None)
-    for ratio in ratios:
+    for ratio in ratios if not theirs_all.empty else []:
         mine_all = _select(scores, method, ratio)
-        for metric in metrics:
+        for metric in metrics if not mine_all.empty else []:
             mine, theirs = _matrix(mine_all, metric), _matrix(theirs_all, metric)
             seeds, tasks = mine.index.intersection(theirs.index), mine.columns.intersection(theirs.columns)
             if len(seeds) == 0 or len(tasks) == 0:
