@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtl_cog.cli import compare, evaluate
+from mtl_cog.cli import compare, evaluate, fair_tuning
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.schema import check_seed
@@ -50,7 +50,6 @@ from mtl_cog.experiments.launcher import (
     add_launcher_arguments,
     make_launcher,
     processes_per_run,
-    python_module_command,
 )
 from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable
@@ -187,7 +186,7 @@ def resolved_config(job: Job, args: argparse.Namespace) -> Config:
     return load_config(job.config, run_overrides(job, args))
 
 
-def fair_tuning(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, str], tuning.StudySpec]:
+def study_specs(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, str], tuning.StudySpec]:
     """(dataset, method) -> its Optuna study of ``--budget`` trials (seed protocol.TUNE_SEED)."""
     if args.budget < 1:
         raise UserError(f"--budget must be >= 1. Got {args.budget}.")
@@ -203,43 +202,6 @@ def fair_tuning(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, s
                 dataset, config.stem, config, tuple(overrides), base_rate,
                 tuple(protocol.search_space(cfg, base_rate)), cfg.train.epochs, folder)
     return studies
-
-
-def study_url(args: argparse.Namespace) -> str:
-    return args.study_storage or tuning.storage_url(args.out / "tuning")
-
-
-def run_tuning(studies: dict[tuple[str, str], tuning.StudySpec], args: argparse.Namespace, executor) -> None:
-    """Start the studies' workers (locally or on Slurm) until every study holds its budget."""
-    tuning.check_processes(processes_per_run(args))
-    (args.out / "tuning").mkdir(parents=True, exist_ok=True)
-    local = args.launcher == "local" and executor is None
-    workers = args.tune_workers or ((args.parallel or 2) if local else 4)
-    env = (("WANDB_MODE", "offline"),) + ((("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"))
-                                         if args.scale == "cpu" else ())
-    jobs, complete = [], 0
-    for spec in studies.values():
-        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget)
-        tuning.enqueue_start(study, list(spec.knobs), args.budget)
-        tuning.settle_stale(study)
-        if not tuning.has_work(study, args.budget):
-            complete += 1
-            continue
-        command = python_module_command("mtl_cog.cli.tune", tuning.worker_args(spec, study_url(args), args.budget,
-                                                                               args.prune))
-        jobs += [RunJob(f"{spec.dataset}/{spec.method}/worker{i}", tuple(command), spec.folder / f"worker{i}.log",
-                        env=env) for i in range(min(workers, args.budget))]
-        spec.folder.mkdir(parents=True, exist_ok=True)
-    print(f"tuning: {len(studies)} studies of {args.budget} trials, {complete} already complete, "
-          f"{len(jobs)} worker(s) to run", flush=True)
-    if not jobs:
-        return
-    runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
-    try:
-        runner.run(jobs)
-    except KeyboardInterrupt:
-        print(f"interrupted: the same command continues where it stopped (--out {args.out}).", file=sys.stderr)
-        raise SystemExit(130) from None
 
 
 def dataset_follower_lr(dataset: str, args: argparse.Namespace) -> float:
@@ -281,68 +243,16 @@ def launch(jobs: list[Job], args: argparse.Namespace, executor, what: str) -> li
     return [job for job, code in zip(todo, codes) if code != 0]
 
 
-def choose_settings(studies: dict[tuple[str, str], tuning.StudySpec], args: argparse.Namespace) -> pd.DataFrame:
-    """Per (dataset, method): every trial (trials.csv) and the chosen one; refused unless every study is complete."""
-    rows, incomplete = [], []
-    for (dataset, method), spec in studies.items():
-        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget)
-        outcome = tuning.result(study, args.budget)
-        if outcome.unfinished or outcome.best is None:
-            incomplete.append(f"{spec.name} ({len(outcome.trials) - len(outcome.unfinished)} of {args.budget} "
-                              f"trials finished; see {spec.folder}/worker*.log)")
-            continue
-        table = pd.DataFrame(tuning.trials_table(spec, outcome))
-        atomic_write(spec.folder / "trials.csv", lambda tmp, table=table: table.to_csv(tmp, index=False))
-        best = outcome.best
-        trained = sum(tuning.epochs_trained(t, spec.epochs) for t in outcome.trials)
-        rows.append({"dataset": dataset, "method": method, "settings": best.user_attrs["overrides"],
-                     "val_nll": best.value, "at_edge": " ".join(protocol.range_edges(list(spec.knobs), best.params)),
-                     "trials": len(outcome.trials), "pruned": sum(t.state.name == "PRUNED" for t in outcome.trials),
-                     "epoch_share": trained / (len(outcome.trials) * spec.epochs), "extra_trials": len(outcome.extras),
-                     "val_in_sample": protocol.fits_on_validation(load_config(spec.config, list(spec.overrides))),
-                     "tuning_seed": protocol.TUNE_SEED, "trial": best.user_attrs.get("run", "")})
-    if incomplete:
-        raise UserError(f"tuning is incomplete for {', '.join(incomplete)}: every method must get its whole budget, "
-                        "so nothing was chosen. Fix the cause and run the same command again: it continues there.")
-    return pd.DataFrame(rows)
-
-
 def final_jobs(chosen: pd.DataFrame, args: argparse.Namespace, runs_dir: Path) -> list[Job]:
     settings = {(r.dataset, r.method): tuple(r.settings.split()) for r in chosen.itertuples()}
     return [Job(j.dataset, j.method, j.seed, j.config, j.run_dir, settings[(j.dataset, j.method)])
             for j in plan(args.datasets, args.methods, args.seeds, runs_dir)]
 
 
-def tuning_todo(spec: tuning.StudySpec, args: argparse.Namespace) -> int:
-    """Trials of ``spec`` not yet finished (all of them when no study file exists yet: a dry run writes none)."""
-    url = study_url(args)
-    if url == tuning.storage_url(args.out / "tuning") and not (args.out / "tuning" / tuning.STUDY_FILE).is_file():
-        return args.budget
-    study = tuning.open_study(url, spec.name, spec.epochs, args.prune, args.budget)
-    done = [t for t in tuning.counted_trials(study, args.budget)[0] if t.state.is_finished()]
-    return args.budget - len(done)
-
-
 def print_plan(args: argparse.Namespace, studies: dict, final: list[Job], measured) -> None:
     """The runs (grouped), the knobs tuned, and the estimated time of what is still to run (tuning: with and
     without successive halving)."""
-    seconds, sources = 0.0, set()
-    if studies:
-        full = pruned = 0.0
-        trials = 0
-        for spec in studies.values():
-            todo = tuning_todo(spec, args)
-            probe = load_config(spec.config, list(spec.overrides))
-            estimate = gpu_time.estimate_run(probe, measured)
-            sources.add(estimate.source)
-            trials += todo
-            full += todo * estimate.seconds
-            pruned += todo * estimate.seconds * tuning.expected_epoch_share(args.budget, spec.epochs)
-        seconds += pruned if args.prune else full
-        print(f"tuning: {len(studies)} studies × {args.budget} trials, {trials} still to run: "
-              f"~{gpu_time.format_duration(full)} of device time without pruning, "
-              f"~{gpu_time.format_duration(pruned)} with --prune (successive halving, synchronous estimate; "
-              f"{'on' if args.prune else 'off'})")
+    seconds, sources = fair_tuning.print_plan(studies, args, measured) if studies else (0.0, set())
     if final:
         todo = [j for j in final if run_state(j.run_dir, resolved_config(j, args)) != DONE]
         estimates = [gpu_time.estimate_run(resolved_config(j, args), measured) for j in todo]
@@ -350,8 +260,6 @@ def print_plan(args: argparse.Namespace, studies: dict, final: list[Job], measur
         sources |= {e.source for e in estimates}
         print(f"final: {len(final)} runs ({len(final) - len(todo)} finished), "
               f"~{gpu_time.format_duration(sum(e.seconds for e in estimates))} of device time still to run")
-    for (dataset, method), spec in studies.items():
-        print(f"  tune {dataset}/{method}: {args.budget} trials of " + ", ".join(k.key for k in spec.knobs))
     for dataset in args.datasets:
         mine = [j for j in final if j.dataset == dataset]
         if not mine:
@@ -391,7 +299,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     check_writable(args.out, "--out", folder=True)
     runs_dir, report_dir, tuning_dir = args.out / "runs", args.out / "report", args.out / "tuning"
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
-    studies = fair_tuning(args, tuning_dir) if args.protocol == "fair" else {}
+    studies = study_specs(args, tuning_dir) if args.protocol == "fair" else {}
     final = plan(args.datasets, args.methods, args.seeds, runs_dir)
     print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.datasets)} × "
           f"{len({j.method for j in final})} methods × {len(args.seeds)} seeds"
@@ -405,8 +313,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
 
     chosen = None
     if studies:
-        run_tuning(studies, args, executor)
-        chosen = choose_settings(studies, args)
+        fair_tuning.run(studies, args, executor)
+        chosen = fair_tuning.choose_settings(studies, args)
         final = final_jobs(chosen, args, runs_dir)
     failed = launch(final, args, executor, "final runs")
     failed += fit_posthoc(final, args.posthoc_on)
