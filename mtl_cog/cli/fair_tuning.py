@@ -17,7 +17,7 @@ import pandas as pd
 from mtl_cog.config import load_config
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import gpu_time, protocol, tuning
-from mtl_cog.experiments.launcher import RunJob, make_launcher, processes_per_run, python_module_command
+from mtl_cog.experiments.launcher import LocalLauncher, RunJob, processes_per_run, python_module_command
 from mtl_cog.io import atomic_write
 
 Studies = dict[tuple[str, str], tuning.StudySpec]
@@ -27,12 +27,11 @@ def study_url(args: argparse.Namespace) -> str:
     return args.study_storage or tuning.storage_url(args.out / "tuning")
 
 
-def run(studies: Studies, args: argparse.Namespace, executor) -> None:
-    """Start the studies' workers (locally or on Slurm) until every study holds its budget."""
+def run(studies: Studies, args: argparse.Namespace, runner) -> None:
+    """Start the studies' workers with ``runner`` (local or Slurm) until every study holds its budget."""
     tuning.check_processes(processes_per_run(args))
     (args.out / "tuning").mkdir(parents=True, exist_ok=True)
-    local = args.launcher == "local" and executor is None
-    workers = args.tune_workers or ((args.parallel or 2) if local else 4)
+    workers = args.tune_workers or ((args.parallel or 2) if isinstance(runner, LocalLauncher) else 4)
     env = (("WANDB_MODE", "offline"),) + ((("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"))
                                          if args.scale == "cpu" else ())
     jobs, complete = [], 0
@@ -52,7 +51,6 @@ def run(studies: Studies, args: argparse.Namespace, executor) -> None:
           f"{len(jobs)} worker(s) to run", flush=True)
     if not jobs:
         return
-    runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     try:
         runner.run(jobs)
     except KeyboardInterrupt:
