@@ -27,9 +27,9 @@ from mtl_cog.config import load_config
 from mtl_cog.errors import ConfigError
 from mtl_cog.evaluation.metrics import metric_names
 from mtl_cog.runs import rundir
+from mtl_cog.runs.metrics_log import wandb_row
 from mtl_cog.runs.tracking import WANDB_ID, Tracker, log_with
 from mtl_cog.training.accelerator import create_accelerator
-from mtl_cog.training.loop import wandb_row
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(REPO / "scripts" / "train_mtl.py")]
@@ -144,6 +144,7 @@ def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow  # a training in a subprocess (W&B offline)
 def test_a_celeba_shaped_run_puts_final_metrics_in_the_summary_and_keeps_per_attribute_sections(tmp_path):
     """40 binary attributes: every epoch's keys per attribute, the test metrics only in the summary and table."""
     epochs = 2

@@ -24,30 +24,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import pandas as pd
-import torch
-
 from mtl_cog.config.schema import check_bins
-from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
+from mtl_cog.constants import DEFAULT_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.evaluation.inference import predict_split
-from mtl_cog.evaluation.metrics import format_table, metrics_frame
+from mtl_cog.evaluation.assess import AssessSettings, assess, assess_split
+from mtl_cog.evaluation.metrics import format_table
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
-from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
-from mtl_cog.evaluation.predictions import load_predictions, save_predictions
-from mtl_cog.evaluation.robustness import add_certified_accuracy
-from mtl_cog.evaluation.scoring import score
-from mtl_cog.evaluation.stability import stability_calibrate
-from mtl_cog.io import atomic_write, atomic_write_json, check_writable
-from mtl_cog.models.lipschitz import network_lipschitz
-from mtl_cog.progress import track
+from mtl_cog.evaluation.predictions import load_predictions
+from mtl_cog.io import atomic_write_json, check_writable
+from mtl_cog.reporting.posthoc_run import fit_posthoc_run, posthoc_method_names
 from mtl_cog.runs import rundir
-from mtl_cog.runs.trained import load_network, load_run
+from mtl_cog.runs.trained import load_network
 from mtl_cog.training.accelerator import create_accelerator
-
-# post-hoc methods that re-run the trained network (name -> fit on validation, apply to test)
-NETWORK_POSTHOC = {"stability": stability_calibrate}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,9 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="attribute pairs scored by pair_joint_ece (default: the run's eval.joint_pairs, "
                         f"else {DEFAULT_PAIRS}; 0 = none)")
     parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
-    parser.add_argument("--posthoc", nargs="+", choices=(*POSTHOC_METHODS, *NETWORK_POSTHOC), metavar="METHOD",
+    parser.add_argument("--posthoc", nargs="+", choices=posthoc_method_names(), metavar="METHOD",
                         help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
-                        f"test predictions ({', '.join((*POSTHOC_METHODS, *NETWORK_POSTHOC))})")
+                        f"test predictions ({', '.join(posthoc_method_names())})")
     return parser.parse_args(argv)
 
 
@@ -79,12 +68,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
-        return run_posthoc(args.run, args.posthoc, args.bins, args.out, args.pairs)
+        return fit_posthoc_run(args.run, args.posthoc, args.bins, args.out, args.pairs)
     if args.out is None:
         raise UserError("--out is required (where to write the metrics JSON).")
     if args.predictions is not None:
-        pairs = DEFAULT_PAIRS if args.pairs is None else args.pairs
-        metrics = score(load_predictions(args.predictions), args.bins or list(DEFAULT_BINS), pairs)
+        settings = AssessSettings(args.bins or list(DEFAULT_BINS), DEFAULT_PAIRS if args.pairs is None else args.pairs)
+        metrics = assess(load_predictions(args.predictions), settings).metrics
         print(format_table(metrics))
         atomic_write_json(args.out, metrics)
         print(args.out)
@@ -95,52 +84,14 @@ def main(argv: list[str] | None = None) -> dict:
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
     network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
-    predictions = predict_split(accelerator, network, task_data.spec, task_data.splits[args.split],
-                                cfg.train.eval_batch_size)
-    metrics = score(predictions, args.bins or cfg.eval.bins, cfg.eval.joint_pairs if args.pairs is None else args.pairs)
-    lipschitz = network_lipschitz(network)  # LiST networks: certified robust accuracy too
-    if lipschitz is not None:
-        add_certified_accuracy(metrics, predictions, lipschitz.numpy(), cfg.method.certify_eps, task_data.spec.std)
+    # the sequence fit ends with (mtl_cog.evaluation.assess): predict, score, certify and any other add-on
+    metrics = assess_split(accelerator, network, task_data.spec, task_data.splits[args.split],
+                           cfg.train.eval_batch_size, AssessSettings.of_run(cfg, args.bins, args.pairs)).metrics
     if accelerator.is_main_process:
         atomic_write_json(args.out, metrics)
     accelerator.print(format_table(metrics))
     accelerator.print(str(args.out))
     return metrics
-
-
-def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: Path | None,
-                pairs: int | None = None) -> dict:
-    """Fit each post-hoc method on the run's validation predictions; score it on its test predictions."""
-    eval_cfg = rundir.load_run_config(run_dir).eval
-    bins = bins or eval_cfg.bins
-    pairs = eval_cfg.joint_pairs if pairs is None else pairs
-    val = load_predictions(run_dir / rundir.predictions_file("val"))
-    test = load_predictions(run_dir / rundir.predictions_file("test"))
-    results = {"none": score(test, bins, pairs)}
-    trained, splits = None, None
-    for method in track(methods, f"post-hoc calibrators of {run_dir.name}", every=1):
-        if method in NETWORK_POSTHOC:  # needs the network and the images, not only the saved logits
-            if trained is None:
-                trained = load_run(run_dir, "cuda" if torch.cuda.is_available() else "cpu")
-                splits = load_task(trained.config.data).splits
-            calibrated = NETWORK_POSTHOC[method](trained.network, trained.transform, splits["val"].images,
-                                                 splits["test"].images, val, test)
-        else:
-            calibrated = calibrate(method, val, test)
-        save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
-        results[method] = score(calibrated, bins, pairs)
-    frame = pd.concat([metrics_frame(m).assign(method=name) for name, m in results.items()], ignore_index=True)
-    frame = frame[["method", *[c for c in frame.columns if c != "method"]]]
-    atomic_write(run_dir / rundir.POSTHOC_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
-    summary = pd.DataFrame([{"method": name, **m["mean"], **m.get("multitask", {})} for name, m in results.items()])
-    columns = ["method", "accuracy", "nll", "brier", *[c for c in summary.columns if c.startswith("ece@")], "smece",
-               *[c for c in (f"pooled_ece@{SUMMARY_BINS}", "count_ece", "pair_joint_ece") if c in summary.columns]]
-    print("test metrics (mean over tasks), post-hoc calibrators fitted on validation predictions:")
-    print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if out is not None:
-        atomic_write_json(out, results)
-    print(run_dir / rundir.POSTHOC_METRICS)
-    return results
 
 
 def cli() -> None:
