@@ -242,6 +242,10 @@ class ListScale(LipschitzScale):
     [e^-3, e^3] (a nearly constant validation task) is clipped so one epoch moves L by at most a
     factor e^3 * rate. A task without validation errors has no optimal T (``fit_calibrator``:
     the fit would run to T -> 0) and gets NaN, which, like any non-finite fit, leaves its L unchanged.
+
+    L is thus fitted on the validation split: LiST's validation metrics (the epoch lines, the
+    checkpoint choice, the fair protocol's tuning value) are in-sample, and the protocol's report
+    marks them (``val_in_sample``, ``mtl_cog.experiments.protocol.fits_on_validation``).
     """
 
     learned = False
