@@ -70,6 +70,9 @@ def test_the_parser_reports_one_error_line(capsys):
     ("compare", ["runs", "--out", "o", "--summary-bins", "0"], "--summary-bins: expected a bin count"),
     ("calibration_drift", ["--config", "c.yaml", "--every", "0"], "--every: expected epochs >= 1"),
     ("prepare_data", ["--image-size", "-3"], "--image-size: expected a size in pixels"),
+    ("leader_curve", ["--config", "c.yaml", "--ratios", "nan"], "--ratios: expected a leader/follower ratio"),
+    ("leader_curve", ["--config", "c.yaml", "--seeds", "1", "1"], "--seeds lists 1 more than once"),
+    ("leader_curve", ["--config", "c.yaml", "--follower-lr", "0"], "--follower-lr: expected a learning rate"),
     ("benchmark", ["--steps", "-1"], "--steps: expected a positive integer"),
     ("benchmark", ["--image-size", "0"], "--image-size: expected a positive integer"),
 ])
