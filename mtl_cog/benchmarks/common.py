@@ -59,11 +59,12 @@ def method_config(methods_dir: Path, name: str, workload: Workload, overrides: l
     COG-TST's ``mlp`` head) come from the file; only backbone, sizes and speed options are the
     benchmark's, so every method is timed on the same network body and batch.
     """
+    name, aggregation = split_aggregator(name)
     path = methods_dir / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(available_methods(methods_dir))
         raise ConfigError(f"unknown method {name!r}: there is no {path}. Available: {known}.")
-    cfg = load_config(path, overrides)
+    cfg = load_config(path, [*(overrides or []), *aggregation])
     cfg = dataclasses.replace(
         cfg, tracking="none",
         model=dataclasses.replace(cfg.model, backbone=workload.backbone, cifar_stem=workload.cifar_stem),
@@ -74,6 +75,16 @@ def method_config(methods_dir: Path, name: str, workload: Workload, overrides: l
     cfg.validate()  # the workload's values pass the same checks as a config file's
     check_registered_names(cfg)  # an unregistered loss, head or calibrator fails before anything is timed
     return cfg
+
+
+def split_aggregator(name: str) -> tuple[str, list[str]]:
+    """``method[+aggregator[:features|parameters]]`` -> (method, its ``mtl.*`` overrides): a method under an
+    aggregator (``baseline+upgrad``, ``cog_fc+mgda:parameters``) is timed like any method."""
+    method, _, aggregator = name.partition("+")
+    if not aggregator:
+        return method, []
+    aggregator, _, place = aggregator.partition(":")
+    return method, [f"mtl.aggregator={aggregator}", *([f"mtl.aggregate_on={place}"] if place else [])]
 
 
 def binary_spec(num_tasks: int = NUM_TASKS, pad_crop: int = 0, hflip: bool = True) -> TaskSpec:

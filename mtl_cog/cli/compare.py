@@ -14,12 +14,14 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
                                rank spread over seeds, learned calibrators, convergence
   summary.tex                  summary.md's tables in LaTeX (booktabs)
   paired_differences.csv       each COG variant minus its counterpart (method.counterpart): mean
-                               difference in NLL, Brier, ECE@15, accuracy, 95% bootstrap interval
-                               over seeds × tasks (mtl_cog/reporting/paired.py)
+                               difference in NLL, Brier, ECE@15, accuracy, 95% t interval over
+                               seeds (task-averaged; mtl_cog/reporting/paired.py)
   rank_spread.csv              each method's average rank per seed: mean, std, range
   calibrator.csv               learned per-task calibrator values (first/last epoch) from metrics.jsonl,
                                and whether the calibrator never left the identity
   convergence.csv              per run: did the validation NLL and the calibrator settle?
+  task_weights.csv             runs under a multi-task aggregator (mtl.aggregator): each task's weight of
+                               the backbone's gradient at the first and last epoch (docs/mtl.md)
   calibration_errors.csv       every calibration error at every bin count, with the rank per bin count
   per_task.csv                 multi-task data sets: every metric of every task and method
   truth.csv                    where the data set knows p* (synthetic): noise-free calibration errors,

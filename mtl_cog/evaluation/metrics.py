@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, log_softmax
 
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.errors import PredictionFileError
 from mtl_cog.evaluation import multitask_metrics as multitask
 from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_errors: part of this module's API)
@@ -47,6 +48,7 @@ from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_erro
     uniform_bin_index,
 )
 from mtl_cog.evaluation.brier_decomposition import decompose_sorted
+from mtl_cog.evaluation.predictions import labelled_rows
 from mtl_cog.evaluation.smooth_ece import smooth_ece_sorted
 
 BASE_METRICS = ("accuracy", "nll", "brier")
@@ -177,14 +179,58 @@ def compute_metrics(
     ``logits[t]`` is (N,) for a binary task and (N, K) for a K-class task; ``labels[t]`` is (N,).
     Binary tasks are scored together in one pass; multi-class tasks one by one. ``pairs`` is the
     number k of most correlated attribute pairs whose joint calibration is measured (0 = none).
+
+    Partly labelled data (labels equal to ``MISSING_LABEL``): every per-task metric is that of the
+    task's labelled rows alone, the pooled errors pool every labelled (task, sample) event, and
+    the joint metrics (count and pair calibration, which need every task's label of a sample) use
+    the samples labelled in every binary task (left out when fewer than two are). A task with no
+    labelled sample is refused.
     """
     if not task_names or len(labels[0]) == 0:
         raise PredictionFileError(f"nothing to score: {len(task_names)} task(s) with "
                                   f"{len(labels[0]) if task_names else 0} samples each.")
+    known = [np.asarray(y) != MISSING_LABEL for y in labels]
+    if all(k.all() for k in known):
+        per_task, task_sums, binary, binary_probs, y = _score_tasks(task_names, logits, labels, bins)
+    else:
+        per_task, task_sums = {}, {}
+        for t, name in enumerate(task_names):
+            if not known[t].any():
+                raise PredictionFileError(f"task {name!r} has no labelled sample (every label is {MISSING_LABEL}): "
+                                          "there is nothing to score it on. Label some samples of every task.")
+            z_t, y_t = labelled_rows(logits[t], labels[t])
+            scored, sums = _score_tasks([name], [z_t], [y_t], bins)[:2]
+            per_task[name], task_sums[t] = scored[name], sums[0]
+        binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
+        everywhere = np.logical_and.reduce([known[t] for t in binary]) if binary else None
+        binary_probs = y = None
+        if everywhere is not None and everywhere.sum() >= 2:  # joint metrics: samples labelled in every binary task
+            y = np.stack([labels[t][everywhere] for t in binary]).astype(np.float64)
+            binary_probs = expit(np.stack([logits[t][everywhere] for t in binary]).astype(np.float64))
+    names = metric_names(bins, multiclass=any(np.ndim(z) == 2 for z in logits))
+    mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v])) for m in names}
+    out: dict = {"tasks": per_task, "mean": mean}
+    if len(task_names) >= 2:
+        pooled = {b: np.sum([task_sums[t][b] for t in range(len(task_names))], axis=0) for b in bins}
+        out["multitask"] = multitask.task_spread(per_task, pooled, bins)
+        if len(binary) >= 2 and binary_probs is not None:
+            joint = multitask.joint_metrics([task_names[t] for t in binary], binary_probs, y, pairs)
+            out["multitask"].update(joint.scalars)
+            if joint.pairs:
+                out["pairs"] = joint.pairs
+    return out
+
+
+def _score_tasks(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],
+                 bins: list[int] | tuple[int, ...]) -> tuple[dict, dict, list[int], np.ndarray | None,
+                                                             np.ndarray | None]:
+
+    """Per-task metrics of fully labelled tasks with the same samples: (per_task, per-task uniform bin sums,
+    the binary tasks' indices, their probabilities (Tb, N) and 0/1 labels (Tb, N))."""
     per_task: dict[str, dict[str, float]] = {}
     binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
     task_sums: dict[int, dict] = {}
-    binary_probs = None
+    binary_probs = y = None
     if binary:
         z = np.stack([logits[t] for t in binary])
         z = z if z.dtype in (np.float32, np.float64) else z.astype(np.float64)
@@ -200,18 +246,7 @@ def compute_metrics(
             per_task[task_names[t]] = {m: float(values[m][0]) for m in metric_names(bins, multiclass=True)}
             task_sums[t] = {b: sums[b][0] for b in bins}
     per_task = {name: per_task[name] for name in task_names}  # data-set order
-    names = metric_names(bins, multiclass=len(binary) < len(task_names))
-    mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v])) for m in names}
-    out: dict = {"tasks": per_task, "mean": mean}
-    if len(task_names) >= 2:
-        pooled = {b: np.sum([task_sums[t][b] for t in range(len(task_names))], axis=0) for b in bins}
-        out["multitask"] = multitask.task_spread(per_task, pooled, bins)
-        if len(binary) >= 2:
-            joint = multitask.joint_metrics([task_names[t] for t in binary], binary_probs, y, pairs)
-            out["multitask"].update(joint.scalars)
-            if joint.pairs:
-                out["pairs"] = joint.pairs
-    return out
+    return per_task, task_sums, binary, binary_probs, y
 
 
 def task_metrics(logits: np.ndarray, labels: np.ndarray, bins: list[int] | tuple[int, ...]) -> dict[str, float]:

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from mtl_cog.errors import PosthocError
-from mtl_cog.evaluation.predictions import Predictions, flat_tensors, layout_of
+from mtl_cog.evaluation.predictions import Predictions, flat_tensors, labelled_rows, layout_of
 from mtl_cog.evaluation.stability import StabilityTemperature, apply_stability, fit_stability
 from mtl_cog.models.calibrators import CALIBRATORS, fit_calibrator
 from mtl_cog.registry import Registry
@@ -144,6 +144,7 @@ class GuoTemperatureScaling(PosthocCalibrator):
     def fit(self, val: Predictions, images: torch.Tensor | None = None) -> GuoTemperatureScaling:
         self.temperatures, reversed_tasks = [], []
         for name, z, y in zip(val.task_names, val.logits, val.labels):
+            z, y = labelled_rows(z, y)  # partly labelled: fit on the task's labelled samples only
             logits = torch.as_tensor(z, dtype=torch.float32)  # the recipe runs on the float32 logits of a network
             if logits.ndim == 1:  # binary: softmax of [0, z / T] is sigmoid(z / T)
                 logits = torch.stack([torch.zeros_like(logits), logits], 1)
@@ -202,6 +203,7 @@ class ProbmetricsCalibration(PosthocCalibrator):
 
         self.fitted = []
         for name, z, y in zip(val.task_names, val.logits, val.labels):
+            z, y = labelled_rows(z, y)  # partly labelled: fit on the task's labelled samples only
             calibrator = self.make()
             self._guarded(name, lambda c=calibrator, z=z, y=y: c.fit_torch(
                 CategoricalLogits(torch.as_tensor(z, dtype=torch.float64)), torch.as_tensor(y, dtype=torch.long)))

@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 import torch
 
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import PredictionFileError
 from mtl_cog.io import atomic_write
@@ -36,6 +37,34 @@ class Predictions:
 
     def __len__(self) -> int:
         return len(self.labels[0]) if self.labels else 0
+
+
+def labelled_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One task's logits and labels without its unlabelled rows (label ``MISSING_LABEL``, partly labelled data).
+
+    Prediction files keep every row (aligned across tasks, so multi-task metrics can pair them);
+    every consumer that scores or fits one task takes its labelled rows through this function.
+    """
+    labels = np.asarray(labels)
+    known = labels != MISSING_LABEL
+    if known.all():
+        return logits, labels
+    return np.asarray(logits)[known], labels[known]
+
+
+def labelled_only(predictions: Predictions, every_task: bool = False) -> Predictions:
+    """``predictions`` without unlabelled rows: per task (ragged: each task keeps its own labelled rows), or,
+    with ``every_task``, the rows labelled in every task (aligned, for what pairs tasks up: counts, joints).
+    ``predictions`` itself when every label is known."""
+    known = [np.asarray(y) != MISSING_LABEL for y in predictions.labels]
+    if all(k.all() for k in known):
+        return predictions
+    rows = np.logical_and.reduce(known) if every_task else None
+    keep = [rows if every_task else k for k in known]
+    return Predictions(list(predictions.task_names), [np.asarray(z)[m] for z, m in zip(predictions.logits, keep)],
+                       [np.asarray(y)[m] for y, m in zip(predictions.labels, keep)],
+                       None if predictions.true_probs is None
+                       else [np.asarray(p)[m] for p, m in zip(predictions.true_probs, keep)])
 
 
 def layout_of(predictions: Predictions) -> LogitLayout:
@@ -196,7 +225,12 @@ def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
     if not np.all(np.isfinite(z)):
         raise PredictionFileError(f"{path}: task {name!r}: logits contain NaN or infinite values.")
     num_classes = 2 if z.ndim == 1 else z.shape[1]
-    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+    known = y[y != MISSING_LABEL]  # partly labelled data keeps its unlabelled rows, marked MISSING_LABEL
+    if len(known) and (known.min() < 0 or known.max() >= num_classes):
         raise PredictionFileError(
-            f"{path}: task {name!r}: labels must be in [0, {num_classes - 1}]; got [{y.min()}, {y.max()}]."
+            f"{path}: task {name!r}: labels must be in [0, {num_classes - 1}] or {MISSING_LABEL} (missing); "
+            f"got [{known.min()}, {known.max()}]."
         )
+    if not len(known):
+        raise PredictionFileError(f"{path}: task {name!r} has no labelled sample (every label is {MISSING_LABEL}): "
+                                  "there is nothing to score or fit.")

@@ -25,7 +25,12 @@ from mtl_cog.reporting.tables import (
     summary_markdown,
     summary_table,
 )
-from mtl_cog.reporting.trajectories import calibrator_table, calibrator_trajectory, convergence_table
+from mtl_cog.reporting.trajectories import (
+    calibrator_table,
+    calibrator_trajectory,
+    convergence_table,
+    task_weight_table,
+)
 
 WORST_K = 10  # tasks shown in worst_tasks_<ds>.png
 
@@ -95,8 +100,9 @@ def extra_sections(notes: list[str], paired: pd.DataFrame, spread: pd.DataFrame,
         lines += [f"- {note}" for note in notes] + [""]
     if not paired.empty:
         lines += ["## COG variants against their counterparts (paired)", "",
-                  "Mean difference variant − counterpart over seeds × tasks, 95% bootstrap interval over seeds and "
-                  "tasks (mtl_cog/reporting/paired.py); *better*: the side the interval excludes zero for.", "",
+                  "Mean difference variant − counterpart over seeds × tasks, 95% t interval over seeds of the "
+                  "task-averaged differences (mtl_cog/reporting/paired.py); *better*: the side the interval "
+                  "excludes zero for, *inconclusive* when it contains zero or a single seed gives no interval.", "",
                   "| data set | variant | counterpart | metric | difference [95% interval] | seeds × tasks | better |",
                   "|---|---|---|---|---|---|---|"]
         for row in paired.itertuples():
@@ -162,8 +168,9 @@ def write_comparison(runs_paths: list[Path], out: Path, bins: list[int], summary
     runs = [(r.dataset, r.method, r.seed, r.run_dir) for r in records]
     trajectories = {r.run_dir: calibrator_trajectory(r.run_dir) for r in records}  # each metrics.jsonl read once here
     calibrators, converge = calibrator_table(runs, trajectories), convergence_table(runs)
+    weights = task_weight_table(runs)  # runs trained under a multi-task aggregator (mtl.aggregator)
     for frame, name in ((paired, "paired_differences"), (spread, "rank_spread"), (calibrators, "calibrator"),
-                        (converge, "convergence")):
+                        (converge, "convergence"), (weights, "task_weights")):
         if not frame.empty:
             _write_csv(frame, out / f"{name}.csv")
     text = summary_markdown(summary, summary_bins, summary_bins)

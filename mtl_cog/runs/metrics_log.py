@@ -23,15 +23,19 @@ from mtl_cog.io import append_jsonl
 
 
 def epoch_line(stage: str, epoch: int, train_loss: float, lrs: dict[str, float], val_metrics: dict, best_epoch: int,
-               nonfinite_skipped: int, calibrator: dict[str, Any] | None = None) -> dict[str, Any]:
+               nonfinite_skipped: int, calibrator: dict[str, Any] | None = None,
+               task_weights: list[float] | None = None) -> dict[str, Any]:
     """One epoch's line; ``val_metrics`` is ``score(...)`` of the validation split, ``calibrator``
-    {"summary": ..., "tasks": ...} of a learned calibrator (None: no such key)."""
+    {"summary": ..., "tasks": ...} of a learned calibrator (None: no such key), ``task_weights`` the
+    backbone's mean task weights over the epoch under ``mtl.aggregator`` (None: equal weights, no key)."""
     mean = val_metrics["mean"]
     line: dict[str, Any] = {"epoch": epoch, "stage": stage, "train_loss": train_loss, "lr": lrs, "val": mean,
                             "val_nll": mean["nll"], "best": best_epoch == epoch, "best_epoch": best_epoch,
                             "nonfinite_skipped": nonfinite_skipped}
     if calibrator is not None:
         line["calibrator"] = calibrator
+    if task_weights is not None:
+        line["task_weights"] = dict(zip(val_metrics["tasks"], task_weights, strict=True))
     line["val_tasks"] = val_metrics["tasks"]
     line["val_multitask"] = val_metrics.get("multitask", {})
     line["val_pairs"] = val_metrics.get("pairs", [])
@@ -73,6 +77,8 @@ def wandb_row(line: dict[str, Any]) -> dict[str, float]:
            **flatten_metrics("val", val)}
     if "calibrator" in line:
         row.update(calibrator_values(line["calibrator"]["tasks"], line["calibrator"]["summary"]))
+    for task, weight in line.get("task_weights", {}).items():
+        row[f"{task}/task_weight"] = weight
     return row
 
 

@@ -55,3 +55,10 @@ def flag_identity_calibrator(accelerator: Accelerator, model: nn.Module) -> bool
         "this run is effectively uncalibrated. Its leader learning rate (optim.leader_lr) is probably too small."
     )
     return True
+
+
+def task_weights_line(weights: list[float]) -> str:
+    """The console line of an epoch's mean task weights (``mtl.aggregator``), shown like a calibrator's values:
+    median [min, max] over tasks, and the weights' sum (the mean is 1/T per task, MGDA's sum is 1)."""
+    w = np.asarray(weights, dtype=np.float64)
+    return f"median {np.median(w):.4g} [{w.min():.4g}, {w.max():.4g}], sum {w.sum():.4g}"

@@ -28,7 +28,8 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 
-from mtl_cog.config import Config, EvalConfig, TrainConfig, save_config
+from mtl_cog.config import Config, EvalConfig, TrainConfig, method_identity, save_config
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import SplitData, TaskSpec
@@ -50,7 +51,13 @@ from mtl_cog.runs.task_spec import save_task_spec
 from mtl_cog.runs.tracking import Tracker, log_with
 from mtl_cog.training import resume_settings
 from mtl_cog.training.accelerator import create_accelerator
-from mtl_cog.training.calibrator_view import CalibratorRecord, calibrator_record, flag_identity_calibrator
+from mtl_cog.training.aggregated_step import Aggregation
+from mtl_cog.training.calibrator_view import (
+    CalibratorRecord,
+    calibrator_record,
+    flag_identity_calibrator,
+    task_weights_line,
+)
 from mtl_cog.training.optim import learning_rates
 from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.step import train_one_epoch
@@ -101,12 +108,14 @@ class Stage:
     selection_metric: str
     files: state.StageFiles
     patience: int | None = None  # stop after this many epochs without improvement; None = never
+    aggregation: Aggregation | None = None  # mtl.aggregator (None: equal weights, plain training)
 
     @classmethod
     def stage_one(cls, trainee: Trainee, cfg: Config, files: state.StageFiles) -> Stage:
         """Stage one of ``cfg`` on ``build_trainee``'s network (``fit`` and the benchmarks that time it)."""
         return cls("stage_one", trainee.network, trainee.model, trainee.objective, trainee.optimizer,
-                   trainee.scheduler, cfg.train.epochs, cfg.seed, cfg.eval.selection_metric, files)
+                   trainee.scheduler, cfg.train.epochs, cfg.seed, cfg.eval.selection_metric, files,
+                   aggregation=trainee.aggregation)
 
 
 def is_better(metric: str, value: float, best: float | None) -> bool:
@@ -123,7 +132,7 @@ def open_run_folder(cfg: Config, accelerator: Accelerator, resume_dir: Path | No
         on_main_process(accelerator, lambda: held.enter_context(rundir.open_for_resume(resume_dir)))
         return resume_dir
     # One run name for all processes (timestamps differ between them).
-    name = [cfg.run_name or rundir.default_run_name(cfg.data.task, cfg.method.name, cfg.seed)]
+    name = [cfg.run_name or rundir.default_run_name(cfg.data.task, method_identity(cfg.to_dict()), cfg.seed)]
     run_name = broadcast_object_list(name)[0] if accelerator.num_processes > 1 else name[0]
     run_dir = Path(cfg.output_dir) / run_name
     rundir.check_output_dir(Path(cfg.output_dir))
@@ -177,7 +186,8 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     spec, train, val, test = task_data.spec, *(task_data.splits[s] for s in ("train", "val", "test"))
     train = place_split(train, accelerator.device) if cfg.train.images_on_device else train
 
-    trainee = build_trainee(accelerator, cfg, spec.layout)
+    # partly labelled data (MISSING_LABEL): the losses look for missing labels; fully labelled: they never do
+    trainee = build_trainee(accelerator, cfg, spec.layout, partial_labels=bool((train.labels == MISSING_LABEL).any()))
     counts = trainee.counts
     leader = "+".join(cfg.method.leader) or "none (standard training)"
     accelerator.print(f"method {cfg.method.name}: leader = {leader}; parameters {counts}")
@@ -259,6 +269,7 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
             stage.seed, epoch, start=progress.within if epoch == progress.epoch else None,
             nonfinite=train_cfg.nonfinite, check_every=train_cfg.log_every_steps,
             save_every=train_cfg.save_every_steps, on_save=lambda within, epoch=epoch: save_state(epoch, within),
+            aggregation=stage.aggregation,
         )
         predictions = predict_split(accelerator, stage.network, spec, val, train_cfg.eval_batch_size)
         val_metrics = score(predictions, eval_cfg.bins, eval_cfg.joint_pairs)
@@ -315,7 +326,8 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
     """One line of the stage's metrics file (one schema for both stages, ``mtl_cog.runs.metrics_log``;
     stage one's also to W&B) and one console line (two with a calibrator)."""
     line = epoch_line(stage.name, epoch, stats["loss"], lrs, val_metrics, best_epoch, stats["skipped"],
-                      None if calibrator is None else {"summary": calibrator.summary, "tasks": calibrator.by_task})
+                      None if calibrator is None else {"summary": calibrator.summary, "tasks": calibrator.by_task},
+                      stats.get("task_weights"))
     if tracker is not None:
         tracker.log_epoch(epoch, {k: v for k, v in line.items() if k != "epoch"}, wandb_row(line))
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
@@ -330,6 +342,8 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
     )
     if calibrator is not None:
         accelerator.print(f"           calibrator: {calibrator.one_line()}")
+    if "task_weights" in stats:
+        accelerator.print(f"           task weights: {task_weights_line(stats['task_weights'])}")
 
 
 def replay_to_tracker(tracker: Tracker, metrics_path: Path) -> None:

@@ -18,6 +18,7 @@ from mtl_cog.errors import ConfigError, UnknownNameError
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
 from mtl_cog.objectives import OBJECTIVES
+from mtl_cog.objectives.aggregators import AGGREGATORS, EQUAL
 from mtl_cog.registry import Registry
 
 
@@ -31,11 +32,14 @@ def check_registered_names(cfg: Config) -> None:
         ("method.loss", cfg.method.loss, OBJECTIVES),
         ("two_stage.head", cfg.two_stage.head, HEADS),
     ]
+    if cfg.mtl.aggregator != EQUAL:  # equal weights is plain training: no registered object
+        checks.append(("mtl.aggregator", cfg.mtl.aggregator, AGGREGATORS))
     for key, name, registry in checks:
         try:
             registry.get(name)
         except UnknownNameError as err:  # its message suggests close matches and lists the options
-            raise ConfigError(f"{key}: {err}") from None
+            extra = f" Or {EQUAL} (the mean of the task losses)." if key == "mtl.aggregator" else ""
+            raise ConfigError(f"{key}: {err}{extra}") from None
     if not HEADS.get(cfg.model.head).supports_one_stage:
         raise ConfigError(
             f"model.head={cfg.model.head!r} only works as a second-stage head: one-stage training would drop "
