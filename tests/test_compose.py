@@ -79,6 +79,10 @@ def test_the_generator_writes_checks_and_keeps_tuned_files(tmp_path):
     (root / "digits" / "focal.yaml").write_text(base_line("digits", "focal"))  # its method is gone
     assert [p.name for p in write_combinations(root)] == ["baseline.yaml", "cog_ts.yaml"]
     assert problems(root) == [f"{root}/digits/focal.yaml combines no existing data set and method"]
+    (root / "digits" / "focal.yaml").unlink()
+    (root / "digits" / "baseline_mgda.yaml").write_text("_base_: baseline.yaml\n# another aggregator\nseed: 1\n")
+    (root / "digits" / "cog_ts_x.yaml").write_text("_base_: baseline.yaml\nseed: 1\n")  # says nothing: an orphan
+    assert problems(root) == [f"{root}/digits/cog_ts_x.yaml combines no existing data set and method"]
 
 
 def test_without_a_combination_file_the_parts_are_composed(tmp_path):
