@@ -52,6 +52,21 @@ def labelled_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, n
     return np.asarray(logits)[known], labels[known]
 
 
+def labelled_only(predictions: Predictions, every_task: bool = False) -> Predictions:
+    """``predictions`` without unlabelled rows: per task (ragged: each task keeps its own labelled rows), or,
+    with ``every_task``, the rows labelled in every task (aligned, for what pairs tasks up: counts, joints).
+    ``predictions`` itself when every label is known."""
+    known = [np.asarray(y) != MISSING_LABEL for y in predictions.labels]
+    if all(k.all() for k in known):
+        return predictions
+    rows = np.logical_and.reduce(known) if every_task else None
+    keep = [rows if every_task else k for k in known]
+    return Predictions(list(predictions.task_names), [np.asarray(z)[m] for z, m in zip(predictions.logits, keep)],
+                       [np.asarray(y)[m] for y, m in zip(predictions.labels, keep)],
+                       None if predictions.true_probs is None
+                       else [np.asarray(p)[m] for p, m in zip(predictions.true_probs, keep)])
+
+
 def layout_of(predictions: Predictions) -> LogitLayout:
     """The flat logit layout of per-task predictions (a binary task's (N,) logits: one column)."""
     return LogitLayout(tuple(2 if np.ndim(z) == 1 else z.shape[1] for z in predictions.logits))

@@ -52,7 +52,14 @@ class IdentityCalibrator(nn.Module):
 
 @CALIBRATORS.register("temperature")
 class TemperatureCalibrator(nn.Module):
-    """One temperature per task (Guo et al., 2017): z / T_t, with T_t = exp(log_t) > 0."""
+    """One temperature per task (Guo et al., 2017): z / T_t, with T_t = exp(log_t) > 0.
+
+    The parameter is log T, not T (T stays positive without a constraint). So COG-TS's leader
+    step is a step in log T: Adam moves log T by about ``leader_lr`` per step, i.e. T by a
+    *relative* amount, and its step in T scales with T (dT ~ T d log T). A leader rate means a
+    relative rate here, and the same rate moves a large temperature further in absolute terms
+    than a small one; the COG paper does not say how it parametrises T.
+    """
 
     def __init__(self, layout: LogitLayout) -> None:
         super().__init__()

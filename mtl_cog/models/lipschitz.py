@@ -241,6 +241,10 @@ class ListScale(LipschitzScale):
     geometrically part of the way (the network keeps changing while it trains). A fitted T outside
     [e^-3, e^3] (a separable or constant validation task) is clipped so one epoch moves L by at
     most a factor e^3 * rate; a non-finite fit leaves L unchanged.
+
+    L is thus fitted on the validation split: LiST's validation metrics (the epoch lines, the
+    checkpoint choice, the fair protocol's tuning value) are in-sample, and the protocol's report
+    marks them (``val_in_sample``, ``mtl_cog.experiments.protocol.fits_on_validation``).
     """
 
     learned = False
