@@ -117,6 +117,17 @@ def test_config_files_and_overrides_are_merged_in_order(tmp_path):
     assert load_config(resolve_files(drift, default=False)) == load_config(CONFIGS / "digits" / "ls.yaml")
 
 
+def test_a_sweep_takes_data_and_method_as_its_combination_file(tmp_path):
+    from mtl_cog.cli import sweep
+
+    args = sweep.parse_args(["--data", "digits", "--method", "cog_ts", "--grid", "seed=0,1"])
+    assert args.config == CONFIGS / "digits" / "cog_ts.yaml"
+    with pytest.raises(UserError, match="--method and --data name the config together"):
+        sweep.parse_args(["--data", "digits", "--config", "x.yaml", "--grid", "seed=0,1"])
+    with pytest.raises(ConfigError, match="Did you mean digits"):
+        sweep.parse_args(["--data", "digit", "--method", "cog_ts", "--grid", "seed=0,1"])
+
+
 def documented_text() -> list[tuple[Path, str]]:
     paths = [REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("mtl_cog/**/*.py"), *REPO.glob("scripts/*"),
              *REPO.glob("configs/**/*.yaml")]

@@ -2,6 +2,7 @@
 
     python scripts/sweep.py --config configs/digits/cog_ts.yaml train.epochs=5 \
         --grid optim.leader_lr=1e-5,3e-5,1e-4 optim.follower_lr=1e-3,3e-4 [--parallel 2]
+    python scripts/sweep.py --data digits --method cog_ts ...   # the same: configs/digits/cog_ts.yaml
     python scripts/sweep.py ... --launcher slurm --partition gpu --gpus-per-run 1   # one Slurm job per run
     python scripts/sweep.py --resume SWEEP_DIR          # after Ctrl-C or failures: finish the same sweep
     python scripts/sweep.py ... --dry-run               # the runs and their estimated GPU time; nothing runs
@@ -34,6 +35,7 @@ import yaml
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser
+from mtl_cog.config.compose import combination_path, config_files
 from mtl_cog.errors import ConfigError, UserError, run_cli
 from mtl_cog.experiments import gpu_time
 from mtl_cog.experiments.launcher import (
@@ -81,6 +83,8 @@ def read_sweep_args(path: Path) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None, help="YAML experiment config")
+    parser.add_argument("--data", default=None, metavar="NAME", help="with --method: configs/<NAME>/<method>.yaml")
+    parser.add_argument("--method", default=None, metavar="NAME", help="with --data: configs/<data>/<NAME>.yaml")
     parser.add_argument("--grid", nargs="+", default=None, metavar="KEY=V1,V2", help="values to sweep")
     parser.add_argument("--out", type=Path, default=None, help="sweep folder (default runs/sweep-<config>-<time>)")
     parser.add_argument("--resume", type=Path, default=None, metavar="SWEEP_DIR",
@@ -91,6 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_launcher_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="fixed overrides for every run, e.g. train.epochs=5")
     args = parser.parse_args(argv)
+    if args.data or args.method:
+        if args.config is not None or args.resume is not None or not (args.data and args.method):
+            raise UserError("--method and --data name the config together, instead of --config or --resume.")
+        args.config = combination_file(args.data, args.method)
     if args.resume is not None:
         if args.config is not None or args.grid is not None or args.overrides:
             raise UserError("--resume SWEEP_DIR uses the sweep's saved --config, --grid and overrides; give none.")
@@ -103,6 +111,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif args.config is None or args.grid is None:
         raise UserError("--config and --grid are required (or --resume SWEEP_DIR).")
     return args
+
+
+def combination_file(dataset: str, method: str) -> Path:
+    """``configs/<dataset>/<method>.yaml``, the one file a sweep records and every run reads."""
+    files = config_files(CONFIGS, dataset, method)
+    if len(files) != 1:
+        raise UserError(f"--data {dataset} --method {method}: {combination_path(CONFIGS, dataset, method)} "
+                        "does not exist yet; run scripts/generate_configs.py.")
+    return files[0]
 
 
 def plan_runs(args: argparse.Namespace, out: Path) -> tuple[list[dict[str, str]], list[Config], list[str]]:
