@@ -36,7 +36,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mtl_cog.config.schema import check_bins
+from mtl_cog.config.arguments import Parser, whole_number
+from mtl_cog.config.schema import MAX_BINS, check_bins
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.errors import run_cli
 from mtl_cog.io import check_writable
@@ -44,12 +45,13 @@ from mtl_cog.reporting.comparison import write_comparison
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders, or folders that hold run folders")
     parser.add_argument("--out", type=Path, required=True, help="report folder (created)")
-    parser.add_argument("--bins", type=int, nargs="+", default=list(DEFAULT_BINS),
+    parser.add_argument("--bins", type=whole_number(1, MAX_BINS, "a bin count"), nargs="+",
+                        default=list(DEFAULT_BINS),
                         help="bin counts of calibration errors")
-    parser.add_argument("--summary-bins", type=int, default=SUMMARY_BINS,
+    parser.add_argument("--summary-bins", type=whole_number(1, MAX_BINS, "a bin count"), default=SUMMARY_BINS,
                         help="bin count shown in summary.md and the figures")
     return parser.parse_args(argv)
 

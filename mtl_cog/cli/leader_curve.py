@@ -35,7 +35,8 @@ import torch
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
-from mtl_cog.config.schema import check_seed
+from mtl_cog.config.arguments import Parser, distinct, real_number, whole_number
+from mtl_cog.config.schema import MAX_LEARNING_RATE, MAX_SEED
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.evaluation.posthoc import calibrate
 from mtl_cog.evaluation.predictions import load_predictions
@@ -60,12 +61,14 @@ BASELINE, TS = "baseline", "ts"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, required=True, help="a COG method config (configs/<ds>/cog_fc.yaml)")
-    parser.add_argument("--ratios", type=float, nargs="+", default=list(curve.RATIOS),
+    parser.add_argument("--ratios", type=real_number(0, 1, low_open=True, what="a leader/follower ratio"),
+                        nargs="+", default=list(curve.RATIOS),
                         help="leader/follower ratios in (0, 1] (default: 1e-3 3e-3 ... 0.3 1)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--follower-lr", type=float, default=None, help="the fixed follower rate (default: the "
+    parser.add_argument("--seeds", type=whole_number(0, MAX_SEED, "a seed"), nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--follower-lr", type=real_number(0, MAX_LEARNING_RATE, low_open=True, what="a learning rate"),
+                        default=None, help="the fixed follower rate (default: the "
                         "protocol's tuned one with --protocol-dir, else the config's)")
     parser.add_argument("--protocol-dir", type=Path, default=None,
                         help="a fair-protocol folder (reproduce --protocol fair --out DIR): tuned settings from there")
@@ -79,10 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", help="overrides for every run, e.g. train.epochs=10")
     args = parser.parse_args(argv)
     args.ratios = curve.check_ratios(args.ratios)
-    for seed in args.seeds:
-        check_seed(seed, "--seeds")
-    if args.follower_lr is not None and not args.follower_lr > 0:
-        raise UserError(f"--follower-lr must be > 0. Got {args.follower_lr}.")
+    distinct(args.seeds, "--seeds")  # one folder per (ratio, seed)
     return args
 
 

@@ -18,6 +18,7 @@ from mtl_cog.cli import (
     compare,
     evaluate,
     generate_configs,
+    launch,
     leader_curve,
     list_front,
     parameter_counts,
@@ -41,6 +42,7 @@ COMMANDS = {
     "calibration-drift": calibration_drift,
     "list-front": list_front,
     "generate-configs": generate_configs,
+    "launch": launch,
 }
 
 

@@ -42,7 +42,8 @@ import pandas as pd
 from mtl_cog.cli import fair_tuning
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
-from mtl_cog.config.schema import check_seed
+from mtl_cog.config.arguments import Parser, distinct, whole_number
+from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.experiments import gpu_time, launcher, protocol, tuning
@@ -102,7 +103,7 @@ class Job:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="OUT/runs, OUT/tuning, OUT/report")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="configs", help="fair: equal tuning budget")
     parser.add_argument("--scale", choices=SCALES, default="cpu", help="cpu: tiny runs; paper: the configs as set")
@@ -110,12 +111,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "celeba svhn cifar10 cifar100 (paper)")
     parser.add_argument("--methods", nargs="+", default=None, help="only these configs (default: all in configs/<ds>/)")
     # 5 seeds, the paper's count: the paired t interval (reporting/paired.py) of 3 seeds has t = 4.30
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--epochs", type=int, default=None, help="override every run's train.epochs")
-    parser.add_argument("--budget", type=int, default=3, help="fair: tuning trials per method and data set (default 3)")
+    parser.add_argument("--seeds", type=whole_number(0, MAX_SEED, "a seed"), nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--epochs", type=whole_number(1, None, "an epoch count"), default=None,
+                        help="override every run's train.epochs")
+    parser.add_argument("--budget", type=whole_number(1, protocol.MAX_BUDGET, "a number of tuning trials"), default=3,
+                        help="fair: tuning trials per method and data set (default 3)")
     parser.add_argument("--prune", action="store_true",
                         help="fair: successive halving of the tuning trials (the same rungs for every method)")
-    parser.add_argument("--tune-workers", type=int, default=None, metavar="N",
+    parser.add_argument("--tune-workers", type=whole_number(1, 4096, "workers >= 1"), default=None, metavar="N",
                         help="fair: Optuna workers per study (default: --jobs locally, 4 on slurm); they share it")
     parser.add_argument("--study-storage", default=None, metavar="URL",
                         help="fair: Optuna storage URL (default sqlite:///OUT/tuning/optuna.db)")
@@ -128,12 +131,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser, parallel_flag="--jobs")
     args = parser.parse_args(argv)
+    for flag, values in (("--seeds", args.seeds), ("--datasets", args.datasets), ("--methods", args.methods)):
+        distinct(values, flag)  # one folder per (dataset, method, seed): a repeat would race two jobs on it
     args.datasets = args.datasets or list(DATASETS[args.scale])
     if args.scale == "cpu" and set(args.datasets) - set(CPU_SCALE):
         raise UserError(f"--scale cpu has sizes for {', '.join(CPU_SCALE)} only; use --scale paper for "
                         f"{', '.join(sorted(set(args.datasets) - set(CPU_SCALE)))}.")
-    if (args.parallel is not None and args.parallel < 1) or (args.epochs is not None and args.epochs < 1):
-        raise UserError(f"--jobs and --epochs must be >= 1. Got {args.parallel} and {args.epochs}.")
     return args
 
 
@@ -307,6 +310,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
           + (f", after {args.budget} tuning trials per method" if studies else "")
           + f"; post-hoc calibrators on {', '.join(args.posthoc_on)}")
     if args.dry_run:
+        launcher.check_launcher(args, executor)  # what the real command would refuse, a dry run refuses too
         print_plan(args, studies, final, measured)
         if studies:
             print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them)")

@@ -100,6 +100,11 @@ def round_significant(value: float, digits: int = 2) -> float:
     return float(f"{value:.{digits - 1}e}")
 
 
+# Tuning runs per (data set, method): each is a whole training run, so thousands are already
+# weeks of compute; the bound keeps a typo (1e9) from allocating the points before anything says so.
+MAX_BUDGET = 10_000
+
+
 def trial_settings(knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> list[dict[str, float]]:
     """``budget`` settings: scrambled Halton points mapped onto the knobs' ranges, leader ratio resolved."""
     return [resolve(point) for point in start_points(knobs, budget, seed)]
@@ -107,8 +112,8 @@ def trial_settings(knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> 
 
 def start_points(knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> list[dict[str, float]]:
     """``budget`` scrambled Halton points on the knobs' ranges, {knob key: value}, the ratio unresolved."""
-    if budget < 1:
-        raise UserError(f"--budget must be >= 1. Got {budget}.")
+    if not 1 <= budget <= MAX_BUDGET:  # before the points are drawn: 1e9 of them is a MemoryError
+        raise UserError(f"--budget must be in [1, {MAX_BUDGET}]. Got {budget}.")
     points = qmc.Halton(len(knobs), scramble=True, seed=seed).random(budget)
     settings = []
     for point in points:

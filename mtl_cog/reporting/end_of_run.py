@@ -27,6 +27,7 @@ from mtl_cog.io import atomic_write, atomic_write_text
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
 from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
+from mtl_cog.runs.digests import record_digests
 from mtl_cog.runs.metrics_log import final_record
 from mtl_cog.runs.tracking import Tracker
 
@@ -61,6 +62,7 @@ def finish_run(accelerator: Accelerator, network: nn.Module, spec: TaskSpec, val
         frame = metrics_frame(results["test"])
         atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
         report = write_run_report(run_dir, as_stored(assessed["test"].predictions), frame)
+        record_digests(run_dir)  # what readers check the run's files against (mtl_cog.runs.digests)
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
     publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
     tracker.finish()
