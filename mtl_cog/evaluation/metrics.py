@@ -18,7 +18,9 @@ Beyond binned ECE (each defined in docs/metrics.md):
   class probability p_k against 1[y = k] (Kull et al., 2019);
 - ``brier_reliability`` / ``brier_resolution`` / ``brier_uncertainty``: the exact CORP split of
   the Brier score, Brier = reliability − resolution + uncertainty
-  (mtl_cog.evaluation.brier_decomposition).
+  (mtl_cog.evaluation.brier_decomposition);
+- ``aurc`` / ``eaurc``: area under the risk–coverage curve of selective prediction and its excess
+  over the ideal ordering (Geifman et al., 2019; mtl_cog.evaluation.selective).
 
 ``compute_metrics`` also returns the multi-task metrics (mtl_cog.evaluation.multitask_metrics)
 under ``"multitask"`` when there are at least two tasks.
@@ -47,6 +49,7 @@ from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_erro
     uniform_bin_index,
 )
 from mtl_cog.evaluation.brier_decomposition import decompose_sorted
+from mtl_cog.evaluation.selective import SELECTIVE_METRICS, aurc_rows, binary_confidence_error
 from mtl_cog.evaluation.smooth_ece import smooth_ece_sorted
 
 BASE_METRICS = ("accuracy", "nll", "brier")
@@ -69,7 +72,7 @@ def metric_names(bins: list[int] | tuple[int, ...], multiclass: bool = False) ->
     ``multiclass=True`` adds ``classwise_ece@B``, which only K-class tasks have.
     """
     names = list(BASE_METRICS) + [f"{norm}@{b}" for norm in NORMS for b in bins]
-    names += ["smece", *(f"adaece@{b}" for b in bins), *BRIER_PARTS]
+    names += ["smece", *(f"adaece@{b}" for b in bins), *BRIER_PARTS, *SELECTIVE_METRICS]
     if multiclass:
         names += [f"classwise_ece@{b}" for b in bins]
     return names
@@ -137,6 +140,7 @@ def _score_binary(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndar
     squared_error, parts = decompose_sorted(p_sorted, y_sorted)
     values["brier"] = 2 * squared_error  # summed over both classes
     values.update(dict(zip(BRIER_PARTS, 2 * parts)))  # the two classes' decompositions are identical
+    values.update(aurc_rows(*binary_confidence_error(z, y)))
     _refuse_non_finite(values, sums, finite)
     return values, sums, np.where(finite[:, None], expit(z.astype(np.float64)), np.nan)
 
@@ -158,6 +162,7 @@ def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.
     order = np.argsort(probs, axis=1)
     _, parts = decompose_sorted(np.take_along_axis(probs, order, 1), np.take_along_axis(onehot, order, 1))
     values.update(dict(zip(BRIER_PARTS, parts.sum(1, keepdims=True))))  # summed over classes, like the Brier score
+    values.update(aurc_rows(confidence[None], 1.0 - hit[None]))
     clamped = np.clip(probs, CLAMP, 1 - CLAMP)
     for b in bins:  # Kull et al. (2019): mean over classes of each class probability's ECE
         per_class = errors_from_sums(bin_sums(clamped, onehot, uniform_bin_index(clamped, b), b))["ece"]

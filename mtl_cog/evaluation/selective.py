@@ -1,0 +1,86 @@
+"""Selective prediction: the risk–coverage curve, AURC and E-AURC (Geifman, Uziel & El-Yaniv, ICLR 2019).
+
+A model that may abstain answers only its k most confident samples. With the N test samples
+ordered by decreasing confidence, risk(k) is the error rate among the first k, and
+
+    AURC   = (1/N) Σ_{k=1..N} risk(k)                        (area under the risk–coverage curve)
+    AURC*  = AURC of the ideal ordering (every error after every correct answer)
+           = (1/N) Σ_{k=N−E+1..N} (k − (N − E)) / k = (1/N) [E − (N − E)(H_N − H_{N−E})]
+    E-AURC = AURC − AURC*                                    (>= 0; 0 = errors ranked last)
+
+with E the number of errors and H_n the n-th harmonic number. Confidence is the top-label
+probability: max(p, 1 − p) for a binary task (p = sigmoid(z), so the order is that of |z|), the
+largest softmax probability for a K-class task; an error is a wrong top-label prediction (a
+binary task predicts 1 when z > 0, as ``accuracy`` does).
+
+Ties: samples of equal confidence cannot be ordered by it, so within a run of equal confidences
+the cumulative error count is spread evenly (the expected count under a random order of the
+run). AURC is then independent of the order in which tied samples arrive; without ties this is
+Geifman et al.'s definition exactly. ``tests/test_selective.py`` checks a hand-worked example,
+an independent implementation (to 1e-12), the ideal ordering and ties.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import digamma
+
+from mtl_cog.evaluation.binning import running_sum
+
+SELECTIVE_METRICS = ("aurc", "eaurc")
+
+
+def _harmonic(n: np.ndarray) -> np.ndarray:
+    """H_n = ψ(n + 1) + γ (exact to ~1e-16 relative; H_0 = 0)."""
+    return digamma(np.asarray(n, dtype=np.float64) + 1) + np.euler_gamma
+
+
+def ideal_aurc(errors: np.ndarray, n: int) -> np.ndarray:
+    """AURC of the ideal ordering with ``errors`` (E) wrong answers among ``n``: (1/N)[E − (N − E)(H_N − H_{N−E})]."""
+    errors = np.asarray(errors, dtype=np.float64)
+    correct = n - errors
+    return (errors - correct * (_harmonic(n) - _harmonic(correct))) / n
+
+
+def cumulative_errors(confidence: np.ndarray, error: np.ndarray) -> np.ndarray:
+    """(C, N) rows -> (C, N + 1): errors among the k most confident samples, k = 0..N (ties spread evenly)."""
+    order = np.argsort(-confidence, axis=1, kind="stable")
+    conf = np.take_along_axis(confidence, order, 1)
+    cum = running_sum(np.take_along_axis(error, order, 1).astype(np.float64))
+    n = conf.shape[1]
+    k = np.arange(1, n + 1)
+    for row in range(len(conf)):
+        ends = np.flatnonzero(np.diff(conf[row]) != 0) + 1  # where a new confidence value starts
+        if len(ends) == n - 1:
+            continue  # all distinct: nothing to spread
+        ends = np.append(ends, n)
+        starts = np.concatenate([[0], ends[:-1]])
+        block = np.searchsorted(ends, k, side="left")  # the run that holds position k (1-based)
+        s, e = starts[block], ends[block]
+        cum[row, 1:] = cum[row, s] + (k - s) * (cum[row, e] - cum[row, s]) / (e - s)
+    return cum
+
+
+def risk_coverage(confidence: np.ndarray, error: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One task's curve: confidence and 0/1 error (N,) -> coverage k/N and risk(k), k = 1..N."""
+    cum = cumulative_errors(np.asarray(confidence, dtype=np.float64)[None], np.asarray(error)[None])[0]
+    k = np.arange(1, len(cum))
+    return k / len(k), cum[1:] / k
+
+
+def aurc_rows(confidence: np.ndarray, error: np.ndarray) -> dict[str, np.ndarray]:
+    """AURC and E-AURC of each row: confidence and 0/1 error (C, N) -> {"aurc": (C,), "eaurc": (C,)}."""
+    confidence = np.asarray(confidence, dtype=np.float64)
+    n = confidence.shape[1]
+    cum = cumulative_errors(confidence, error)
+    aurc = (cum[:, 1:] / np.arange(1, n + 1)).mean(1)
+    return {"aurc": aurc, "eaurc": aurc - ideal_aurc(cum[:, -1], n)}
+
+
+def binary_confidence_error(z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Binary logits and 0/1 labels (C, N) -> the ordering key |z| (the order of max(p, 1 − p)) and the errors.
+
+    |z| orders exactly as max(p, 1 − p) = sigmoid(|z|) but keeps apart logits whose sigmoid
+    rounds to 1.0 in float64 (|z| > 37).
+    """
+    return np.abs(z), ((z > 0) != (y > 0.5)).astype(np.float64)
