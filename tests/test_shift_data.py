@@ -37,6 +37,7 @@ def test_reproducible_per_seed_and_independent_of_blocks(name):
         assert not np.array_equal(first, shift.corrupt_images(images, name, 3, seed=8))
 
 
+@pytest.mark.slow  # ~12 s: numba compiles glass_blur, frost reads its images
 def test_every_corruption_and_small_images():
     images = _images(n=2, size=28)  # smaller than the package's 32 px: padded, corrupted, cropped back
     for name in CORRUPTIONS:

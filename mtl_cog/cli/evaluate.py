@@ -11,6 +11,16 @@ mtl_cog/evaluation/stability.py; it needs the data set);
 RUN_DIR/posthoc_metrics.csv gets one row per (method, task) with method "none" for the
 uncalibrated predictions, and RUN_DIR/predictions_test_<method>.npz the calibrated predictions.
 
+    python scripts/evaluate.py --run RUN_DIR --shift [CORRUPTION ...] [--severities 1-5] [--posthoc ts]
+
+With ``--shift``, the run's network predicts the test split under each named corruption of
+Hendrycks & Dietterich (none named: all 15) at each severity, every corrupted split built once
+into the data cache; ``--posthoc`` calibrators are fitted on the clean validation predictions and
+applied under shift. RUN_DIR/shift_metrics.csv gets every metric per method x corruption x
+severity x task (and the task mean), RUN_DIR/shift_test.png accuracy, NLL and ECE@15 against
+severity (docs/shift.md). ``--groups TASK ...`` adds per-group metrics and multicalibration
+(docs/metrics.md) to the JSON ("groups") and, with --run, writes RUN_DIR/group_metrics.csv.
+
 The JSON is {"tasks": {task: {metric: value}}, "mean": {metric: value}, "multitask": {metric:
 value}, "pairs": [...]}. Per task (and their mean): accuracy, nll, brier, ece@B, rmsce@B, mce@B,
 smece, adaece@B, brier_reliability, brier_resolution, brier_uncertainty, and classwise_ece@B for
@@ -28,10 +38,12 @@ import pandas as pd
 import torch
 
 import tasks  # noqa: F401  (registers the data sets)
-from mtl_cog.config.schema import check_bins
+from mtl_cog.config.schema import check_bins, check_corruptions, check_severities
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.loading import load_task
+from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError, run_cli
+from mtl_cog.evaluation.groups import add_group_summary, group_metrics
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
@@ -39,10 +51,12 @@ from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
 from mtl_cog.evaluation.predictions import load_predictions, save_predictions
 from mtl_cog.evaluation.robustness import add_certified_accuracy
 from mtl_cog.evaluation.scoring import score
+from mtl_cog.evaluation.shift import evaluate_shift, summary
 from mtl_cog.evaluation.stability import stability_calibrate
 from mtl_cog.io import atomic_write, atomic_write_json, check_writable
 from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.progress import track
+from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
 from mtl_cog.runs import rundir
 from mtl_cog.runs.trained import load_network, load_run
 from mtl_cog.training.accelerator import create_accelerator
@@ -65,7 +79,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--posthoc", nargs="+", choices=(*POSTHOC_METHODS, *NETWORK_POSTHOC), metavar="METHOD",
                         help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
                         f"test predictions ({', '.join((*POSTHOC_METHODS, *NETWORK_POSTHOC))})")
+    parser.add_argument("--shift", nargs="*", metavar="CORRUPTION", default=None,
+                        help="with --run: score the test split under these corruptions (none named: all 15)")
+    parser.add_argument("--severities", default=None,
+                        help="with --shift: 1-5, 1,3,5 or 3 (default: the run's eval.shift_severities)")
+    parser.add_argument("--groups", nargs="+", metavar="TASK",
+                        help="per-group metrics and multicalibration, groups defined by these tasks' labels")
     return parser.parse_args(argv)
+
+
+def parse_severities(text: str) -> list[int]:
+    """"1-5" | "1,3,5" | "3" -> [1, ..., 5] | [1, 3, 5] | [3]; anything else is refused (one error line)."""
+    try:
+        if "-" in text:
+            low, high = (int(v) for v in text.split("-"))
+            values = list(range(low, high + 1)) if low <= high else []
+        else:
+            values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise UserError(f"--severities: {text!r} is not a range like 1-5 or a list like 1,3,5.") from None
+    check_severities(values, "--severities")
+    return values
+
+
+def add_groups(metrics: dict, predictions, groups: list[str] | None) -> dict | None:
+    """Per-group metrics (``metrics["groups"]``) and their per-task summaries beside the metrics."""
+    if not groups:
+        return None
+    report = group_metrics(predictions.task_names, predictions.logits, predictions.labels, groups)
+    add_group_summary(metrics, report)
+    metrics["groups"] = report
+    return report
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -76,6 +120,13 @@ def main(argv: list[str] | None = None) -> dict:
         raise UserError(f"--pairs must be >= 0. Got {args.pairs}.")
     if args.out is not None:
         check_writable(args.out, "--out")  # before the work, not after it
+    if args.shift is not None:
+        if args.run is None:
+            raise UserError("--shift needs --run RUN_DIR (it runs the run's network on corrupted test images).")
+        names = check_corruptions(args.shift or ["all"], "--shift")
+        return run_shift(args.run, names, args.severities, args.posthoc or [], args.bins, args.out)
+    if args.severities is not None:
+        raise UserError("--severities goes with --shift.")
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
@@ -84,7 +135,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise UserError("--out is required (where to write the metrics JSON).")
     if args.predictions is not None:
         pairs = DEFAULT_PAIRS if args.pairs is None else args.pairs
-        metrics = score(load_predictions(args.predictions), args.bins or list(DEFAULT_BINS), pairs)
+        predictions = load_predictions(args.predictions)
+        metrics = score(predictions, args.bins or list(DEFAULT_BINS), pairs)
+        add_groups(metrics, predictions, args.groups)
         print(format_table(metrics))
         atomic_write_json(args.out, metrics)
         print(args.out)
@@ -101,8 +154,11 @@ def main(argv: list[str] | None = None) -> dict:
     lipschitz = network_lipschitz(network)  # LiST networks: certified robust accuracy too
     if lipschitz is not None:
         add_certified_accuracy(metrics, predictions, lipschitz.numpy(), cfg.method.certify_eps, task_data.spec.std)
+    groups = add_groups(metrics, predictions, args.groups)
     if accelerator.is_main_process:
         atomic_write_json(args.out, metrics)
+        if groups is not None:
+            accelerator.print(write_group_files(args.run, groups))
     accelerator.print(format_table(metrics))
     accelerator.print(str(args.out))
     return metrics
@@ -141,6 +197,37 @@ def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: 
         atomic_write_json(out, results)
     print(run_dir / rundir.POSTHOC_METRICS)
     return results
+
+
+def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: list[str], bins: list[int] | None,
+              out: Path | None) -> dict:
+    """The run's network on the test split under each corruption and severity -> shift_metrics.csv + figure."""
+    unsupported = [m for m in posthoc if m in NETWORK_POSTHOC]
+    if unsupported:
+        raise UserError(f"--posthoc {' '.join(unsupported)} cannot be combined with --shift (it re-runs the network "
+                        f"on perturbed images of its own); use {', '.join(POSTHOC_METHODS)}.")
+    accelerator = create_accelerator()
+    cfg = rundir.load_run_config(run_dir)
+    levels = parse_severities(severities) if severities else list(cfg.eval.shift_severities)
+    val = load_predictions(run_dir / rundir.predictions_file("val")) if posthoc else None  # before the work
+    with accelerator.main_process_first():
+        task_data = load_task(cfg.data)
+    spec, test = task_data.spec, task_data.splits["test"]
+    network = load_network(cfg, spec, run_dir).to(accelerator.device)
+    clean = predict_split(accelerator, network, spec, test, cfg.train.eval_batch_size)
+    eval_cfg = cfg.eval if bins is None else type(cfg.eval)(**{**cfg.eval.__dict__, "bins": bins})
+    frame = evaluate_shift(accelerator, network, TASKS.get(cfg.data.task), spec, cfg.data, eval_cfg, test, clean, val,
+                           names, levels, posthoc, cfg.train.eval_batch_size)
+    table = summary(frame)
+    if accelerator.is_main_process:
+        csv, png = write_shift_files(run_dir, frame)
+        if out is not None:
+            atomic_write_json(out, {"rows": frame.to_dict("records")})
+        print("test metrics under corruption (mean over tasks, then over corruptions; severity 0 = clean):")
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print(png)
+        print(csv)
+    return {"rows": frame.to_dict("records")}
 
 
 def cli() -> None:

@@ -279,6 +279,7 @@ class EvalConfig:
     shift: list[str] = field(default_factory=list)
     shift_severities: list[int] = field(default_factory=lambda: list(SEVERITIES))
     shift_seed: int = 0  # the corruptions' random draws: the same corrupted images for every run
+    shift_posthoc: list[str] = field(default_factory=list)  # post-hoc calibrators (fitted on clean val) under shift
     shift_workers: int = 0  # processes that corrupt images when a corrupted split is built; 0 = every CPU
 
     def validate(self) -> None:

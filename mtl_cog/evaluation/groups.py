@@ -143,3 +143,12 @@ def cells_frame(report: dict):
 
     columns = ["group", "value", "task", "n", "status", *CELL_METRICS]
     return pd.DataFrame(report["cells"], columns=columns)
+
+
+def add_group_summary(metrics: dict, report: dict) -> dict:
+    """Put each task's worst-group / gap / multicalibration values beside its metrics (and their means beside
+    the task means), so ``test_metrics.csv``, W&B and ``compare`` carry them like any other metric."""
+    for task, values in report["tasks"].items():
+        metrics["tasks"][task].update(values)
+    metrics["mean"].update(report["mean"])
+    return metrics

@@ -23,7 +23,7 @@ an independent implementation (to 1e-12), the ideal ordering and ties.
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import digamma
+from scipy.special import digamma, softmax
 
 from mtl_cog.evaluation.binning import running_sum
 
@@ -84,3 +84,12 @@ def binary_confidence_error(z: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, n
     rounds to 1.0 in float64 (|z| > 37).
     """
     return np.abs(z), ((z > 0) != (y > 0.5)).astype(np.float64)
+
+
+def task_confidence_error(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One task's ordering key and 0/1 errors: logits (N,) binary or (N, K), labels (N,)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim == 1:
+        return binary_confidence_error(logits, np.asarray(labels))
+    probs = softmax(logits, axis=1)
+    return probs.max(1), (probs.argmax(1) != np.asarray(labels)).astype(np.float64)

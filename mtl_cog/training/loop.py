@@ -31,19 +31,22 @@ import tasks  # noqa: F401  (registers the built-in data sets)
 from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
-from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.data.task_api import TASKS, SplitData, TaskSpec
 from mtl_cog.errors import RunFolderError, UserError
+from mtl_cog.evaluation.groups import add_group_summary, check_groups, group_metrics
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
 from mtl_cog.evaluation.robustness import add_certified_accuracy
 from mtl_cog.evaluation.scoring import score
+from mtl_cog.evaluation.shift import evaluate_shift, shift_summary_scalars
 from mtl_cog.io import append_jsonl, atomic_write, atomic_write_json, atomic_write_text
 from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
+from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
 from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
@@ -168,6 +171,7 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
     spec, train, val, test = task_data.spec, *(task_data.splits[s] for s in ("train", "val", "test"))
+    check_groups(cfg.eval.groups, spec.task_names)  # a misspelt group fails now, not after training
     train = place_split(train, accelerator.device) if cfg.train.images_on_device else train
 
     network = apply_speed_options(build_network(cfg.model, cfg.method, spec.layout), cfg.train)
@@ -217,28 +221,45 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         head_epoch = read_metadata(run_dir / rundir.BEST_MODEL).get("epoch")
         selected = f"stage one epoch {best_epoch}, stage-two head epoch {head_epoch} by validation nll"
 
-    results = {}
+    results, predicted = {}, {}
     lipschitz = network_lipschitz(accelerator.unwrap_model(prepared))  # LiST networks only; None otherwise
     for split_name, split in (("val", val), ("test", test)):
         predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
         results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs)
+        predicted[split_name] = predictions
         if lipschitz is not None:  # certified robust accuracy from the logit margins and the bound
             add_certified_accuracy(results[split_name], predictions, lipschitz.numpy(), cfg.method.certify_eps,
                                    spec.std)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
+    groups = None
+    if cfg.eval.groups:  # per-group metrics and multicalibration (mtl_cog.evaluation.groups)
+        test_predictions = predicted["test"]
+        groups = group_metrics(test_predictions.task_names, test_predictions.logits, test_predictions.labels,
+                               cfg.eval.groups)
+        add_group_summary(results["test"], groups)
+    shift_table = None
+    if cfg.eval.shift:  # the test split under corruptions (mtl_cog.evaluation.shift)
+        shift_table = evaluate_shift(accelerator, prepared, TASKS.get(cfg.data.task), spec, cfg.data, cfg.eval, test,
+                                     predicted["test"], predicted["val"], cfg.eval.shift, cfg.eval.shift_severities,
+                                     cfg.eval.shift_posthoc, cfg.train.eval_batch_size)
     # The best network's numbers: one value per key, in the W&B run summary (never a one-point
     # chart at an invented step); metrics.jsonl keeps its final line.
     tracker.log_final(
         {"epoch": cfg.train.epochs + 1, "final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
          "test_multitask": results["test"].get("multitask", {}), "calibrator_at_identity": calibrator_at_identity},
         {**flatten_metrics("val", results["val"]), **flatten_metrics("test", results["test"]),
-         "best_epoch": best_epoch, "calibrator_at_identity": calibrator_at_identity},
+         "best_epoch": best_epoch, "calibrator_at_identity": calibrator_at_identity,
+         **(shift_summary_scalars(shift_table) if shift_table is not None else {})},
     )
     report = None
     if accelerator.is_main_process:
         frame = metrics_frame(results["test"])
         atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
+        if groups is not None:
+            write_group_files(run_dir, groups)
+        if shift_table is not None:
+            write_shift_files(run_dir, shift_table)
         report = write_run_report(run_dir)  # reliability PNG (+ truth metrics): before DONE, so a DONE run has it
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
     publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
