@@ -7,7 +7,9 @@ import pytest
 
 from mtl_cog.errors import ConfigError
 from mtl_cog.evaluation.groups import CELL_METRICS, ECE, NO_SAMPLES, ONE_CLASS, cells_frame, group_metrics
+from mtl_cog.evaluation.binning import SortedRows
 from mtl_cog.evaluation.metrics import compute_metrics
+from mtl_cog.evaluation.smooth_ece import smooth_ece_at
 
 
 def _data(n=400, seed=0):
@@ -40,7 +42,10 @@ def test_one_group_covering_everyone_gives_the_overall_metrics():
 
 def test_cells_equal_metrics_of_the_subset_and_summaries_are_worst_and_gap():
     names, logits, labels = _data(seed=1)
+    bandwidths = {}
+    compute_metrics(names, logits, labels, [15], bandwidths=bandwidths)
     report = group_metrics(names, logits, labels, ["Male", "Young"])
+    assert report == group_metrics(names, logits, labels, ["Male", "Young"], bandwidths)  # same σ* either way
     cells = report["cells"]
     assert len(cells) == 2 * 2 * 3
     for group in ("Male", "Young"):
@@ -53,8 +58,14 @@ def test_cells_equal_metrics_of_the_subset_and_summaries_are_worst_and_gap():
             for c in cells:
                 if c["group"] == group and c["value"] == value:
                     assert c["n"] == mask.sum()
-                    for metric in CELL_METRICS:
+                    for metric in CELL_METRICS[:-1]:
                         assert c[metric] == pytest.approx(sub[c["task"]][metric], abs=1e-12)
+                    # smECE inside a group: at the task's whole-split bandwidth σ*
+                    t = names.index(c["task"])
+                    p = np.clip(1 / (1 + np.exp(-logits[t][mask])), 1e-7, 1 - 1e-7)
+                    rows = SortedRows.sort(p[None], labels[t][mask][None].astype(float))
+                    expected = smooth_ece_at(rows, np.array([bandwidths[c["task"]]]))[0]
+                    assert c["smece"] == pytest.approx(expected, abs=1e-12)
     hat = [c for c in cells if c["task"] == "Hat"]
     summary = report["tasks"]["Hat"]
     assert summary[f"worst_group_{ECE}"] == max(c[ECE] for c in hat)
@@ -86,7 +97,8 @@ def test_multiclass_task_inside_groups():
     mask = labels[0] == 1
     sub = compute_metrics(["Smiling"], [logits[2][mask]], [labels[2][mask]], [15])["tasks"]["Smiling"]
     cell = next(c for c in report["cells"] if c["task"] == "Smiling" and c["value"] == 1)
-    assert cell[ECE] == pytest.approx(sub[ECE], abs=1e-12)
+    for metric in ("accuracy", "nll", "brier", ECE):
+        assert cell[metric] == pytest.approx(sub[metric], abs=1e-12)
 
 
 def test_unknown_or_repeated_group_is_refused_with_a_suggestion():
@@ -95,3 +107,13 @@ def test_unknown_or_repeated_group_is_refused_with_a_suggestion():
         group_metrics(names, logits, labels, ["Mal"])
     with pytest.raises(ConfigError, match="twice"):
         group_metrics(names, logits, labels, ["Male", "Male"])
+
+
+def test_smooth_ece_at_its_own_bandwidth_is_smooth_ece():
+    from mtl_cog.evaluation.smooth_ece import smooth_ece
+
+    rng = np.random.default_rng(4)
+    p = rng.random((3, 500))
+    y = (rng.random((3, 500)) < p ** 1.5).astype(float)
+    values, widths = smooth_ece(p, y)
+    np.testing.assert_allclose(smooth_ece_at(SortedRows.sort(p, y), widths), values, rtol=0, atol=1e-15)

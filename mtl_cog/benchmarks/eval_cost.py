@@ -1,8 +1,16 @@
-"""Seconds to compute every metric of a CelebA-sized evaluation with ``compute_metrics``.
+"""Seconds to compute every metric of a CelebA-sized evaluation, and the cost of the extra evaluations.
 
 40 binary tasks x ``samples`` predictions, every calibration error at the five default bin
 counts (``mtl_cog.constants.DEFAULT_BINS``): what each validation epoch and the final scoring
-of a run pay. The median of three repeats.
+of a run pay. Side by side, in the same process on the same data:
+
+- ``eval_seconds``: ``compute_metrics`` as before selective prediction (``selective=False``);
+- ``eval_all_on_seconds``: ``compute_metrics`` with ``aurc``/``eaurc`` plus the subgroup metrics
+  and multicalibration of ``eval.groups: [Male, Young]`` (two binary group tasks, four groups);
+- ``eval_all_on_ratio``: their ratio; target <= 2 (issue 20).
+
+The median of ``REPEATS`` repeats each, the two measured alternately so that load on the machine
+hits both alike.
 """
 
 from __future__ import annotations
@@ -14,9 +22,13 @@ import numpy as np
 
 from mtl_cog.benchmarks.common import NUM_TASKS
 from mtl_cog.constants import DEFAULT_BINS
+from mtl_cog.evaluation.groups import score_with_groups
 from mtl_cog.evaluation.metrics import compute_metrics
+from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 
 REPEATS = 3
+ALL_ON_TARGET = 2.0
+GROUPS = ("attr20", "attr39")  # CelebA's Male and Young are attributes 20 and 39
 
 
 def measure_eval(samples: int) -> dict:
@@ -25,9 +37,20 @@ def measure_eval(samples: int) -> dict:
     labels = [(rng.random(samples) < 1 / (1 + np.exp(-z))).astype(np.int64) for z in logits]
     names = [f"attr{t:02d}" for t in range(NUM_TASKS)]
     bins = list(DEFAULT_BINS)
-    durations = []
+
+    def before() -> None:
+        compute_metrics(names, logits, labels, bins, DEFAULT_PAIRS, selective=False)
+
+    def all_on() -> None:
+        score_with_groups(names, logits, labels, bins, DEFAULT_PAIRS, GROUPS)  # what score(..., groups=) runs
+
+    plain, extended = [], []
     for _ in range(REPEATS):
-        start = time.perf_counter()
-        compute_metrics(names, logits, labels, bins)
-        durations.append(time.perf_counter() - start)
-    return {"eval_seconds": statistics.median(durations), "tasks": NUM_TASKS, "samples": samples, "bins": bins}
+        for work, durations in ((before, plain), (all_on, extended)):
+            start = time.perf_counter()
+            work()
+            durations.append(time.perf_counter() - start)
+    seconds, all_on_seconds = statistics.median(plain), statistics.median(extended)
+    return {"eval_seconds": seconds, "eval_all_on_seconds": all_on_seconds,
+            "eval_all_on_ratio": all_on_seconds / seconds, "eval_all_on_target": ALL_ON_TARGET,
+            "tasks": NUM_TASKS, "samples": samples, "bins": bins, "groups": list(GROUPS)}

@@ -43,7 +43,6 @@ from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.evaluation.groups import add_group_summary, group_metrics
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
@@ -102,14 +101,6 @@ def parse_severities(text: str) -> list[int]:
     return values
 
 
-def add_groups(metrics: dict, predictions, groups: list[str] | None) -> dict | None:
-    """Per-group metrics (``metrics["groups"]``) and their per-task summaries beside the metrics."""
-    if not groups:
-        return None
-    report = group_metrics(predictions.task_names, predictions.logits, predictions.labels, groups)
-    add_group_summary(metrics, report)
-    metrics["groups"] = report
-    return report
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -136,8 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.predictions is not None:
         pairs = DEFAULT_PAIRS if args.pairs is None else args.pairs
         predictions = load_predictions(args.predictions)
-        metrics = score(predictions, args.bins or list(DEFAULT_BINS), pairs)
-        add_groups(metrics, predictions, args.groups)
+        metrics = score(predictions, args.bins or list(DEFAULT_BINS), pairs, args.groups or ())
         print(format_table(metrics))
         atomic_write_json(args.out, metrics)
         print(args.out)
@@ -150,11 +140,12 @@ def main(argv: list[str] | None = None) -> dict:
     network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
     predictions = predict_split(accelerator, network, task_data.spec, task_data.splits[args.split],
                                 cfg.train.eval_batch_size)
-    metrics = score(predictions, args.bins or cfg.eval.bins, cfg.eval.joint_pairs if args.pairs is None else args.pairs)
+    metrics = score(predictions, args.bins or cfg.eval.bins, cfg.eval.joint_pairs if args.pairs is None else args.pairs,
+                    args.groups or ())
     lipschitz = network_lipschitz(network)  # LiST networks: certified robust accuracy too
     if lipschitz is not None:
         add_certified_accuracy(metrics, predictions, lipschitz.numpy(), cfg.method.certify_eps, task_data.spec.std)
-    groups = add_groups(metrics, predictions, args.groups)
+    groups = metrics.get("groups")
     if accelerator.is_main_process:
         atomic_write_json(args.out, metrics)
         if groups is not None:

@@ -3,8 +3,10 @@
 ``eval.groups: [Male, Young]`` names tasks of a multi-task data set whose labels define groups: a
 group is one value of one group task ("Male=0", "Male=1", ...). Inside every group, every *other*
 task is scored (a task used as a group is not scored against itself: inside "Male=1" its labels
-are constant) with the cell metrics ``CELL_METRICS``, computed exactly as the overall ones
-(mtl_cog.evaluation.metrics; one group holding everyone gives the overall values). Per task:
+are constant) with the cell metrics ``CELL_METRICS``, computed as the overall ones
+(mtl_cog.evaluation.metrics; one group holding everyone gives the overall values), except that
+``smece`` inside a group is smECE at the task's bandwidth σ* on the whole split (one smoothing
+scale for all groups of a task; ``group_metrics``). Per task:
 
     worst_group_ece@15  = max over groups g of ECE@15 inside g
     group_gap_ece@15    = max over group tasks of (max − min over its values of ECE@15)
@@ -27,12 +29,13 @@ from __future__ import annotations
 import difflib
 
 import numpy as np
+from scipy.special import expit, log_softmax
 
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.errors import ConfigError
-from mtl_cog.evaluation.binning import CLAMP, binned_calibration_errors
-from mtl_cog.evaluation.metrics import task_metrics
-from mtl_cog.evaluation.smooth_ece import smooth_ece
+from mtl_cog.evaluation.binning import CLAMP, SortedRows, errors_from_sums
+from mtl_cog.evaluation.metrics import compute_metrics
+from mtl_cog.evaluation.smooth_ece import smooth_ece_at, smooth_ece_sorted
 
 ECE = f"ece@{SUMMARY_BINS}"
 CELL_METRICS = ("accuracy", "nll", "brier", ECE, "smece")
@@ -56,61 +59,95 @@ def check_groups(groups: list[str], task_names: list[str] | tuple[str, ...], whe
         raise ConfigError(f"{where}: groups need a multi-task data set (a group task is not scored against itself).")
 
 
-def _binary_cells(z: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-    """Cell metrics of binary rows (C, n) at once, with the conventions of metrics._score_binary."""
-    p = 1 / (1 + np.exp(-z))
-    clamped = np.clip(p, CLAMP, 1 - CLAMP)
-    out = {
-        "accuracy": ((z > 0) == (y > 0.5)).mean(1),
-        "nll": (np.logaddexp(0, z) - y * z).mean(1),
-        "brier": 2 * ((p - y) ** 2).mean(1),
-        ECE: binned_calibration_errors(clamped.T, y.T, SUMMARY_BINS)["ece"],
-    }
-    out["smece"], _ = smooth_ece(clamped, y)
-    return out
-
-
 def _num_values(logits: np.ndarray) -> int:
     return 2 if np.ndim(logits) == 1 else logits.shape[1]
 
 
+def _per_sample(logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Per task and sample (T, N): the calibration event (confidence, outcome), correctness, NLL and Brier terms.
+
+    The conventions of mtl_cog.evaluation.metrics: a binary task is calibrated on (p, y), a K-class
+    task on (top-label confidence, correctness); confidences clamped to [1e-7, 1 − 1e-7].
+    """
+    keys = ("confidence", "outcome", "correct", "nll", "brier")
+    rows = {key: np.empty((len(logits), len(labels[0]))) for key in keys}
+    for t, (z, y) in enumerate(zip(logits, labels)):
+        z, y = np.asarray(z, dtype=np.float64), np.asarray(y)
+        if z.ndim == 1:
+            p = expit(z)
+            outcome = (y > 0).astype(np.float64)
+            rows["confidence"][t], rows["outcome"][t] = p, outcome
+            rows["correct"][t] = (z > 0) == (y > 0)
+            rows["nll"][t] = np.logaddexp(0, z) - outcome * z
+            rows["brier"][t] = 2 * (p - outcome) ** 2
+        else:
+            log_p = log_softmax(z, axis=1)
+            probs = np.exp(log_p)
+            predicted = probs.argmax(1)
+            correct = predicted == y
+            rows["confidence"][t] = probs[np.arange(len(y)), predicted]
+            rows["outcome"][t] = rows["correct"][t] = correct
+            rows["nll"][t] = -log_p[np.arange(len(y)), y]
+            probs[np.arange(len(y)), y] -= 1
+            rows["brier"][t] = (probs**2).sum(1)
+    rows["confidence"] = np.clip(rows["confidence"], CLAMP, 1 - CLAMP)
+    return rows
+
+
 def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],
-                  groups: list[str]) -> dict:
+                  groups: list[str], bandwidths: dict[str, float] | None = None) -> dict:
     """{"cells": [row, ...], "tasks": {task: {summary metric: value}}, "mean": {summary metric: value}}.
 
     A cell row is {"group", "value", "task", "n", "status", *CELL_METRICS}; ``logits[t]`` is (N,)
-    for a binary task, (N, K) for a K-class one (as ``compute_metrics``).
+    for a binary task, (N, K) for a K-class one (as ``compute_metrics``). ``smece`` inside a group
+    is smECE at the task's bandwidth σ* on the whole split (``bandwidths``, from ``compute_metrics``;
+    computed here when not given): one smoothing scale for every group of a task, so that groups
+    are compared at the same resolution, and the group holding everyone gives the task's smECE.
+    Sorting: every task's samples are sorted by confidence once; a group keeps that order.
     """
     check_groups(groups, task_names)
-    binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
-    z_all = np.stack([np.asarray(logits[t], dtype=np.float64) for t in binary]) if binary else None
-    y_all = np.stack([np.asarray(labels[t], dtype=np.float64) for t in binary]) if binary else None
+    rows = _per_sample(logits, labels)
+    finite = np.array([np.isfinite(z).all() for z in logits])
+    # Calibration needs each group's samples sorted by confidence: sort every task once, and let a
+    # group keep that order. Means (accuracy, NLL, Brier) need no order: one matrix product per group task.
+    order = np.argsort(rows["confidence"], axis=1)  # ties in any order: only sums over runs of values are used
+    conf_sorted = np.take_along_axis(rows["confidence"], order, 1)
+    outcome_sorted = np.take_along_axis(rows["outcome"], order, 1)
+    if bandwidths is None:
+        sigma = smooth_ece_sorted(SortedRows(conf_sorted, outcome_sorted))[1]
+    else:
+        sigma = np.array([bandwidths[name] for name in task_names])
+    sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # a task with non-finite logits: NaN metrics below anyway
+    label_matrix = np.stack([np.asarray(y) for y in labels])
+    per_sample = np.concatenate([rows["correct"], rows["nll"], rows["brier"]])  # (3T, N)
     cells: list[dict] = []
     for group in groups:
         g = task_names.index(group)
         scored = [t for t in range(len(task_names)) if t != g]
-        for value in range(_num_values(logits[g])):
-            mask = np.asarray(labels[g]) == value
-            n = int(mask.sum())
-            rows = {t: {"group": group, "value": value, "task": task_names[t], "n": n} for t in scored}
+        masks = np.stack([label_matrix[g] == value for value in range(_num_values(logits[g]))], axis=1)  # (N, V)
+        masks = masks.astype(np.float64)  # for the product; compared with 1 below
+        counts = masks.sum(0).astype(np.int64)
+        sums = (per_sample @ masks).reshape(3, len(task_names), -1)  # per task and value: sums inside the group
+        for value in range(masks.shape[1]):
+            n = int(counts[value])
+            base = [{"group": group, "value": value, "task": task_names[t], "n": n} for t in scored]
             if n == 0:
-                for row in rows.values():
-                    row["status"] = NO_SAMPLES
-                cells.extend(rows.values())
+                cells.extend({**row, "status": NO_SAMPLES} for row in base)
                 continue
-            rows_binary = [t for t in binary if t != g]
-            if rows_binary:
-                index = [binary.index(t) for t in rows_binary]
-                values = _binary_cells(z_all[index][:, mask], y_all[index][:, mask])
-                for i, t in enumerate(rows_binary):
-                    rows[t].update({m: float(values[m][i]) for m in CELL_METRICS})
-            for t in scored:
-                if np.ndim(logits[t]) == 2:
-                    all_metrics = task_metrics(np.asarray(logits[t])[mask], np.asarray(labels[t])[mask],
-                                               [SUMMARY_BINS])
-                    rows[t].update({m: all_metrics[m] for m in CELL_METRICS})
-                rows[t]["status"] = ONE_CLASS if len(np.unique(np.asarray(labels[t])[mask])) < 2 else OK
-            cells.extend(rows[t] for t in scored)
+            mask = masks[:, value] > 0
+            inside = mask[order[scored]]  # (T − 1, N): the group's samples in each task's sorted order
+            sorted_rows = SortedRows(conf_sorted[scored][inside].reshape(len(scored), n),
+                                     outcome_sorted[scored][inside].reshape(len(scored), n))
+            values = {"accuracy": sums[0, scored, value] / n, "nll": sums[1, scored, value] / n,
+                      "brier": sums[2, scored, value] / n,
+                      ECE: errors_from_sums(sorted_rows.uniform_sums(SUMMARY_BINS))["ece"],
+                      "smece": smooth_ece_at(sorted_rows, sigma[scored])}
+            inside_labels = label_matrix[scored][:, mask]
+            one_class = inside_labels.min(1) == inside_labels.max(1)
+            for i, (row, t) in enumerate(zip(base, scored)):
+                row.update({m: float(values[m][i]) if finite[t] else float("nan") for m in CELL_METRICS})
+                row["status"] = ONE_CLASS if one_class[i] else OK
+            cells.extend(base)
     per_task = {name: _summary(name, cells, groups) for name in task_names}
     per_task = {name: values for name, values in per_task.items() if values}
     mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v]))
@@ -151,4 +188,17 @@ def add_group_summary(metrics: dict, report: dict) -> dict:
     for task, values in report["tasks"].items():
         metrics["tasks"][task].update(values)
     metrics["mean"].update(report["mean"])
+    return metrics
+
+
+def score_with_groups(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray], bins,
+                      pairs: int, groups: list[str] | tuple[str, ...] = (), selective: bool = True) -> dict:
+    """``compute_metrics`` and, with ``groups``, the subgroup metrics: their per-task summaries beside the
+    metrics and the whole report under ``"groups"`` (the groups reuse each task's smECE bandwidth)."""
+    bandwidths: dict[str, float] = {}
+    metrics = compute_metrics(task_names, logits, labels, bins, pairs, selective=selective, bandwidths=bandwidths)
+    if groups:
+        report = group_metrics(task_names, logits, labels, list(groups), bandwidths)
+        add_group_summary(metrics, report)
+        metrics["groups"] = report
     return metrics

@@ -58,6 +58,7 @@ BRIER_PARTS = ("brier_reliability", "brier_resolution", "brier_uncertainty")
 # every error named "<family>@<bins>", per task or multi-task (mtl_cog.evaluation.multitask_metrics)
 BINNED_FAMILIES = (*NORMS, "adaece", "classwise_ece", *multitask.BINNED_FAMILIES)
 HIGHER_IS_BETTER = {"accuracy", "brier_resolution"}
+SMECE_BANDWIDTH = "smece_bandwidth"  # σ* of smece, handed to ``bandwidths`` of compute_metrics, never a column
 ONLY_SOME_TASKS = ("classwise_ece",)  # K-class tasks only: empty on the rows of binary tasks
 
 
@@ -66,13 +67,13 @@ def only_some_tasks(name: str) -> bool:
     return name.split("@")[0] in ONLY_SOME_TASKS
 
 
-def metric_names(bins: list[int] | tuple[int, ...], multiclass: bool = False) -> list[str]:
+def metric_names(bins: list[int] | tuple[int, ...], multiclass: bool = False, selective: bool = True) -> list[str]:
     """Per-task metric names: accuracy, nll, brier, ece@B, rmsce@B, mce@B, smece, adaece@B, brier parts.
 
     ``multiclass=True`` adds ``classwise_ece@B``, which only K-class tasks have.
     """
     names = list(BASE_METRICS) + [f"{norm}@{b}" for norm in NORMS for b in bins]
-    names += ["smece", *(f"adaece@{b}" for b in bins), *BRIER_PARTS, *SELECTIVE_METRICS]
+    names += ["smece", *(f"adaece@{b}" for b in bins), *BRIER_PARTS, *(SELECTIVE_METRICS if selective else ())]
     if multiclass:
         names += [f"classwise_ece@{b}" for b in bins]
     return names
@@ -87,14 +88,17 @@ def lower_is_better(metric: str) -> bool:
 
 
 def calibration_scores(rows: SortedRows, bins: list[int] | tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict]:
-    """ece/rmsce/mce@B, smece, adaece@B of each sorted row -> (metrics, uniform bin sums per B for pooling)."""
+    """ece/rmsce/mce@B, smece, adaece@B of each sorted row -> (metrics, uniform bin sums per B for pooling).
+
+    Also ``SMECE_BANDWIDTH``: each row's smECE bandwidth σ* (not a metric; the subgroup metrics reuse it).
+    """
     out: dict[str, np.ndarray] = {}
     sums = {}
     for b in bins:
         sums[b] = rows.uniform_sums(b)
         for norm, values in errors_from_sums(sums[b]).items():
             out[f"{norm}@{b}"] = values
-    out["smece"], _ = smooth_ece_sorted(rows)
+    out["smece"], out[SMECE_BANDWIDTH] = smooth_ece_sorted(rows)
     for b in bins:
         out[f"adaece@{b}"] = errors_from_sums(rows.equal_mass_sums(b))["ece"]
     return out, sums
@@ -115,7 +119,8 @@ def _clamp_sorted(p_sorted: np.ndarray) -> np.ndarray:
     return np.clip(p_sorted, CLAMP, 1 - CLAMP)
 
 
-def _score_binary(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
+def _score_binary(z: np.ndarray, y: np.ndarray, bins, selective: bool = True
+                  ) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
     """Every binary task at once: logits and 0/1 labels (T, N) -> metrics (T,) each, bin sums, p (T, N).
 
     One sort per task serves every binned error, the equal-mass bins and the Brier decomposition.
@@ -140,12 +145,13 @@ def _score_binary(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndar
     squared_error, parts = decompose_sorted(p_sorted, y_sorted)
     values["brier"] = 2 * squared_error  # summed over both classes
     values.update(dict(zip(BRIER_PARTS, 2 * parts)))  # the two classes' decompositions are identical
-    values.update(aurc_rows(*binary_confidence_error(z, y)))
+    if selective:
+        values.update(aurc_rows(*binary_confidence_error(z, y)))
     _refuse_non_finite(values, sums, finite)
     return values, sums, np.where(finite[:, None], expit(z.astype(np.float64)), np.nan)
 
 
-def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndarray], dict]:
+def _score_multiclass(z: np.ndarray, y: np.ndarray, bins, selective: bool = True) -> tuple[dict[str, np.ndarray], dict]:
     """One K-class task: logits (N, K), labels (N,) -> metrics (1,) each, top-label bin sums (1, B, 3)."""
     finite = np.array([np.isfinite(z).all()])
     log_p = log_softmax(np.where(finite[0], z, 0.0), axis=1)
@@ -162,7 +168,8 @@ def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.
     order = np.argsort(probs, axis=1)
     _, parts = decompose_sorted(np.take_along_axis(probs, order, 1), np.take_along_axis(onehot, order, 1))
     values.update(dict(zip(BRIER_PARTS, parts.sum(1, keepdims=True))))  # summed over classes, like the Brier score
-    values.update(aurc_rows(confidence[None], 1.0 - hit[None]))
+    if selective:
+        values.update(aurc_rows(confidence[None], 1.0 - hit[None]))
     clamped = np.clip(probs, CLAMP, 1 - CLAMP)
     for b in bins:  # Kull et al. (2019): mean over classes of each class probability's ECE
         per_class = errors_from_sums(bin_sums(clamped, onehot, uniform_bin_index(clamped, b), b))["ece"]
@@ -173,7 +180,7 @@ def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.
 
 def compute_metrics(
     task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray], bins: list[int] | tuple[int, ...],
-    pairs: int = multitask.DEFAULT_PAIRS,
+    pairs: int = multitask.DEFAULT_PAIRS, selective: bool = True, bandwidths: dict[str, float] | None = None,
 ) -> dict:
     """{"tasks": {task: {metric: value}}, "mean": {metric: value}} (unweighted mean over tasks), plus
     ``"multitask": {metric: value}`` with at least two tasks and ``"pairs": [...]`` (the per-pair
@@ -182,6 +189,8 @@ def compute_metrics(
     ``logits[t]`` is (N,) for a binary task and (N, K) for a K-class task; ``labels[t]`` is (N,).
     Binary tasks are scored together in one pass; multi-class tasks one by one. ``pairs`` is the
     number k of most correlated attribute pairs whose joint calibration is measured (0 = none).
+    ``selective=False`` leaves out ``aurc``/``eaurc`` (the metrics benchmark times them side by side).
+    ``bandwidths``, when given, receives each task's smECE bandwidth σ* (the subgroup metrics reuse it).
     """
     if not task_names or len(labels[0]) == 0:
         raise PredictionFileError(f"nothing to score: {len(task_names)} task(s) with "
@@ -194,18 +203,23 @@ def compute_metrics(
         z = np.stack([logits[t] for t in binary])
         z = z if z.dtype in (np.float32, np.float64) else z.astype(np.float64)
         y = np.stack([labels[t] for t in binary]).astype(np.float64)
-        values, sums, binary_probs = _score_binary(z, y, bins)
+        values, sums, binary_probs = _score_binary(z, y, bins, selective)
         for row, t in enumerate(binary):
-            per_task[task_names[t]] = {m: float(values[m][row]) for m in metric_names(bins)}
+            per_task[task_names[t]] = {m: float(values[m][row]) for m in metric_names(bins, selective=selective)}
             task_sums[t] = {b: sums[b][row] for b in bins}
+            if bandwidths is not None:
+                bandwidths[task_names[t]] = float(values[SMECE_BANDWIDTH][row])
     for t, z in enumerate(logits):
         if np.ndim(z) == 2:
             values, sums = _score_multiclass(np.asarray(z, dtype=np.float64), np.asarray(labels[t], dtype=np.int64),
-                                             bins)
-            per_task[task_names[t]] = {m: float(values[m][0]) for m in metric_names(bins, multiclass=True)}
+                                             bins, selective)
+            per_task[task_names[t]] = {m: float(values[m][0])
+                                       for m in metric_names(bins, multiclass=True, selective=selective)}
             task_sums[t] = {b: sums[b][0] for b in bins}
+            if bandwidths is not None:
+                bandwidths[task_names[t]] = float(values[SMECE_BANDWIDTH][0])
     per_task = {name: per_task[name] for name in task_names}  # data-set order
-    names = metric_names(bins, multiclass=len(binary) < len(task_names))
+    names = metric_names(bins, multiclass=len(binary) < len(task_names), selective=selective)
     mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v])) for m in names}
     out: dict = {"tasks": per_task, "mean": mean}
     if len(task_names) >= 2:

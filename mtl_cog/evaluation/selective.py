@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import digamma, softmax
 
-from mtl_cog.evaluation.binning import running_sum
+from mtl_cog.evaluation.binning import running_sum, sort_with_binary_outcomes
 
 SELECTIVE_METRICS = ("aurc", "eaurc")
 
@@ -43,17 +43,18 @@ def ideal_aurc(errors: np.ndarray, n: int) -> np.ndarray:
 
 
 def cumulative_errors(confidence: np.ndarray, error: np.ndarray) -> np.ndarray:
-    """(C, N) rows -> (C, N + 1): errors among the k most confident samples, k = 0..N (ties spread evenly)."""
-    order = np.argsort(-confidence, axis=1, kind="stable")
-    conf = np.take_along_axis(confidence, order, 1)
-    cum = running_sum(np.take_along_axis(error, order, 1).astype(np.float64))
+    """(C, N) rows -> (C, N + 1): errors among the k most confident samples, k = 0..N (ties spread evenly).
+
+    One sort per row (``sort_with_binary_outcomes``: errors and correct answers sorted apart, then
+    merged), read backwards for decreasing confidence.
+    """
+    ascending, outcomes = sort_with_binary_outcomes(confidence, np.asarray(error, dtype=np.float64))
+    conf, cum = ascending[:, ::-1], running_sum(outcomes[:, ::-1])
     n = conf.shape[1]
     k = np.arange(1, n + 1)
-    for row in range(len(conf)):
-        ends = np.flatnonzero(np.diff(conf[row]) != 0) + 1  # where a new confidence value starts
-        if len(ends) == n - 1:
-            continue  # all distinct: nothing to spread
-        ends = np.append(ends, n)
+    tied = (np.diff(conf, axis=1) == 0).any(1) if n > 1 else np.zeros(len(conf), bool)
+    for row in np.flatnonzero(tied):
+        ends = np.append(np.flatnonzero(np.diff(conf[row]) != 0) + 1, n)  # where each run of equal values ends
         starts = np.concatenate([[0], ends[:-1]])
         block = np.searchsorted(ends, k, side="left")  # the run that holds position k (1-based)
         s, e = starts[block], ends[block]
@@ -70,7 +71,8 @@ def risk_coverage(confidence: np.ndarray, error: np.ndarray) -> tuple[np.ndarray
 
 def aurc_rows(confidence: np.ndarray, error: np.ndarray) -> dict[str, np.ndarray]:
     """AURC and E-AURC of each row: confidence and 0/1 error (C, N) -> {"aurc": (C,), "eaurc": (C,)}."""
-    confidence = np.asarray(confidence, dtype=np.float64)
+    confidence = np.asarray(confidence)
+    confidence = confidence if confidence.dtype in (np.float32, np.float64) else confidence.astype(np.float64)
     n = confidence.shape[1]
     cum = cumulative_errors(confidence, error)
     aurc = (cum[:, 1:] / np.arange(1, n + 1)).mean(1)

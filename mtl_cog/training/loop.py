@@ -33,7 +33,7 @@ from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TASKS, SplitData, TaskSpec
 from mtl_cog.errors import RunFolderError, UserError
-from mtl_cog.evaluation.groups import add_group_summary, check_groups, group_metrics
+from mtl_cog.evaluation.groups import check_groups
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
@@ -225,19 +225,15 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     lipschitz = network_lipschitz(accelerator.unwrap_model(prepared))  # LiST networks only; None otherwise
     for split_name, split in (("val", val), ("test", test)):
         predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
-        results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs)
+        results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs,
+                                    cfg.eval.groups if split_name == "test" else ())  # + subgroups (test only)
         predicted[split_name] = predictions
         if lipschitz is not None:  # certified robust accuracy from the logit margins and the bound
             add_certified_accuracy(results[split_name], predictions, lipschitz.numpy(), cfg.method.certify_eps,
                                    spec.std)
         if accelerator.is_main_process:
             save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
-    groups = None
-    if cfg.eval.groups:  # per-group metrics and multicalibration (mtl_cog.evaluation.groups)
-        test_predictions = predicted["test"]
-        groups = group_metrics(test_predictions.task_names, test_predictions.logits, test_predictions.labels,
-                               cfg.eval.groups)
-        add_group_summary(results["test"], groups)
+    groups = results["test"].get("groups")  # per-group metrics and multicalibration (eval.groups)
     shift_table = None
     if cfg.eval.shift:  # the test split under corruptions (mtl_cog.evaluation.shift)
         shift_table = evaluate_shift(accelerator, prepared, TASKS.get(cfg.data.task), spec, cfg.data, cfg.eval, test,
