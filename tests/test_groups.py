@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from mtl_cog.errors import ConfigError
-from mtl_cog.evaluation.groups import CELL_METRICS, ECE, NO_SAMPLES, ONE_CLASS, cells_frame, group_metrics
 from mtl_cog.evaluation.binning import SortedRows
+from mtl_cog.evaluation.groups import CELL_METRICS, ECE, NO_SAMPLES, ONE_CLASS, cells_frame, group_metrics
 from mtl_cog.evaluation.metrics import compute_metrics
 from mtl_cog.evaluation.smooth_ece import smooth_ece_at
 

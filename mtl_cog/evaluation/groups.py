@@ -119,34 +119,35 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
         sigma = np.array([bandwidths[name] for name in task_names])
     sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # a task with non-finite logits: NaN metrics below anyway
     label_matrix = np.stack([np.asarray(y) for y in labels])
-    per_sample = np.concatenate([rows["correct"], rows["nll"], rows["brier"]])  # (3T, N)
+    binary = np.array([np.ndim(z) == 1 for z in logits])
+    # per task: correct, NLL, Brier, label (one class only <=> no or all labels positive, for a binary task)
+    per_sample = np.concatenate([rows["correct"], rows["nll"], rows["brier"], label_matrix])  # (4T, N)
     cells: list[dict] = []
     for group in groups:
         g = task_names.index(group)
-        scored = [t for t in range(len(task_names)) if t != g]
+        scored = np.array([t for t in range(len(task_names)) if t != g])
         masks = np.stack([label_matrix[g] == value for value in range(_num_values(logits[g]))], axis=1)  # (N, V)
-        masks = masks.astype(np.float64)  # for the product; compared with 1 below
-        counts = masks.sum(0).astype(np.int64)
-        sums = (per_sample @ masks).reshape(3, len(task_names), -1)  # per task and value: sums inside the group
+        counts = masks.sum(0)
+        sums = (per_sample @ masks.astype(np.float64)).reshape(4, len(task_names), -1)  # sums inside each group
         for value in range(masks.shape[1]):
             n = int(counts[value])
             base = [{"group": group, "value": value, "task": task_names[t], "n": n} for t in scored]
             if n == 0:
                 cells.extend({**row, "status": NO_SAMPLES} for row in base)
                 continue
-            mask = masks[:, value] > 0
-            inside = mask[order[scored]]  # (T − 1, N): the group's samples in each task's sorted order
-            sorted_rows = SortedRows(conf_sorted[scored][inside].reshape(len(scored), n),
-                                     outcome_sorted[scored][inside].reshape(len(scored), n))
-            values = {"accuracy": sums[0, scored, value] / n, "nll": sums[1, scored, value] / n,
-                      "brier": sums[2, scored, value] / n,
+            inside = masks[:, value][order]  # (T, N): the group's samples in each task's sorted order
+            sorted_rows = SortedRows(conf_sorted[inside].reshape(-1, n), outcome_sorted[inside].reshape(-1, n))
+            values = {"accuracy": sums[0, :, value] / n, "nll": sums[1, :, value] / n, "brier": sums[2, :, value] / n,
                       ECE: errors_from_sums(sorted_rows.uniform_sums(SUMMARY_BINS))["ece"],
-                      "smece": smooth_ece_at(sorted_rows, sigma[scored])}
-            inside_labels = label_matrix[scored][:, mask]
-            one_class = inside_labels.min(1) == inside_labels.max(1)
-            for i, (row, t) in enumerate(zip(base, scored)):
-                row.update({m: float(values[m][i]) if finite[t] else float("nan") for m in CELL_METRICS})
-                row["status"] = ONE_CLASS if one_class[i] else OK
+                      "smece": smooth_ece_at(sorted_rows, sigma)}
+            positives = sums[3, :, value]
+            for row, t in zip(base, scored):
+                row.update({m: float(values[m][t]) if finite[t] else float("nan") for m in CELL_METRICS})
+                if binary[t]:
+                    one_class = positives[t] in (0, n)
+                else:
+                    one_class = len(np.unique(label_matrix[t][masks[:, value]])) < 2
+                row["status"] = ONE_CLASS if one_class else OK
             cells.extend(base)
     per_task = {name: _summary(name, cells, groups) for name in task_names}
     per_task = {name: values for name, values in per_task.items() if values}

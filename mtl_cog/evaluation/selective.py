@@ -51,14 +51,20 @@ def cumulative_errors(confidence: np.ndarray, error: np.ndarray) -> np.ndarray:
     ascending, outcomes = sort_with_binary_outcomes(confidence, np.asarray(error, dtype=np.float64))
     conf, cum = ascending[:, ::-1], running_sum(outcomes[:, ::-1])
     n = conf.shape[1]
-    k = np.arange(1, n + 1)
-    tied = (np.diff(conf, axis=1) == 0).any(1) if n > 1 else np.zeros(len(conf), bool)
-    for row in np.flatnonzero(tied):
-        ends = np.append(np.flatnonzero(np.diff(conf[row]) != 0) + 1, n)  # where each run of equal values ends
-        starts = np.concatenate([[0], ends[:-1]])
-        block = np.searchsorted(ends, k, side="left")  # the run that holds position k (1-based)
-        s, e = starts[block], ends[block]
-        cum[row, 1:] = cum[row, s] + (k - s) * (cum[row, e] - cum[row, s]) / (e - s)
+    same = conf[:, 1:] == conf[:, :-1]  # sample i + 1 ties with sample i
+    tied = np.flatnonzero(same.any(1))
+    if len(tied):
+        # per position (0-based): where its run of equal confidences starts and ends (exclusive)
+        index = np.arange(n)
+        starts_here = np.ones((len(tied), n), bool)
+        starts_here[:, 1:] = ~same[tied]
+        start = np.maximum.accumulate(np.where(starts_here, index, 0), axis=1)
+        ends_here = np.ones((len(tied), n), bool)
+        ends_here[:, :-1] = ~same[tied]
+        end = np.minimum.accumulate(np.where(ends_here, index + 1, n)[:, ::-1], axis=1)[:, ::-1]
+        rows = cum[tied]
+        before, after = np.take_along_axis(rows, start, 1), np.take_along_axis(rows, end, 1)
+        cum[tied, 1:] = before + (index + 1 - start) * (after - before) / (end - start)
     return cum
 
 
