@@ -26,7 +26,10 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
                                mean |p̂ − p*|, KL, Bayes floors (see mtl_cog/truth.py)
   reliability_<ds>_<method>.png, reliability_<ds>.png, pareto_<ds>.png, calibration_vs_bins_<ds>.png,
   ece_per_task_<ds>.png and worst_tasks_<ds>.png (multi-task), truth_<ds>.png (where p* is known),
-  calibrator_<ds>.png (methods with a learned calibrator: values across tasks and over epochs)
+  calibrator_<ds>.png (methods with a learned calibrator: values across tasks and over epochs),
+  risk_coverage_<ds>.png       selective prediction: risk against coverage, one curve per method
+  shift.csv, shift_<ds>.png    runs with shift_metrics.csv (eval.shift / evaluate --shift): accuracy,
+                               NLL, ECE@15 against severity, one line per method (post-hoc: <method>+ts)
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from mtl_cog.errors import run_cli
 from mtl_cog.evaluation.truth import FLOOR_METRICS, MODEL_METRICS
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable, make_folder
 from mtl_cog.progress import Progress
-from mtl_cog.reporting import plots
+from mtl_cog.reporting import plots, shift_report
 from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread
 from mtl_cog.reporting.tables import (
     calibration_error_table,
@@ -108,7 +111,7 @@ def write_figures(records, summary, errors, per_task, out: Path, bins: int, traj
                                              out / f"truth_{_slug(dataset)}.png"))
         progress.update(note=dataset)
     progress.close()
-    return written
+    return written + shift_report.write_compare_files(records, pooled, out, _slug)
 
 
 def write_calibrator_figure(records, dataset: str, out: Path, trajectories: dict,

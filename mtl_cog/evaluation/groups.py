@@ -41,7 +41,6 @@ ECE = f"ece@{SUMMARY_BINS}"
 CELL_METRICS = ("accuracy", "nll", "brier", ECE, "smece")
 SUMMARY_METRICS = (f"worst_group_{ECE}", f"group_gap_{ECE}", "worst_group_accuracy", "group_gap_accuracy",
                    "multicalibration_smece")
-HIGHER_IS_BETTER = {"worst_group_accuracy"}
 NO_SAMPLES, ONE_CLASS, OK = "no samples", "one class only", "ok"
 
 

@@ -57,7 +57,7 @@ NORMS = ("ece", "rmsce", "mce")
 BRIER_PARTS = ("brier_reliability", "brier_resolution", "brier_uncertainty")
 # every error named "<family>@<bins>", per task or multi-task (mtl_cog.evaluation.multitask_metrics)
 BINNED_FAMILIES = (*NORMS, "adaece", "classwise_ece", *multitask.BINNED_FAMILIES)
-HIGHER_IS_BETTER = {"accuracy", "brier_resolution"}
+HIGHER_IS_BETTER = {"accuracy", "brier_resolution", "worst_group_accuracy"}  # (mtl_cog.evaluation.groups)
 SMECE_BANDWIDTH = "smece_bandwidth"  # σ* of smece, handed to ``bandwidths`` of compute_metrics, never a column
 ONLY_SOME_TASKS = ("classwise_ece",)  # K-class tasks only: empty on the rows of binary tasks
 

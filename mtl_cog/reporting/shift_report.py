@@ -92,3 +92,51 @@ def write_group_files(run_dir: Path, report: dict) -> Path:
     frame = cells_frame(report)
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Across runs (``compare``)
+
+
+def method_shift_table(records) -> pd.DataFrame:
+    """Every run's ``shift_metrics.csv`` summary rows, named like ``compare``'s methods: the run's
+    method, ``<method>+<posthoc>`` for a post-hoc calibrator -> columns dataset, method, seed, severity, metrics."""
+    frames = []
+    for record in records:
+        path = Path(record.run_dir) / rundir.SHIFT_METRICS
+        if not path.is_file():
+            continue
+        curves = shift.summary(pd.read_csv(path), ("accuracy", "nll", "brier", f"ece@{SUMMARY_BINS}", "smece", "aurc"))
+        curves["method"] = [record.method if m == "none" else f"{record.method}+{m}" for m in curves.method]
+        frames.append(curves.assign(dataset=record.dataset, seed=record.seed))
+    if not frames:
+        return pd.DataFrame()
+    table = pd.concat(frames, ignore_index=True)
+    return table[["dataset", "method", "seed", *[c for c in table.columns if c not in ("dataset", "method", "seed")]]]
+
+
+def write_compare_files(records, pooled: dict, out: Path, slug) -> list[Path]:
+    """``shift.csv`` + ``shift_<ds>.png`` (runs with shift_metrics.csv; mean over seeds, one line per method)
+    and ``risk_coverage_<ds>.png`` (every method's test predictions, seeds pooled)."""
+    written = []
+    table = method_shift_table(records)
+    if not table.empty:
+        csv = Path(out) / "shift.csv"
+        atomic_write(csv, lambda tmp: table.to_csv(tmp, index=False))
+        written.append(csv)
+        for dataset, rows in table.groupby("dataset", sort=False):
+            curves = rows.drop(columns=["dataset", "seed"]).groupby(["method", "severity"]).mean().reset_index()
+            written.append(save_figure(shift_figure(curves, f"{dataset}: test split under corruptions"),
+                                       Path(out) / f"shift_{slug(dataset)}.png"))
+    for dataset in dict.fromkeys(d for d, _ in pooled):
+        by_method = {m: _concat_seeds(parts) for (d, m), parts in pooled.items() if d == dataset}
+        written.append(save_figure(risk_coverage_figure(by_method, f"{dataset}: selective prediction"),
+                                   Path(out) / f"risk_coverage_{slug(dataset)}.png"))
+    return written
+
+
+def _concat_seeds(parts: list[Predictions]) -> Predictions:
+    """Several seeds' predictions as one set (the curve of a method over all its runs)."""
+    return Predictions(list(parts[0].task_names),
+                       [np.concatenate([p.logits[t] for p in parts]) for t in range(len(parts[0].task_names))],
+                       [np.concatenate([p.labels[t] for p in parts]) for t in range(len(parts[0].task_names))])
