@@ -1,8 +1,15 @@
-"""A tiny name -> object registry, so adding a variant is one file plus one decorator."""
+"""A tiny name -> object registry, so adding a variant is one file plus one decorator.
+
+A registry may name the package whose modules register into it (``plugins``): that package is
+imported on the first lookup, not by every caller. This is how the data sets in the top-level
+``tasks/`` package register in one place although ``mtl_cog.data`` sits below them, the same idea
+as mmengine's ``Registry(locations=...)`` (imported when the registry is first used).
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -12,9 +19,11 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, plugins: str | None = None) -> None:
         self.kind = kind
+        self.plugins = plugins  # a package whose import registers the built-in entries, loaded on first lookup
         self._items: dict[str, T] = {}
+        self._plugins_loaded = plugins is None
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -25,7 +34,13 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def _load_plugins(self) -> None:
+        if not self._plugins_loaded:
+            self._plugins_loaded = True  # first, so a plugin that looks itself up does not recurse
+            importlib.import_module(self.plugins)
+
     def get(self, name: str) -> T:
+        self._load_plugins()
         if name not in self._items:
             close = difflib.get_close_matches(name, list(self._items), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -33,7 +48,9 @@ class Registry(Generic[T]):
         return self._items[name]
 
     def names(self) -> list[str]:
+        self._load_plugins()
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
+        self._load_plugins()
         return name in self._items

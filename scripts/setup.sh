@@ -11,3 +11,4 @@ fi
 # users with other CUDA needs can pre-install torch in .venv and this step is then a no-op.
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch>=2.4" "torchvision>=0.19"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+bash scripts/get_fashion_mnist.sh  # never fails; prints one line when it cannot install

@@ -216,3 +216,56 @@ def write_cifar_c(root: Path, corruptions: tuple[str, ...] = ("gaussian_noise",)
         np.save(folder / f"{name}.npy", np.concatenate(levels))
     np.save(folder / "labels.npy", np.tile(np.asarray(batch[key], dtype=np.uint8), 5))  # uint8, as official
     return folder
+
+
+FASHION_LAYOUTS = {"official": "fashion-mnist", "torchvision": "FashionMNIST/raw"}
+IDX_MAGIC = {"images": 0x00000803, "labels": 0x00000801}
+
+
+def write_idx(path: Path, values: np.ndarray, magic: int | None = None, gz: bool | None = None) -> Path:
+    """``values`` (uint8) as an IDX file: big-endian magic, one int32 size per dimension, the bytes.
+
+    ``magic`` defaults to 0x0800 + the number of dimensions (uint8); ``gz`` defaults to whether
+    ``path`` ends in ``.gz``. Tests pass a wrong magic on purpose.
+    """
+    path = Path(path)
+    values = np.ascontiguousarray(values, dtype=np.uint8)
+    magic = 0x00000800 + values.ndim if magic is None else magic
+    data = struct.pack(f">I{values.ndim}I", magic, *values.shape) + values.tobytes()
+    gz = path.name.endswith(".gz") if gz is None else gz
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        import gzip
+
+        with gzip.open(path, "wb") as handle:
+            handle.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+@dataclass
+class FashionFixture:
+    folder: Path
+    files: dict[str, Path]  # file stem (e.g. "train-images-idx3-ubyte") -> path written
+    images: dict[str, np.ndarray]  # "train"/"test" -> (n, 28, 28) uint8, as written
+    labels: dict[str, np.ndarray]  # "train"/"test" -> (n,) uint8
+
+
+def write_fashion_mnist(root: Path, n_train: int = 50, n_test: int = 20, layout: str = "official",
+                        gz: bool = True, seed: int = 0) -> FashionFixture:
+    """The four official Fashion-MNIST IDX files in ``<root>/fashion-mnist/`` or torchvision's ``FashionMNIST/raw/``.
+
+    Labels cycle through 0..9 (every class present, equal counts when n is a multiple of 10);
+    images are random 28x28 uint8.
+    """
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / FASHION_LAYOUTS[layout]
+    files, images, labels = {}, {}, {}
+    for split, prefix, n in (("train", "train", n_train), ("test", "t10k", n_test)):
+        labels[split] = (np.arange(n) % 10).astype(np.uint8)
+        images[split] = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        for kind, values in (("images", images[split]), ("labels", labels[split])):
+            stem = f"{prefix}-{kind}-idx{3 if kind == 'images' else 1}-ubyte"
+            files[stem] = write_idx(folder / (stem + (".gz" if gz else "")), values, IDX_MAGIC[kind])
+    return FashionFixture(folder, files, images, labels)

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 
-import tasks  # noqa: F401  (registers every task)
 from mtl_cog.benchmarks import cache_build
 from mtl_cog.cli import prepare_data
 from mtl_cog.cli import train as train_cli

@@ -34,7 +34,7 @@ def test_every_documented_method_has_a_config():
     assert names == {"baseline", "ls", "focal", "cog_fc", "cog_ts", "cog_vs", "cog_ms", "cog_tst", "cog_ls",
                      "tst", "vtst", "mbls", "cog_mbls", "fedlas", "cog_fedlas", "fedlas_mbls", "margin", "cog_margin",
                      "list", "cog_list"}
-    for dataset in ("celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic"):
+    for dataset in ("celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic", "fashion_mnist", "fashion_mosaic"):
         for name in names:
             cfg = load_config(REPO / "configs" / dataset / f"{name}.yaml")
             assert cfg.method.name == name and cfg.data.task == dataset

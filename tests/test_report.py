@@ -1,4 +1,4 @@
-"""Tables of the report (mtl_cog/report.py) and the compare.py entry point on hand-built run folders."""
+"""Tables of the report (mtl_cog/reporting/tables.py) and the compare.py entry point on hand-built run folders."""
 
 import subprocess
 import sys

@@ -10,8 +10,7 @@ import scipy.io
 import torch
 from PIL import Image
 
-import tasks  # noqa: F401  (registers every task)
-from mtl_cog.config import DataConfig, SyntheticConfig
+from mtl_cog.config import DataConfig, FashionMosaicConfig, SyntheticConfig
 from mtl_cog.data import task_api
 from mtl_cog.data.task_api import TASKS, TaskSpec, block_length, check_labels
 from mtl_cog.errors import DataError
@@ -23,6 +22,7 @@ from tasks.fixtures import (
     write_celeba,
     write_cifar10,
     write_cifar100,
+    write_fashion_mnist,
     write_svhn,
 )
 
@@ -44,7 +44,7 @@ def check_split(split, size: int, image_size: int = 32) -> None:
 
 
 def test_all_tasks_registered():
-    for name in ("celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic"):
+    for name in ("celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic", "fashion_mnist", "fashion_mosaic"):
         assert name in TASKS
 
 
@@ -303,11 +303,15 @@ def fixture_for(name: str, root) -> DataConfig:
         write_cifar100(root, n_train=40, n_test=12)
     elif name == "svhn":
         write_svhn(root, n_train=30, n_test=12)
+    elif name.startswith("fashion"):
+        write_fashion_mnist(root, n_train=30, n_test=12)
     synthetic = SyntheticConfig(num_attributes=3, train_size=25, val_size=9, test_size=11)
-    return DataConfig(task=name, root=str(root), image_size=16, synthetic=synthetic)
+    mosaic = FashionMosaicConfig(train_size=25, val_size=9, test_size=11)
+    return DataConfig(task=name, root=str(root), image_size=16, synthetic=synthetic, fashion_mosaic=mosaic)
 
 
-@pytest.mark.parametrize("name", ["celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic"])
+@pytest.mark.parametrize("name", ["celeba", "cifar10", "cifar100", "svhn", "digits", "synthetic", "fashion_mnist",
+                                  "fashion_mosaic"])
 def test_every_task_streams_blocks_whose_images_do_not_depend_on_stop(tmp_path, monkeypatch, name):
     """The contract the cache relies on: bounded blocks, consecutive rows, a capped read is a prefix."""
     data_cfg = fixture_for(name, tmp_path)

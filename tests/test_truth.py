@@ -1,4 +1,4 @@
-"""Known-answer tests of the scores against true probabilities (mtl_cog/truth.py)."""
+"""Known-answer tests of the scores against true probabilities (mtl_cog/evaluation/truth.py)."""
 
 import numpy as np
 import pytest

@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import tasks  # noqa: F401  (registers the data sets)
 from mtl_cog.benchmarks.common import CELEBA_SPLITS, build_trainee, peak_rss_bytes
 from mtl_cog.config import DataConfig, load_config
 from mtl_cog.data.batches import BatchTransform

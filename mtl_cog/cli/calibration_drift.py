@@ -1,6 +1,7 @@
 """How calibration drifts during training, beside the sharpness of the loss and the margins.
 
     python scripts/calibration_drift.py --config configs/synthetic/baseline.yaml [--every 5]
+    python scripts/calibration_drift.py --data synthetic --method baseline [--config extra.yaml] ...   # the same
         [--curvature top_eigenvalue|trace|both|none] [--curvature-batch 256] [--curvature-iterations 20]
         [key=value ...]
 
@@ -30,13 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-import tasks  # noqa: F401  (registers the data sets)
+from mtl_cog.cli.config_args import add_config_arguments, given, resolve_files
 from mtl_cog.config import load_config
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.data.batches import BatchTransform
@@ -104,7 +104,7 @@ def ece_curvature_correlation(lines: list[dict], ece_key: str) -> dict[str, floa
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, required=True)
+    add_config_arguments(parser, default=False)
     parser.add_argument("--every", type=int, default=5, help="report every N epochs (and the last)")
     parser.add_argument("--curvature", choices=CURVATURE, default="top_eigenvalue",
                         help="GGN summary of the training NLL on a fixed batch (default top_eigenvalue)")
@@ -114,6 +114,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="power-iteration steps (at most) or Hutchinson samples (default 20)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    if not given(args):
+        parser.error("give --config, or --data and --method")
     for name in ("every", "curvature_batch", "curvature_iterations"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1. Got {getattr(args, name)}.")
@@ -141,7 +143,7 @@ class FixedBatch:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    cfg = load_config(args.config, [*args.overrides, "tracking=none"])
+    cfg = load_config(resolve_files(args, default=False), [*args.overrides, "tracking=none"])
     batch = None if args.curvature == "none" else FixedBatch(cfg.data, args.curvature_batch)
     lines: list[dict] = []
 

@@ -23,7 +23,7 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
   calibration_errors.csv       every calibration error at every bin count, with the rank per bin count
   per_task.csv                 multi-task data sets: every metric of every task and method
   truth.csv                    where the data set knows p* (synthetic): noise-free calibration errors,
-                               mean |p̂ − p*|, KL, Bayes floors (see mtl_cog/truth.py)
+                               mean |p̂ − p*|, KL, Bayes floors (see mtl_cog/evaluation/truth.py)
   reliability_<ds>_<method>.png, reliability_<ds>.png, pareto_<ds>.png, calibration_vs_bins_<ds>.png,
   ece_per_task_<ds>.png and worst_tasks_<ds>.png (multi-task), truth_<ds>.png (where p* is known),
   calibrator_<ds>.png (methods with a learned calibrator: values across tasks and over epochs),

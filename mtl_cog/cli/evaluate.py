@@ -37,7 +37,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-import tasks  # noqa: F401  (registers the data sets)
 from mtl_cog.config.schema import check_bins, check_corruptions, check_severities
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.loading import load_task
@@ -67,7 +66,8 @@ NETWORK_POSTHOC = {"stability": stability_calibrate}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--predictions", type=Path, help="a prediction file (.npz, see mtl_cog/predictions.py)")
+    source.add_argument("--predictions", type=Path,
+                        help="a prediction file (.npz, see mtl_cog/evaluation/predictions.py)")
     source.add_argument("--run", type=Path, help="a run folder: re-evaluate its best checkpoint")
     parser.add_argument("--split", choices=["train", "val", "test"], default="test", help="with --run")
     parser.add_argument("--bins", type=int, nargs="+", default=None, help=f"bin counts (default {list(DEFAULT_BINS)})")

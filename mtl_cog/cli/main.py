@@ -17,6 +17,7 @@ from mtl_cog.cli import (
     calibration_drift,
     compare,
     evaluate,
+    generate_configs,
     list_front,
     parameter_counts,
     prepare_data,
@@ -37,6 +38,7 @@ COMMANDS = {
     "parameter-counts": parameter_counts,
     "calibration-drift": calibration_drift,
     "list-front": list_front,
+    "generate-configs": generate_configs,
 }
 
 

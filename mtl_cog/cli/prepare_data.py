@@ -17,7 +17,6 @@ import argparse
 import time
 from pathlib import Path
 
-import tasks  # noqa: F401  (registers the data sets)
 from mtl_cog.config import load_config
 from mtl_cog.data.cache import cache_dir, load_cached, rebuild
 from mtl_cog.data.task_api import TASKS

@@ -1,6 +1,7 @@
 """Train a (multi-task) network with COG or a baseline, evaluate it, and save the run.
 
-    accelerate launch scripts/train_mtl.py [--config configs/<dataset>/<method>.yaml] [key=value ...]
+    accelerate launch scripts/train_mtl.py [--data <dataset> --method <method>] [--config extra.yaml] [key=value ...]
+    accelerate launch scripts/train_mtl.py --config configs/<dataset>/<method>.yaml [key=value ...]   # the same
     accelerate launch scripts/train_mtl.py --resume RUN_DIR [key=value ...]   # continue a killed run
     python scripts/train_mtl.py --config ... --dry-run [--gpu-check gpu_check.json]  # the plan and its time
     mtl-cog train ...                                                          # the same, once installed
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mtl_cog.cli.config_args import add_config_arguments, given, resolve_files
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import UserError, run_cli
@@ -26,12 +28,10 @@ from mtl_cog.experiments import gpu_time
 from mtl_cog.runs import rundir
 from mtl_cog.training import fit
 
-DEFAULT_CONFIG = CONFIGS / "synthetic" / "cog_fc.yaml"
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=None, help=f"YAML experiment config (default {DEFAULT_CONFIG})")
+    add_config_arguments(parser)
     parser.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last saved state (overrides apply on top)")
     parser.add_argument("--overwrite", action="store_true", help="replace a run folder that already holds a run")
@@ -45,14 +45,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     if args.resume is not None:
-        if args.config is not None or args.overwrite:
-            raise UserError("--resume continues a run with its saved config: no --config or --overwrite with it.")
+        if given(args) or args.overwrite:
+            raise UserError("--resume continues a run with its saved config: no --config or --overwrite with it "
+                            "(nor --data, --method).")
         rundir.check_resumable(args.resume)
         cfg = load_config(args.resume / rundir.CONFIG, args.overrides)
         if args.overrides:
             print(f"resuming with changed settings: {' '.join(args.overrides)}")
     else:
-        cfg = load_config(args.config or DEFAULT_CONFIG, args.overrides)
+        cfg = load_config(resolve_files(args), args.overrides)
     if args.dry_run:
         return dry_run(cfg, args.gpu_check)
     return fit(cfg, resume_dir=args.resume, overwrite=args.overwrite).run_dir

@@ -6,6 +6,7 @@ from mtl_cog.config.schema import (
     Config,
     DataConfig,
     EvalConfig,
+    FashionMosaicConfig,
     MethodConfig,
     ModelConfig,
     OptimConfig,
@@ -15,6 +16,6 @@ from mtl_cog.config.schema import (
 )
 
 __all__ = [
-    "PRECISIONS", "Config", "DataConfig", "EvalConfig", "MethodConfig", "ModelConfig", "OptimConfig",
-    "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict", "load_config", "save_config",
+    "PRECISIONS", "Config", "DataConfig", "EvalConfig", "FashionMosaicConfig", "MethodConfig", "ModelConfig",
+    "OptimConfig", "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict", "load_config", "save_config",
 ]

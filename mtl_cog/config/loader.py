@@ -1,4 +1,4 @@
-"""Loading configs: YAML (+ ``_base_`` includes) -> dict -> dotted overrides -> typed dataclasses -> validate.
+"""Loading configs: YAML files (+ ``_base_`` includes) -> dict -> dotted overrides -> typed dataclasses -> validate.
 
 ``load_config(path, overrides)`` checks every key and type and validates values. Every error
 names the offending key and value, and unknown keys suggest close matches, so a typo never
@@ -19,6 +19,7 @@ import difflib
 import math
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,16 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int],
     return sizes[key]
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Build a validated ``Config`` from an optional YAML file and ``key=value`` overrides."""
-    raw: dict[str, Any] = _read_yaml_with_bases(Path(path)) if path is not None else {}
+def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a validated ``Config`` from optional YAML files and ``key=value`` overrides.
+
+    Several files are merged in order, later ones winning key by key, exactly as ``_base_``
+    includes are (``--data``/``--method`` and then each ``--config`` file: see ``compose``).
+    """
+    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
+    raw: dict[str, Any] = {}
+    for item in paths:
+        _deep_merge(raw, _read_yaml_with_bases(Path(item)))
     for item in overrides or []:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)

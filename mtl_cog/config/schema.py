@@ -94,6 +94,28 @@ class SyntheticConfig:
 
 
 @dataclass
+class FashionMosaicConfig:
+    """Options of the ``fashion_mosaic`` task (see ``tasks/fashion_mosaic.py``): 2x2 mosaics of Fashion-MNIST items."""
+
+    # The issue's floor for a CelebA-shaped benchmark at CPU scale; validation is 20 % of train,
+    # as for synthetic (post-hoc calibrators fit on it, COG on the training set).
+    train_size: int = 20000
+    val_size: int = 4000
+    test_size: int = 8000
+    empty_tile_probability: float = 0.3  # each tile independently; the item count is Binomial(4, 0.7)
+    # true: the four binary tile_<p>_empty tasks become 11-class tile_<p>_item tasks (10 classes + empty),
+    # a heterogeneous multi-task setting (binary and multi-class heads side by side)
+    heterogeneous: bool = False
+    seed: int = 0  # the mosaic layout's own seed, independent of the training seed
+
+    def validate(self) -> None:
+        _positive(self, "train_size", "val_size", "test_size", prefix="data.fashion_mosaic")
+        if not 0.0 <= self.empty_tile_probability < 1.0:
+            raise ConfigError("data.fashion_mosaic.empty_tile_probability must be in [0, 1). "
+                              f"Got {self.empty_tile_probability}.")
+
+
+@dataclass
 class DataConfig:
     task: str = "synthetic"
     root: str = "data"
@@ -101,9 +123,10 @@ class DataConfig:
     image_size: int = 32
     download: bool = False
     cache_dir: str | None = None  # where decoded uint8 caches live; default <root>/.mtl_cog_cache
-    # decode once into a memory-mapped uint8 cache (mtl_cog/cache.py); false = decode on every run
+    # decode once into a memory-mapped uint8 cache (mtl_cog/data/cache.py); false = decode on every run
     use_cache: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    fashion_mosaic: FashionMosaicConfig = field(default_factory=FashionMosaicConfig)
 
     def validate(self) -> None:
         if not self.task:
@@ -116,6 +139,8 @@ class DataConfig:
         check_path_text(self.cache_dir, "data.cache_dir")
         self.synthetic.validate()
         check_seed(self.synthetic.seed, "data.synthetic.seed")
+        self.fashion_mosaic.validate()
+        check_seed(self.fashion_mosaic.seed, "data.fashion_mosaic.seed")
 
 
 @dataclass
@@ -123,7 +148,7 @@ class ModelConfig:
     backbone: str = "cog_cnn_small"  # any timm model name (our small CNNs are registered with timm)
     pretrained: bool = False
     cifar_stem: bool = False  # 3x3 stride-1 first conv, no max-pool: for 32x32 ResNets
-    head: str = "linear"  # registry in mtl_cog/heads.py
+    head: str = "linear"  # registry in mtl_cog/models/heads.py
     head_latent_dim: int = 0  # latent width Z of the "mlp" (TST-style) head; 0 = backbone width
     drop_rate: float = 0.0
     timm_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model
@@ -150,9 +175,9 @@ class MethodConfig:
     """
 
     name: str = "cog_fc"
-    calibrator: str = "identity"  # registry in mtl_cog/calibrators.py
+    calibrator: str = "identity"  # registry in mtl_cog/models/calibrators.py
     leader: list[str] = field(default_factory=lambda: ["heads"])
-    loss: str = "ce"  # registry in mtl_cog/objectives.py
+    loss: str = "ce"  # registry in mtl_cog/objectives/base.py
     label_smoothing: float = 0.1  # used by loss "ls"
     focal_gamma: float = 2.0  # used by loss "focal"
     # The method this one is paired with in reports (the COG paper's Tab. 1: cog_ts vs baseline+ts,
@@ -250,7 +275,7 @@ class TrainConfig:
     # A NaN/inf training loss: "stop" (error naming epoch and step; the last saved state is kept)
     # or "skip" (drop that batch, no update, counted as nonfinite_skipped in metrics.jsonl).
     nonfinite: str = "stop"
-    # Speed options (mtl_cog/performance.py); all off by default so CPU runs behave as before.
+    # Speed options (mtl_cog/training/speed.py); all off by default so CPU runs behave as before.
     precision: str = "no"  # no | bf16 | fp16: Accelerate's mixed precision (fp16 needs a GPU)
     channels_last: bool = False  # NHWC memory format for conv nets (faster tensor cores on GPUs)
     compile: bool = False  # torch.compile the network in place (nn.Module.compile)

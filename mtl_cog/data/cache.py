@@ -12,7 +12,7 @@ layout and the reasons in full.
 - **Fingerprint.** Paths, sizes and modification times of ``task.source_files(data_cfg)``, the
   SHA-256 of the task's reader module (so a changed reader, or a changed generator of a built-in
   task, is noticed), and the data-config fields that change the content (task, root,
-  image_size, the synthetic options). A cache whose fingerprint differs is stale and rebuilt.
+  image_size, the per-task options: synthetic, fashion_mosaic). A cache whose fingerprint differs is stale and rebuilt.
 - **Checksums.** Every file's xxh3-128 digest is computed while it is written and verified each
   time the cache is opened, before anything trains on it; the label matrix is range-checked
   against the spec too. Damaged content (zeroed pages, flipped labels, a truncated file) is
@@ -87,8 +87,9 @@ def content_key(data_cfg) -> dict[str, Any]:
         "task": data_cfg.task,
         "root": str(Path(data_cfg.root).resolve()),
         "image_size": data_cfg.image_size,
-        # Only generated tasks read these; keeping them for all tasks costs at worst a rebuild.
+        # Only the tasks they belong to read these; keeping them for all tasks costs at worst a rebuild.
         "synthetic": dataclasses.asdict(data_cfg.synthetic),
+        "fashion_mosaic": dataclasses.asdict(data_cfg.fashion_mosaic),
     }
 
 

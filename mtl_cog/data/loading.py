@@ -1,7 +1,7 @@
 """``load_task``: the registered data set a config names, through the decode-once cache.
 
-Data sets register themselves in ``TASKS`` when their module is imported (the ``tasks``
-package registers the built-in ones; ``mtl_cog.training`` and the commands import it).
+Data sets register themselves in ``TASKS`` when their module is imported; ``TASKS`` imports the
+built-in ``tasks`` package on its first lookup (``mtl_cog.registry``), so no caller imports it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 ``mtl_cog`` never names a data set: it sees a ``TaskSpec`` (task names, classes per task,
 normalisation, augmentation) and ``SplitData`` (uint8 images + integer label matrix). A data set
-is one module in ``tasks/`` registered with ``@TASKS.register(name)``.
+is one module in ``tasks/`` registered with ``@TASKS.register(name)`` and listed in
+``tasks/__init__.py``; ``TASKS`` imports that package on its first lookup, the one place where the
+data sets are registered.
 
 Streaming: a task's ``open(data_cfg)`` returns a ``TaskSource`` (spec, labels, and per split a
 ``read_blocks`` generator that decodes images in blocks of at most ``IMAGE_BLOCK_BYTES``). The
@@ -295,4 +297,4 @@ def capped_sizes(sizes: dict[str, int], max_samples: int | None) -> dict[str, in
     return {split: n if max_samples is None else min(n, max_samples) for split, n in sizes.items()}
 
 
-TASKS: Registry[Task] = Registry("task")
+TASKS: Registry[Task] = Registry("task", plugins="tasks")  # the built-in data sets, imported on first lookup

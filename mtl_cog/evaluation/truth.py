@@ -1,6 +1,6 @@
 """Scores against the true probabilities p*, for data sets that know them (``synthetic``).
 
-Label-based calibration errors (ECE & co., mtl_cog/metrics.py) compare each bin's mean predicted
+Label-based calibration errors (ECE & co., mtl_cog/evaluation/metrics.py) compare each bin's mean predicted
 probability with the mean of noisy 0/1 labels, so on a finite test set they mix miscalibration
 with sampling noise of the labels, and binning hides errors that cancel within a bin. When the
 data set knows p*(x) = P(y | x), three cleaner quantities exist; no public calibration library
@@ -35,7 +35,7 @@ more binary tasks ``nf_count_ece`` (the expected count Σ p̂_t against the true
 ``pair_joint_ece``). p*_a p*_b is the true joint probability where the labels are drawn
 independently given the input, as in ``synthetic`` (each y_t ~ Bernoulli(p_t(u)) given the latent u).
 
-Conventions follow mtl_cog/metrics.py: a binary task has one logit z and p̂ = sigmoid(z), p* is
+Conventions follow mtl_cog/evaluation/metrics.py: a binary task has one logit z and p̂ = sigmoid(z), p* is
 P(y = 1 | x) with shape (N,), calibration is of the positive-class probability; a K-class task
 has (N, K) logits and (N, K) p*, calibration is of the top-label confidence, compared with p* of
 the predicted class. Brier sums over classes (2 (p − y)² for a binary task); NLL in nats.

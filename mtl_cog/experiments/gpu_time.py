@@ -38,7 +38,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import tasks  # noqa: F401  (registers the data sets, whose split_sizes we read)
 from mtl_cog.config import Config
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError

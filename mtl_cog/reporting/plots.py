@@ -14,7 +14,7 @@
   figure of ``scripts/calibration_drift.py`` (ECE next to sharpness and margins over epochs).
 
 Binary tasks plot the positive-class probability against the label frequency, multi-class tasks
-the top-label confidence against accuracy (the conventions of mtl_cog/metrics.py).
+the top-label confidence against accuracy (the conventions of mtl_cog/evaluation/metrics.py).
 """
 
 from __future__ import annotations

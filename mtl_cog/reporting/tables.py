@@ -12,7 +12,7 @@ the method (``method.name``) and the seed, and score every *variant* of the run 
   in test_metrics.csv).
 
 Prediction files are preferred because they are re-scored at the bin counts the report asks for
-and, when they hold ``true_probs/<t>``, also against the truth (mtl_cog/truth.py); metric CSVs
+and, when they hold ``true_probs/<t>``, also against the truth (mtl_cog/evaluation/truth.py); metric CSVs
 only give what they contain (missing bin counts stay empty).
 
 The summary follows the paper (Sec. 4): per data set, one row per method, every metric as mean
@@ -472,7 +472,7 @@ def summary_markdown(summary: pd.DataFrame, bins: int, truth_bins: int | None = 
 
 def truth_markdown(group: pd.DataFrame, bins: int) -> list[str]:
     """Against the true probabilities: label-based ECE next to its noise-free counterpart and |p̂ − p*|."""
-    lines = ["Against the true probabilities p* (mtl_cog/truth.py): label-based ECE, the noise-free "
+    lines = ["Against the true probabilities p* (mtl_cog/evaluation/truth.py): label-based ECE, the noise-free "
              "calibration error (same bins, mean p* instead of labels), mean |p̂ − p*|, KL(p*‖p̂).", "",
              f"| method | ECE@{bins} (labels) | noise-free CE@{bins} | mean abs(p̂ − p*) | KL(p*‖p̂) |",
              "|---|---|---|---|---|"]

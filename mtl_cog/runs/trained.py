@@ -25,7 +25,6 @@ import torch
 from PIL import Image
 from scipy.special import expit, softmax
 
-import tasks  # noqa: F401  (registers the data sets, for runs without task_spec.json)
 from mtl_cog.config import Config
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.images import resize_center_crop

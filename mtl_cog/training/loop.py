@@ -27,7 +27,6 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 
-import tasks  # noqa: F401  (registers the built-in data sets)
 from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task

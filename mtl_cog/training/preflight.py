@@ -12,7 +12,6 @@ one-stage ``model.head``: the run would silently drop the KL term and evaluate s
 
 from __future__ import annotations
 
-import tasks  # noqa: F401  (registers the built-in data sets)
 from mtl_cog.config import Config
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UnknownNameError
