@@ -101,3 +101,22 @@ def test_columns_in_compute_metrics_and_nan_for_non_finite_logits():
     out = compute_metrics(["a", "b"], z, y, [15])
     assert np.isfinite(out["tasks"]["a"]["aurc"]) and np.isnan(out["tasks"]["b"]["eaurc"])
     assert "aurc" in out["mean"] and "eaurc" in out["mean"]
+
+
+def test_many_runs_of_ties_in_many_rows_match_a_loop_over_runs():
+    rng = np.random.default_rng(5)
+    confidence = np.round(rng.random((4, 300)), 2)  # ~100 distinct values: runs everywhere
+    error = (rng.random((4, 300)) < 0.3).astype(float)
+    got = aurc_rows(confidence, error)["aurc"]
+    for row in range(4):
+        order = np.argsort(-confidence[row], kind="stable")
+        conf, err = confidence[row][order], error[row][order]
+        cum, total, k = [], 0.0, 0
+        for value in dict.fromkeys(conf):  # runs in order of decreasing confidence
+            run = err[conf == value]
+            for j in range(1, len(run) + 1):  # expected errors after j of the run, in a random order
+                cum.append(total + j * run.sum() / len(run))
+            total += run.sum()
+            k += len(run)
+        expected = np.mean(np.array(cum) / np.arange(1, 301))
+        assert abs(got[row] - expected) < 1e-12

@@ -49,7 +49,7 @@ from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_erro
     uniform_bin_index,
 )
 from mtl_cog.evaluation.brier_decomposition import decompose_sorted
-from mtl_cog.evaluation.selective import SELECTIVE_METRICS, aurc_rows, binary_confidence_error
+from mtl_cog.evaluation.selective import SELECTIVE_METRICS, aurc_from_sorted_logits, aurc_rows
 from mtl_cog.evaluation.smooth_ece import smooth_ece_sorted
 
 BASE_METRICS = ("accuracy", "nll", "brier")
@@ -138,6 +138,8 @@ def _score_binary(z: np.ndarray, y: np.ndarray, bins, selective: bool = True
     k = np.array([np.searchsorted(row, 0.0, side="right") for row in z_sorted])
     positives_below = rows.cum_hit[np.arange(len(k)), k]
     values["accuracy"] = (k - positives_below + rows.cum_hit[:, -1] - positives_below) / z.shape[1]
+    if selective:  # from the same sort: the order of |z| merges the two halves z <= 0 and z > 0
+        values.update(aurc_from_sorted_logits(z_sorted, y_sorted, k))
     # BCE with logits, stably: softplus(z) − y z, with softplus(z) = max(z, 0) + log(1 + e^−|z|)
     # = max(z, 0) − log σ(|z|), and σ(|z|) = max(p, 1 − p) >= 1/2 (so its log is accurate)
     softplus = np.maximum(z_sorted, 0).sum(1) - np.log(np.maximum(p_sorted, 1 - p_sorted)).sum(1)
@@ -145,8 +147,6 @@ def _score_binary(z: np.ndarray, y: np.ndarray, bins, selective: bool = True
     squared_error, parts = decompose_sorted(p_sorted, y_sorted)
     values["brier"] = 2 * squared_error  # summed over both classes
     values.update(dict(zip(BRIER_PARTS, 2 * parts)))  # the two classes' decompositions are identical
-    if selective:
-        values.update(aurc_rows(*binary_confidence_error(z, y)))
     _refuse_non_finite(values, sums, finite)
     return values, sums, np.where(finite[:, None], expit(z.astype(np.float64)), np.nan)
 

@@ -49,22 +49,26 @@ def cumulative_errors(confidence: np.ndarray, error: np.ndarray) -> np.ndarray:
     merged), read backwards for decreasing confidence.
     """
     ascending, outcomes = sort_with_binary_outcomes(confidence, np.asarray(error, dtype=np.float64))
-    conf, cum = ascending[:, ::-1], running_sum(outcomes[:, ::-1])
+    return cumulative_errors_sorted(ascending[:, ::-1], outcomes[:, ::-1])
+
+
+def cumulative_errors_sorted(conf: np.ndarray, errors: np.ndarray) -> np.ndarray:
+    """``cumulative_errors`` of rows already in order of decreasing confidence."""
+    cum = running_sum(errors)
     n = conf.shape[1]
-    same = conf[:, 1:] == conf[:, :-1]  # sample i + 1 ties with sample i
-    tied = np.flatnonzero(same.any(1))
-    if len(tied):
-        # per position (0-based): where its run of equal confidences starts and ends (exclusive)
-        index = np.arange(n)
-        starts_here = np.ones((len(tied), n), bool)
-        starts_here[:, 1:] = ~same[tied]
-        start = np.maximum.accumulate(np.where(starts_here, index, 0), axis=1)
-        ends_here = np.ones((len(tied), n), bool)
-        ends_here[:, :-1] = ~same[tied]
-        end = np.minimum.accumulate(np.where(ends_here, index + 1, n)[:, ::-1], axis=1)[:, ::-1]
-        rows = cum[tied]
-        before, after = np.take_along_axis(rows, start, 1), np.take_along_axis(rows, end, 1)
-        cum[tied, 1:] = before + (index + 1 - start) * (after - before) / (end - start)
+    row, pos = np.nonzero(conf[:, 1:] == conf[:, :-1])  # sample pos + 1 ties with sample pos (row-major)
+    if len(row):
+        # maximal runs of equal confidences, as samples start .. end − 1 of a row; only they change
+        new = np.ones(len(pos), bool)
+        new[1:] = (row[1:] != row[:-1]) | (pos[1:] != pos[:-1] + 1)
+        last = np.append(new[1:], True)
+        run_row, start, end = row[new], pos[new], pos[last] + 2
+        length = end - start
+        at = np.repeat(run_row, length)
+        s, e = np.repeat(start, length), np.repeat(end, length)
+        k = s + 1 + np.arange(length.sum()) - np.repeat(np.cumsum(length) - length, length)  # s + 1 .. e
+        before, after = cum[at, s], cum[at, e]
+        cum[at, k] = before + (k - s) * (after - before) / (e - s)
     return cum
 
 
@@ -81,6 +85,27 @@ def aurc_rows(confidence: np.ndarray, error: np.ndarray) -> dict[str, np.ndarray
     confidence = confidence if confidence.dtype in (np.float32, np.float64) else confidence.astype(np.float64)
     n = confidence.shape[1]
     cum = cumulative_errors(confidence, error)
+    aurc = (cum[:, 1:] / np.arange(1, n + 1)).mean(1)
+    return {"aurc": aurc, "eaurc": aurc - ideal_aurc(cum[:, -1], n)}
+
+
+def aurc_from_sorted_logits(z_sorted: np.ndarray, y_sorted: np.ndarray, nonpositive: np.ndarray) -> dict:
+    """AURC / E-AURC of binary rows already sorted by their logit (as ``compute_metrics`` sorts them).
+
+    Ascending z, the first ``nonpositive[row]`` samples (z <= 0, predicted 0) come in order of
+    decreasing |z| and the rest (predicted 1), read backwards, too: one linear merge of the two
+    runs gives the order of decreasing confidence, with no second sort.
+    """
+    rows, n = z_sorted.shape
+    conf = np.empty((rows, n), dtype=z_sorted.dtype)
+    errors = np.empty((rows, n))
+    for row in range(rows):
+        k = nonpositive[row]
+        keys = np.concatenate([z_sorted[row, :k], -z_sorted[row, k:][::-1]])  # −|z|: two ascending runs
+        merged = np.argsort(keys, kind="stable")
+        conf[row] = -keys[merged]
+        errors[row] = np.concatenate([y_sorted[row, :k], 1 - y_sorted[row, k:][::-1]])[merged]
+    cum = cumulative_errors_sorted(conf, errors)
     aurc = (cum[:, 1:] / np.arange(1, n + 1)).mean(1)
     return {"aurc": aurc, "eaurc": aurc - ideal_aurc(cum[:, -1], n)}
 
