@@ -24,6 +24,7 @@ package's version and this module's code, so a change of any of them rebuilds it
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.metadata
 import os
@@ -96,21 +97,29 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """One pool per worker count for the life of the process: starting workers (and importing OpenCV,
+    scikit-image and numba in each) costs seconds, which 75 corrupted splits would otherwise pay 75 times."""
+    if workers not in _POOLS:
+        _POOLS[workers] = ProcessPoolExecutor(workers)
+        atexit.register(_POOLS[workers].shutdown, cancel_futures=True)
+    return _POOLS[workers]
+
+
 def _corrupted_blocks(images: torch.Tensor, name: str, severity: int, seed: int, workers: int):
     """``read_blocks`` of a corrupted split: cache-sized blocks, each corrupted by ``workers`` processes."""
     size = images.shape[-1]
 
     def read_blocks(stop: int) -> Iterator[np.ndarray]:
-        pool = ProcessPoolExecutor(workers) if workers > 1 else None
-        try:
-            for start, end in block_ranges(stop, size):
-                block = images[start:end].numpy()
-                jobs = [(block[i:i + CHUNK], name, severity, seed, start + i) for i in range(0, len(block), CHUNK)]
-                parts = pool.map(_corrupt_job, jobs) if pool else map(_corrupt_job, jobs)
-                yield np.concatenate(list(parts))
-        finally:
-            if pool:
-                pool.shutdown(cancel_futures=True)
+        pool = _pool(workers) if workers > 1 else None
+        for start, end in block_ranges(stop, size):
+            block = images[start:end].numpy()
+            jobs = [(block[i:i + CHUNK], name, severity, seed, start + i) for i in range(0, len(block), CHUNK)]
+            parts = pool.map(_corrupt_job, jobs) if pool else map(_corrupt_job, jobs)
+            yield np.concatenate(list(parts))
 
     return read_blocks
 

@@ -66,21 +66,25 @@ def _per_sample(logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str,
     """Per task and sample (T, N): the calibration event (confidence, outcome), correctness, NLL and Brier terms.
 
     The conventions of mtl_cog.evaluation.metrics: a binary task is calibrated on (p, y), a K-class
-    task on (top-label confidence, correctness); confidences clamped to [1e-7, 1 − 1e-7].
+    task on (top-label confidence, correctness); confidences clamped to [1e-7, 1 − 1e-7]. Binary
+    tasks are computed together; their NLL as metrics does it, softplus(z) − y z with
+    softplus(z) = max(z, 0) − log max(p, 1 − p).
     """
     keys = ("confidence", "outcome", "correct", "nll", "brier")
     rows = {key: np.empty((len(logits), len(labels[0]))) for key in keys}
-    for t, (z, y) in enumerate(zip(logits, labels)):
-        z, y = np.asarray(z, dtype=np.float64), np.asarray(y)
-        if z.ndim == 1:
-            p = expit(z)
-            outcome = (y > 0).astype(np.float64)
-            rows["confidence"][t], rows["outcome"][t] = p, outcome
-            rows["correct"][t] = (z > 0) == (y > 0)
-            rows["nll"][t] = np.logaddexp(0, z) - outcome * z
-            rows["brier"][t] = 2 * (p - outcome) ** 2
-        else:
-            log_p = log_softmax(z, axis=1)
+    binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
+    if binary:
+        z = np.stack([np.asarray(logits[t], dtype=np.float64) for t in binary])
+        y = np.stack([np.asarray(labels[t]) for t in binary]) > 0
+        p = expit(z)
+        rows["confidence"][binary], rows["outcome"][binary] = p, y
+        rows["correct"][binary] = (z > 0) == y
+        rows["nll"][binary] = np.maximum(z, 0) - np.log(np.maximum(p, 1 - p)) - y * z
+        rows["brier"][binary] = 2 * (p - y) ** 2
+    for t, z in enumerate(logits):
+        if np.ndim(z) == 2:
+            y = np.asarray(labels[t])
+            log_p = log_softmax(np.asarray(z, dtype=np.float64), axis=1)
             probs = np.exp(log_p)
             predicted = probs.argmax(1)
             correct = predicted == y
@@ -89,7 +93,7 @@ def _per_sample(logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str,
             rows["nll"][t] = -log_p[np.arange(len(y)), y]
             probs[np.arange(len(y)), y] -= 1
             rows["brier"][t] = (probs**2).sum(1)
-    rows["confidence"] = np.clip(rows["confidence"], CLAMP, 1 - CLAMP)
+    np.clip(rows["confidence"], CLAMP, 1 - CLAMP, out=rows["confidence"])
     return rows
 
 
@@ -120,14 +124,15 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
     label_matrix = np.stack([np.asarray(y) for y in labels])
     binary = np.array([np.ndim(z) == 1 for z in logits])
     # per task: correct, NLL, Brier, label (one class only <=> no or all labels positive, for a binary task)
-    per_sample = np.concatenate([rows["correct"], rows["nll"], rows["brier"], label_matrix])  # (4T, N)
+    per_sample = (rows["correct"], rows["nll"], rows["brier"], label_matrix)
     cells: list[dict] = []
     for group in groups:
         g = task_names.index(group)
         scored = np.array([t for t in range(len(task_names)) if t != g])
         masks = np.stack([label_matrix[g] == value for value in range(_num_values(logits[g]))], axis=1)  # (N, V)
         counts = masks.sum(0)
-        sums = (per_sample @ masks.astype(np.float64)).reshape(4, len(task_names), -1)  # sums inside each group
+        weights = masks.astype(np.float64)
+        sums = [values @ weights for values in per_sample]  # per task and value: sums inside the group
         for value in range(masks.shape[1]):
             n = int(counts[value])
             base = [{"group": group, "value": value, "task": task_names[t], "n": n} for t in scored]
@@ -136,10 +141,10 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
                 continue
             inside = masks[:, value][order]  # (T, N): the group's samples in each task's sorted order
             sorted_rows = SortedRows(conf_sorted[inside].reshape(-1, n), outcome_sorted[inside].reshape(-1, n))
-            values = {"accuracy": sums[0, :, value] / n, "nll": sums[1, :, value] / n, "brier": sums[2, :, value] / n,
+            values = {"accuracy": sums[0][:, value] / n, "nll": sums[1][:, value] / n, "brier": sums[2][:, value] / n,
                       ECE: errors_from_sums(sorted_rows.uniform_sums(SUMMARY_BINS))["ece"],
                       "smece": smooth_ece_at(sorted_rows, sigma)}
-            positives = sums[3, :, value]
+            positives = sums[3][:, value]
             for row, t in zip(base, scored):
                 row.update({m: float(values[m][t]) if finite[t] else float("nan") for m in CELL_METRICS})
                 if binary[t]:

@@ -55,7 +55,6 @@ def cumulative_errors(confidence: np.ndarray, error: np.ndarray) -> np.ndarray:
 def cumulative_errors_sorted(conf: np.ndarray, errors: np.ndarray) -> np.ndarray:
     """``cumulative_errors`` of rows already in order of decreasing confidence."""
     cum = running_sum(errors)
-    n = conf.shape[1]
     row, pos = np.nonzero(conf[:, 1:] == conf[:, :-1])  # sample pos + 1 ties with sample pos (row-major)
     if len(row):
         # maximal runs of equal confidences, as samples start .. end − 1 of a row; only they change
