@@ -123,8 +123,8 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
     sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # a task with non-finite logits: NaN metrics below anyway
     label_matrix = np.stack([np.asarray(y) for y in labels])
     binary = np.array([np.ndim(z) == 1 for z in logits])
-    # per task: correct, NLL, Brier, label (one class only <=> no or all labels positive, for a binary task)
-    per_sample = (rows["correct"], rows["nll"], rows["brier"], label_matrix)
+    # per task: correct, NLL, Brier, outcome (one class only <=> no or all outcomes positive, for a binary task)
+    per_sample = (rows["correct"], rows["nll"], rows["brier"], rows["outcome"])
     cells: list[dict] = []
     for group in groups:
         g = task_names.index(group)
@@ -133,13 +133,14 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
         counts = masks.sum(0)
         weights = masks.astype(np.float64)
         sums = [values @ weights for values in per_sample]  # per task and value: sums inside the group
+        group_sorted = label_matrix[g][order]  # (T, N): the group task's label in each task's sorted order
         for value in range(masks.shape[1]):
             n = int(counts[value])
             base = [{"group": group, "value": value, "task": task_names[t], "n": n} for t in scored]
             if n == 0:
                 cells.extend({**row, "status": NO_SAMPLES} for row in base)
                 continue
-            inside = masks[:, value][order]  # (T, N): the group's samples in each task's sorted order
+            inside = group_sorted == value  # (T, N): the group's samples in each task's sorted order
             sorted_rows = SortedRows(conf_sorted[inside].reshape(-1, n), outcome_sorted[inside].reshape(-1, n))
             values = {"accuracy": sums[0][:, value] / n, "nll": sums[1][:, value] / n, "brier": sums[2][:, value] / n,
                       ECE: errors_from_sums(sorted_rows.uniform_sums(SUMMARY_BINS))["ece"],
