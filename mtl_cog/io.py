@@ -5,7 +5,8 @@ later step (resume, evaluation, a report) would trust. A write that fails (read-
 regular file where a folder should be, full disk, ``ulimit -f``) raises a ``StorageError`` that
 names the file and the likely fix; its temporary file is removed and the old file is untouched.
 A temporary file left by a *killed* writer is removed by ``remove_temp_files`` (run folders do it
-when they are opened, under their lock).
+when they are opened, under their lock). Whole folders (the data cache) are published the same
+way: written into a temporary sibling, fsynced, renamed into place (``publish_folder``).
 
 Line logs (``metrics.jsonl``) are appended instead (``append_jsonl``): O(1) per line, and a kill
 in the middle of an append leaves at most one partial last line, which the resume logic
@@ -18,7 +19,9 @@ import errno
 import json
 import os
 import re
+import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -215,3 +218,50 @@ def remove_temp_files(folder: str | Path) -> list[Path]:
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
+
+
+# ------------------------------------------------------------------------ whole folders, atomically
+# A folder of several large files (the data cache) is written the same way: into a temporary
+# sibling (same file system, so the rename is atomic), every file fsynced, then renamed into place.
+
+
+def temp_folder_beside(folder: str | Path) -> Path:
+    """A new empty folder next to ``folder`` to write its next content into (raises ``OSError``)."""
+    folder = Path(folder)
+    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def fsync_files(folder: Path) -> None:
+    """Flush every file of ``folder`` so that a rename publishes complete data even after a power loss."""
+    for path in folder.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def publish_folder(tmp: Path, folder: Path) -> None:
+    """Make the complete folder ``tmp`` the folder ``folder`` (raises ``OSError``).
+
+    A previous ``folder`` is moved aside first and then deleted; processes still reading it keep
+    their open files (POSIX keeps an unlinked file's data until the last reader closes it).
+    """
+    fsync_files(tmp)
+    stale = None
+    if folder.exists():
+        stale = folder.with_name(f".stale-{folder.name}-{uuid.uuid4().hex[:8]}")
+        os.replace(folder, stale)
+    os.replace(tmp, folder)
+    _fsync_dir(folder.parent)  # make the rename itself durable, as ``atomic_write`` does
+    if stale is not None:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def remove_folder_leftovers(folder: Path) -> None:
+    """Delete the temporary and stale siblings of ``folder`` that killed writers left.
+
+    Only call it while no other process writes ``folder`` (the data cache: under its build lock).
+    """
+    for prefix in (".tmp-", ".stale-"):
+        for path in folder.parent.glob(f"{prefix}{folder.name}-*"):
+            shutil.rmtree(path, ignore_errors=True)

@@ -5,4 +5,5 @@ Importing this package registers every task; ``TASKS`` does so on its first look
 a new data set is one module here plus its name in the import below.
 """
 
-from tasks import celeba, cifar, digits, fashion_mnist, fashion_mosaic, svhn, synthetic  # noqa: F401  (registration side effects)
+# registration side effects:
+from tasks import celeba, cifar, digits, fashion_mnist, fashion_mosaic, svhn, synthetic  # noqa: F401

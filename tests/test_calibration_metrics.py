@@ -295,7 +295,7 @@ def test_empty_wrong_and_read_only_input():
 
 def test_test_metrics_csv_with_multitask_and_partial_columns_reads_back_and_damage_is_still_refused(tmp_path):
     from mtl_cog.errors import ReportError
-    from mtl_cog.reporting.tables import _read_metrics_csv
+    from mtl_cog.reporting.run_records import _read_metrics_csv
 
     rng = np.random.default_rng(13)
     names = ["a", "b", "digit"]

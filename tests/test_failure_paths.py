@@ -4,6 +4,8 @@ Grouped by the families of docs/failure_paths.md. Each case goes through a real 
 (``mtl_cog.cli.<command>.main`` under ``run_cli``, exactly what ``python scripts/<command>.py``
 runs) or a real subprocess where the launcher, a signal or a resource limit is the point. The
 single-line bad-input cases of the same families are in the tables of ``test_robustness.py``.
+It stays one file over 450 lines because it mirrors docs/failure_paths.md family by family, so that
+a reader checks the document against one file.
 """
 
 from __future__ import annotations
@@ -190,6 +192,7 @@ def test_two_process_user_error_prints_one_error_line():
     assert "values were not passed" not in result.stderr and result.returncode == 1
 
 
+@pytest.mark.slow  # a two-process accelerate launch that trains
 def test_killing_one_process_of_two_gives_the_survivor_one_error_line(tmp_path):
     """Real processes: SIGKILL rank 1 of a 2-process (gloo) run; rank 0 ends with one error line, no traceback."""
     run = tmp_path / "runs" / "two"
@@ -282,6 +285,7 @@ def test_full_disk_while_saving_the_state_stops_cleanly_and_the_run_resumes(tmp_
     assert [json.loads(line)["epoch"] for line in (run / rundir.METRICS).read_text().splitlines()] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow  # a training in a subprocess (the limit needs its own process)
 def test_file_size_limit_during_a_save_is_one_error_line(tmp_path):
     """A real ``ulimit -f`` (EFBIG): the state file (~230 KB) cannot be written; small files can."""
     limit = 150_000

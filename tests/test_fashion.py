@@ -431,3 +431,84 @@ def test_setup_installs_the_package_as_root_or_says_how_in_one_line(tmp_path, ui
         assert ("update -qq" in calls) == (uid == 0 and apt == "1")  # a failed install retries once after update
     if uid != 0:
         assert calls == ""
+
+
+# ------------------------------------------------------------- what the docs' tables are computed by
+
+
+def test_describe_gives_prevalences_and_the_most_correlated_pairs_of_known_labels():
+    from mtl_cog.data.task_api import SplitData, TaskData, TaskSpec
+    from mtl_cog.reporting.data_description import correlated_pairs, describe_markdown, prevalence_rows
+
+    # a = 1 on half; b = a (correlation +1); c = not a on the first 6 of 8, constant pattern otherwise
+    a = np.array([1, 1, 1, 1, 0, 0, 0, 0])
+    c = np.array([0, 0, 0, 1, 1, 1, 1, 1])
+    k = np.array([2, 2, 2, 0, 1, 2, 0, 2])  # 3 classes, mode 2 (5 of 8)
+    labels = torch.from_numpy(np.stack([a, a, c, k], axis=1))
+    spec = TaskSpec("toy", ("a", "b", "c", "k"), (2, 2, 2, 3), (0.5,) * 3, (0.2,) * 3)
+    split = SplitData(torch.zeros((8, 3, 4, 4), dtype=torch.uint8), labels)
+    data = TaskData(spec, {"train": split, "test": split.head(4)})
+    rows = {name: (kind, shares) for name, kind, shares in prevalence_rows(data)}
+    assert rows["a"] == ("binary", {"train": 0.5, "test": 1.0}) and rows["c"][1]["train"] == 5 / 8
+    assert rows["k"] == ("3 classes, most frequent 2", {"train": 5 / 8, "test": 3 / 4})
+    pairs = correlated_pairs(data, 2)
+    corr_ac = float(np.corrcoef(a, c)[0, 1])
+    assert pairs[0] == ("a", "b", pytest.approx(1.0)) and pairs[1][:2] == ("a", "c")
+    assert pairs[1][2] == pytest.approx(corr_ac)
+    text = describe_markdown(data, 2)
+    assert "| `k` | 3 classes, most frequent 2 | 62.5% | 75.0% |" in text and f"| `a` | `c` | {corr_ac:+.3f} |" in text
+
+
+def test_prepare_data_describe_prints_the_tables_of_the_built_cache(tmp_path, capsys):
+    from mtl_cog.cli import prepare_data
+
+    write_fashion_mnist(tmp_path, n_train=50, n_test=20)
+    prepare_data.main(["--task", "fashion_mosaic", "--data-root", str(tmp_path), "--describe", "3",
+                       "data.fashion_mosaic.train_size=30", "data.fashion_mosaic.val_size=10",
+                       "data.fashion_mosaic.test_size=12"])
+    out = capsys.readouterr().out
+    assert "| task | kind | train (n=30) | val (n=10) | test (n=12) |" in out and "| `holds_footwear` | binary |" in out
+    pair_rows = [line for line in out[out.index("most correlated"):].splitlines() if line.startswith("| `")]
+    assert len(pair_rows) == 3
+
+
+@pytest.mark.slow  # a minute on a loaded 2-core machine (model, accelerator and cache set-up)
+def test_dataset_throughput_times_the_step_on_the_real_spec(tmp_path):
+    from mtl_cog.benchmarks import dataset_throughput
+
+    write_fashion_mnist(tmp_path, n_train=50, n_test=20)
+    out = tmp_path / "t.jsonl"
+    results = dataset_throughput.main([
+        "--config", str(Path(__file__).resolve().parents[1] / "configs" / "fashion_mosaic" / "baseline.yaml"),
+        "--backbones", "cog_cnn_tiny", "--steps", "2", "--out", str(out), f"data.root={tmp_path}",
+        "data.image_size=16", "data.fashion_mosaic.train_size=20", "data.fashion_mosaic.val_size=4",
+        "data.fashion_mosaic.test_size=4", "data.fashion_mosaic.heterogeneous=true", "train.batch_size=8"])
+    assert results[0]["dataset"] == "fashion_mosaic" and results[0]["tasks"] == 40 and results[0]["batch_size"] == 8
+    assert results[0]["images_per_s"] > 0 and len(out.read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_heterogeneous_mosaic_trains_calibrates_and_reports_end_to_end(tmp_path):
+    """11-class tile tasks beside binary ones: a learned calibrator, post-hoc calibrators and the report."""
+    import pandas as pd
+
+    from mtl_cog.cli import compare, evaluate, train
+
+    write_fashion_mnist(tmp_path / "root", n_train=60, n_test=30)
+    config = Path(__file__).resolve().parents[1] / "configs" / "fashion_mosaic" / "cog_vs.yaml"
+    run = train.main(["--config", str(config), f"data.root={tmp_path / 'root'}",
+                      "data.fashion_mosaic.heterogeneous=true",
+                      "data.fashion_mosaic.train_size=40", "data.fashion_mosaic.val_size=20",
+                      "data.fashion_mosaic.test_size=30", "data.image_size=16", "train.epochs=1", "train.batch_size=16",
+                      "tracking=none", f"output_dir={tmp_path / 'runs'}", "run_name=het"])
+    metrics = pd.read_csv(run / "test_metrics.csv").set_index("task")
+    assert metrics.loc["tile_top_left_item", "nll"] > 0
+    assert np.isfinite(metrics[["nll", "brier", "ece@15"]].values).all()
+    assert np.isfinite(metrics.loc["mean", "count_ece"])  # the multi-task metrics over the binary tasks
+    evaluate.main(["--run", str(run), "--posthoc", "ts", "vs", "isotonic"])
+    posthoc = pd.read_csv(run / "posthoc_metrics.csv")
+    assert set(posthoc["method"]) == {"none", "ts", "vs", "isotonic"}
+    assert np.isfinite(posthoc[posthoc["task"] == "tile_top_left_item"][["nll", "brier"]].values).all()
+    report = compare.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    per_task = pd.read_csv(Path(report) / "per_task.csv")
+    assert {"tile_top_left_item", "holds_top"} <= set(per_task["task"])

@@ -11,6 +11,10 @@ import pytest
 
 from mtl_cog.evaluation.predictions import load_predictions
 
+# Every case here starts real processes, most of them trainings under a 1- and a 2-process launch:
+# the slow suite. The fast suite covers the same entry points in process (test_robustness.py).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 # the README's launch lines: a shipped config gives every launcher value, --quiet keeps failures to one line

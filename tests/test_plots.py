@@ -1,4 +1,4 @@
-"""Figures of the report (mtl_cog/reporting/plots.py): right content, readable at 40 attributes, real PNGs."""
+"""Figures of the report (mtl_cog/reporting/plots/): right content, readable at 40 attributes, real PNGs."""
 
 import numpy as np
 import pandas as pd

@@ -20,7 +20,7 @@ from mtl_cog.evaluation.predictions import Predictions, load_predictions, save_p
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.network import Network
 from mtl_cog.objectives import CrossEntropy
-from mtl_cog.reporting.tables import load_run_record
+from mtl_cog.reporting.run_records import load_run_record
 from mtl_cog.training.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -328,6 +328,7 @@ def test_per_class_and_matrix_calibrators_are_read_too(tmp_path):
 # ------------------------------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow  # trainings in subprocesses (the local launcher, 2 jobs)
 def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monkeypatch, capsys):
     """Tiny but real: 2 trials per method, 2 seeds, 2 epochs; then the same command reuses every run."""
     from mtl_cog.cli import reproduce

@@ -144,6 +144,7 @@ def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow  # a training in a subprocess (W&B offline)
 def test_a_celeba_shaped_run_puts_final_metrics_in_the_summary_and_keeps_per_attribute_sections(tmp_path):
     """40 binary attributes: every epoch's keys per attribute, the test metrics only in the summary and table."""
     epochs = 2

@@ -41,7 +41,8 @@ import torch
 from mtl_cog.benchmarks.common import CELEBA_SPLITS, build_trainee, peak_rss_bytes
 from mtl_cog.config import DataConfig, load_config
 from mtl_cog.data.batches import BatchTransform
-from mtl_cog.data.cache import cache_dir, inspect_cache, load_cached, write_source
+from mtl_cog.data.cache import cache_dir, inspect_cache, load_cached
+from mtl_cog.data.cache_writer import write_source
 from mtl_cog.data.task_api import TASKS, SplitSource, TaskSource, TaskSpec, block_ranges
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.step import train_one_epoch

@@ -4,7 +4,7 @@ The cache is memory-mapped: an epoch touches every page of 202,599 x 3 x 32 x 32
 (~594 MiB), but the kernel may drop clean pages again, so training should never hold the data
 set in private memory. Three fresh processes (peak RSS is per process and only grows):
 
-- ``build``: writes the cache (``mtl_cog.data.cache.write_cache``) from random images;
+- ``build``: writes the cache (``mtl_cog.data.cache_writer.write_cache``) from random images;
 - ``model``: a few COG-FC training steps (the library's step) on one random batch: the model's
   own peak (weights, activations, Adam state);
 - ``cache``: the same steps, then one whole training epoch of batches gathered and augmented
@@ -36,7 +36,8 @@ from mtl_cog.benchmarks.common import (
     random_split,
 )
 from mtl_cog.data.batches import BatchTransform, train_batch_indices
-from mtl_cog.data.cache import read_cache, write_cache
+from mtl_cog.data.cache import read_cache
+from mtl_cog.data.cache_writer import write_cache
 from mtl_cog.data.task_api import TaskData
 from mtl_cog.errors import ConfigError
 from mtl_cog.training.accelerator import create_accelerator

@@ -47,14 +47,13 @@ from mtl_cog.evaluation.truth import FLOOR_METRICS, MODEL_METRICS
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable, make_folder
 from mtl_cog.progress import Progress
 from mtl_cog.reporting import plots, shift_report
+from mtl_cog.reporting.latex import summary_latex
 from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread
+from mtl_cog.reporting.run_records import load_runs, pooled_predictions
 from mtl_cog.reporting.tables import (
     calibration_error_table,
-    load_runs,
     per_task_table,
-    pooled_predictions,
     score_runs,
-    summary_latex,
     summary_markdown,
     summary_table,
 )

@@ -3,12 +3,15 @@
     python scripts/prepare_data.py --task celeba --data-root /data [--image-size 32] [--cache-dir DIR]
     python scripts/prepare_data.py --config configs/celeba/cog_fc.yaml data.root=/data
     python scripts/prepare_data.py --task celeba --data-root /data --rebuild   # decode again regardless
+    python scripts/prepare_data.py --config configs/fashion_mosaic/baseline.yaml --describe 15   # + label statistics
 
 Prints the cache folder and the size of each split. Running it again only verifies the cache
 (checksums, labels) while the source files are unchanged; a changed source (size or
 modification time), reader or option, or damaged cache content, rebuilds it. The cache holds
 every sample: ``data.max_samples`` does not change it (a capped run reads a prefix). Several
 processes or nodes may run this at once: one builds, the others wait and then read its cache.
+``--describe K`` also prints, as Markdown, every task's prevalence per split and the K most
+correlated task pairs (``mtl_cog.reporting.data_description``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from mtl_cog.config import load_config
 from mtl_cog.data.cache import cache_dir, load_cached, rebuild
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UnknownNameError, run_cli
+from mtl_cog.reporting.data_description import describe_markdown
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, help="data.image_size")
     parser.add_argument("--cache-dir", help="data.cache_dir (default <data.root>/.mtl_cog_cache)")
     parser.add_argument("--rebuild", action="store_true", help="decode and write the cache again even if it is valid")
+    parser.add_argument("--describe", type=int, metavar="K", help="also print the prevalence of every task and "
+                        "the K most correlated task pairs (Markdown)")
     parser.add_argument("overrides", nargs="*", help="further dotted overrides, e.g. data.download=true")
     return parser.parse_args(argv)
 
@@ -53,6 +59,8 @@ def main(argv: list[str] | None = None) -> Path:
     print(f"{cfg.data.task}: {sizes} images of {cfg.data.image_size}x{cfg.data.image_size} "
           f"({nbytes / 2**20:.1f} MiB uint8) verified and ready in {time.perf_counter() - start:.1f} s")
     print(folder)
+    if args.describe is not None:
+        print(describe_markdown(task_data, args.describe))
     return folder
 
 

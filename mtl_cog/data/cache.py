@@ -21,18 +21,21 @@ layout and the reasons in full.
   sequential read of the cache; ``python -m mtl_cog.benchmarks.cache_build`` measures it against
   a training epoch. It detects accidents (bad disks, copies, stray writes), not an attacker,
   who could rewrite meta.json as well.
-- **Streaming build.** Images arrive from the task in blocks of ``IMAGE_BLOCK_BYTES``
-  (``mtl_cog.data.task_api``) and go to disk with plain file writes into preallocated files
-  (``os.posix_fallocate``): memory does not grow with the data set, a full disk shows up before
-  the first image is decoded, and no store into a memory map can die of SIGBUS on a full disk.
-  Any write error ends as one ``CacheError`` naming the folder, the space needed and what to do.
+- **Streaming build** (``mtl_cog.data.cache_writer``). Images arrive from the task in blocks
+  of ``IMAGE_BLOCK_BYTES`` (``mtl_cog.data.task_api``) and go to disk with plain file writes into
+  preallocated files (``os.posix_fallocate``): memory does not grow with the data set, a full disk
+  shows up before the first image is decoded, and no store into a memory map can die of SIGBUS on
+  a full disk. Any write error ends as one ``CacheError`` naming the folder, the space needed and
+  what to do.
 - **Atomic.** A cache is written into a temporary folder next to its final place and renamed
-  into place only when complete, so a killed build leaves no half-written cache that a later run
-  would trust; the next builder removes the temporary folders that killed builders left.
-- **One builder.** Builders take a lock (``<folder>.lock``, ``filelock``: ``flock``, which the
-  kernel releases when its holder dies, and which NFS carries between nodes). Others wait for it,
-  then find the finished cache. Reading a valid cache takes no lock and writes nothing, so any
-  number of processes and nodes read one cache concurrently, from a read-only folder too.
+  into place only when complete (``mtl_cog.io.publish_folder``, the project's crash-safe writes),
+  so a killed build leaves no half-written cache that a later run would trust; the next builder
+  removes the temporary folders that killed builders left.
+- **One builder.** Builders take a lock (``<folder>.lock``, ``mtl_cog.locks.waiting_lock``:
+  ``flock``, which the kernel releases when its holder dies, and which NFS carries between nodes).
+  Others wait for it, then find the finished cache. Reading a valid cache takes no lock and writes
+  nothing, so any number of processes and nodes read one cache concurrently, from a read-only
+  folder too.
 - **Memory-mapped.** Arrays are opened with ``numpy.load(mmap_mode="c")``: pages are read on
   first touch and shared through the OS page cache by every process of a run (8 GPU processes on
   one node hold one copy), and a cache larger than RAM still works.
@@ -43,34 +46,25 @@ Where: ``data.cache_dir`` or ``<data.root>/.mtl_cog_cache``; ``data.use_cache=fa
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import inspect
-import io
 import json
-import os
-import shutil
 import sys
-import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import filelock
 import numpy as np
 import torch
 import xxhash
-from tqdm.auto import tqdm
 
-from mtl_cog.data.task_api import SplitData, Task, TaskData, TaskSource, TaskSpec, check_labels
+from mtl_cog.data.cache_writer import CHECKSUM, FORMAT_VERSION, META, write_source
+from mtl_cog.data.task_api import SplitData, Task, TaskData, TaskSpec, check_labels
 from mtl_cog.errors import CacheError, DataError
+from mtl_cog.io import remove_folder_leftovers
+from mtl_cog.locks import waiting_lock
 
-FORMAT_VERSION = 2  # 1: one cache per data.max_samples, no checksums (such folders are ignored)
-META = "meta.json"
-CHECKSUM = "xxh3_128"
 READ_CHUNK = 16 * 2**20  # bytes per read while verifying: constant memory, any file size
-LOCK_WAIT_MESSAGE_EVERY = 60.0  # seconds between "still waiting for the builder" messages
 
 
 def cache_root(data_cfg) -> Path:
@@ -155,7 +149,7 @@ def _build(task: Task, data_cfg, folder: Path, problem: str, show_progress: bool
             cached, problem = inspect_cache(folder, fingerprint(task, data_cfg))
             if cached is not None:
                 return cached
-        _remove_leftovers(folder)
+        remove_folder_leftovers(folder)
         if show_progress:
             print(f"mtl_cog: building the {data_cfg.task!r} cache in {folder} ({problem}) ...", file=sys.stderr)
             _mention_old_caches(folder)
@@ -265,202 +259,6 @@ def _spec_from_dict(raw: dict[str, Any]) -> TaskSpec:
     return TaskSpec(**tuples)
 
 
-# ----------------------------------------------------------------------------------------- write
-
-
-@dataclasses.dataclass
-class _ArrayFile:
-    """One ``.npy`` file of the cache: its name, dtype, shape and where its rows come from."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    blocks: Iterable[np.ndarray]
-    counts_images: bool = False  # advances the progress bar
-
-    @property
-    def header(self) -> bytes:
-        buffer = io.BytesIO()
-        np.lib.format.write_array_header_1_0(buffer, {
-            "descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": self.shape})
-        return buffer.getvalue()
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.header) + int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-
-def _plan(source: TaskSource) -> tuple[list[_ArrayFile], dict[str, dict[str, str]]]:
-    """The files of a cache of ``source`` and, per split, which file holds what."""
-    files, splits = [], {}
-    size = source.image_size
-    for name, split in source.splits.items():
-        n = len(split)
-        entry = {"images": f"{name}.images.npy", "labels": f"{name}.labels.npy"}
-        files.append(_ArrayFile(entry["images"], np.dtype(np.uint8), (n, 3, size, size), split.read_blocks(n),
-                                counts_images=True))
-        labels = np.ascontiguousarray(split.labels, dtype=np.int64)
-        files.append(_ArrayFile(entry["labels"], np.dtype(np.int64), labels.shape, [labels]))
-        if split.true_probs is not None:
-            entry["true_probs"] = f"{name}.true_probs.npy"
-            probs = np.ascontiguousarray(split.true_probs, dtype=np.float32)
-            files.append(_ArrayFile(entry["true_probs"], np.dtype(np.float32), probs.shape, [probs]))
-        splits[name] = entry
-    return files, splits
-
-
-def write_source(folder: Path, source: TaskSource, fp: dict[str, Any], show_progress: bool = True) -> None:
-    """Stream ``source`` into a new cache at ``folder`` (temporary sibling folder, then rename).
-
-    The caller holds the build lock (``load_cached`` does).
-    """
-    files, splits = _plan(source)
-    needed = sum(f.nbytes for f in files)
-    tmp = _make_temp_folder(folder)
-    try:
-        with _disk_errors(folder, needed):
-            for file in files:  # reserve all space first: a full disk fails now, not after hours
-                _preallocate(tmp / file.name, file.nbytes)
-        checksums = {}
-        total = sum(f.shape[0] for f in files if f.counts_images)
-        with tqdm(total=total, desc=f"writing cache {folder.name}", unit="img", disable=not show_progress,
-                  leave=False) as bar:
-            for file in files:
-                checksums[file.name] = _write_array(tmp / file.name, file, folder, needed, bar)
-        meta = {
-            "format": FORMAT_VERSION,
-            "fingerprint": fp,
-            "spec": dataclasses.asdict(source.spec),
-            "image_size": source.image_size,
-            "splits": splits,
-            "files": checksums,
-        }
-        with _disk_errors(folder, needed):
-            (tmp / META).write_text(json.dumps(meta, indent=1))
-            _fsync_folder(tmp)
-            _move_into_place(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def write_cache(folder: Path, task_data: TaskData, fp: dict[str, Any], show_progress: bool = True) -> None:
-    """Write already decoded ``task_data`` as a cache at ``folder`` (see ``write_source``)."""
-    write_source(folder, TaskSource.from_task_data(task_data), fp, show_progress=show_progress)
-
-
-def _write_array(path: Path, file: _ArrayFile, folder: Path, needed: int, bar: tqdm) -> dict[str, Any]:
-    """Write header + rows of ``file`` with plain writes, hashing them on the way; returns size and checksum."""
-    header = file.header
-    digest = xxhash.xxh3_128(header)
-    rows = 0
-    with _disk_errors(folder, needed):
-        handle = open(path, "r+b")  # preallocated: overwrite in place, never truncate
-    try:
-        with _disk_errors(folder, needed):
-            handle.write(header)
-        for block in file.blocks:  # the task decodes here: its errors pass through unchanged
-            block = np.ascontiguousarray(block)
-            if block.dtype != file.dtype or block.shape[1:] != file.shape[1:] or rows + len(block) > file.shape[0]:
-                raise DataError(
-                    f"{file.name}: the task's reader produced a block of {block.dtype} {block.shape} after "
-                    f"{rows} rows; expected {file.dtype} rows of shape {file.shape[1:]}, {file.shape[0]} in all."
-                )
-            with _disk_errors(folder, needed):
-                handle.write(block.reshape(-1).view(np.uint8))
-            digest.update(block)
-            rows += len(block)
-            if file.counts_images:
-                bar.update(len(block))
-    finally:
-        with _disk_errors(folder, needed):
-            handle.close()
-    if rows != file.shape[0]:
-        raise DataError(f"{file.name}: the task's reader produced {rows} rows, its labels say {file.shape[0]}.")
-    return {"bytes": file.nbytes, CHECKSUM: digest.hexdigest()}
-
-
-def _preallocate(path: Path, nbytes: int) -> None:
-    """Create ``path`` with ``nbytes`` reserved on disk (ENOSPC / EFBIG now rather than mid-build)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        if nbytes:
-            try:
-                os.posix_fallocate(fd, 0, nbytes)
-            except OSError as err:
-                if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                    raise
-                # This file system cannot reserve space: the writes below still fail cleanly
-                # (plain writes report ENOSPC as an error; only memory-map stores die of SIGBUS).
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def _disk_errors(folder: Path, needed: int) -> Iterator[None]:
-    """Turn an OS error of a cache write into one ``CacheError`` naming the folder and the remedy."""
-    try:
-        yield
-    except CacheError:
-        raise
-    except OSError as err:
-        raise CacheError(_disk_error_message(folder, err, needed)) from None
-
-
-def _disk_error_message(folder: Path, err: OSError, needed: int) -> str:
-    what = err.strerror or str(err)
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        try:
-            free = f"{_size(shutil.disk_usage(folder.parent).free)} free"
-        except OSError:
-            free = "free space unknown"
-        advice = f"it needs {_size(needed)} ({free}). Free space there"
-    elif err.errno == errno.EFBIG:
-        advice = (f"it needs {_size(needed)} and a file-size limit stopped it (`ulimit -f`, or the file "
-                  "system's largest file). Raise the limit")
-    elif err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        advice = "the folder is not writable. Build it where it is writable"
-    else:
-        advice = f"it needs {_size(needed)}. Check that file system"
-    return (f"cannot write the data cache {folder}: {what}; {advice}, or set data.cache_dir to another "
-            "folder, or data.use_cache=false. Nothing was left behind.")
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
-
-
-def _make_temp_folder(folder: Path) -> Path:
-    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-    except OSError as err:
-        raise CacheError(_disk_error_message(folder, err, 0)) from None
-    return tmp
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Flush every file so that the rename publishes complete data even after a power loss."""
-    for path in folder.iterdir():
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-
-
-def _move_into_place(tmp: Path, folder: Path) -> None:
-    """Rename ``tmp`` to ``folder``; a previous ``folder`` is moved aside first and then deleted.
-
-    Processes still reading the previous cache keep their open files (POSIX keeps an unlinked
-    file's data until the last reader closes it).
-    """
-    stale = None
-    if folder.exists():
-        stale = folder.with_name(f".stale-{folder.name}-{uuid.uuid4().hex[:8]}")
-        os.replace(folder, stale)
-    os.replace(tmp, folder)
-    if stale is not None:
-        shutil.rmtree(stale, ignore_errors=True)
-
-
 # ------------------------------------------------------------------------------------ one builder
 
 
@@ -469,50 +267,30 @@ def lock_path(folder: Path) -> Path:
     return folder.with_name(f"{folder.name}.lock")
 
 
-@contextmanager
-def _build_lock(folder: Path, problem: str, show_progress: bool) -> Iterator[None]:
-    """Hold the build lock of ``folder``; wait (with a message) while another process builds."""
+def _build_lock(folder: Path, problem: str, show_progress: bool) -> AbstractContextManager[None]:
+    """Hold the build lock of ``folder`` (``mtl_cog.locks.waiting_lock``); wait, saying so, while another builds."""
     path = lock_path(folder)
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o666))  # fail here, clearly, if not writable
-    except OSError as err:
-        raise CacheError(
-            f"the data cache {folder} is not usable ({problem}) and cannot be built there: {err.strerror or err} "
-            f"({path}). Set data.cache_dir to a writable folder, run scripts/prepare_data.py where the "
-            "folder is writable, or set data.use_cache=false."
-        ) from None
-    lock = filelock.FileLock(str(path), mode=0o666)
-    waited = False
-    while True:
-        try:
-            lock.acquire(timeout=LOCK_WAIT_MESSAGE_EVERY if waited else 0)
-            break
-        except filelock.Timeout:  # (a TimeoutError, itself an OSError: caught first)
-            if show_progress:
-                print(f"mtl_cog: waiting for another process to finish building {folder} (lock {path}) ...",
-                      file=sys.stderr)
-            waited = True
-        except (NotImplementedError, OSError) as err:  # a file system without working locks
-            raise CacheError(
+
+    def on_wait() -> None:
+        if show_progress:
+            print(f"mtl_cog: waiting for another process to finish building {folder} (lock {path}) ...",
+                  file=sys.stderr)
+
+    def unusable(err: BaseException, locking: bool) -> CacheError:
+        if locking:  # a file system without working locks
+            return CacheError(
                 f"cannot lock {path} to build the data cache {folder}: {err}. The file system may not support "
                 "file locks (e.g. Lustre mounted without -o flock): set data.cache_dir to a folder on another "
-                "file system, or build the cache once with scripts/prepare_data.py before starting the jobs."
-            ) from None
-    try:
-        yield
-    finally:
-        lock.release()
+                "file system, or build the cache once with scripts/prepare_data.py before starting the jobs.")
+        return CacheError(
+            f"the data cache {folder} is not usable ({problem}) and cannot be built there: "
+            f"{getattr(err, 'strerror', None) or err} ({path}). Set data.cache_dir to a writable folder, run "
+            "scripts/prepare_data.py where the folder is writable, or set data.use_cache=false.")
+
+    return waiting_lock(path, on_wait, unusable)
 
 
 build_lock = _build_lock  # also taken by the builders of corrupted test splits (mtl_cog.data.shift)
-
-
-def _remove_leftovers(folder: Path) -> None:
-    """Delete temporary and stale folders of this cache that killed builders left (we hold the lock)."""
-    for prefix in (".tmp-", ".stale-"):
-        for path in folder.parent.glob(f"{prefix}{folder.name}-*"):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _mention_old_caches(folder: Path) -> None:

@@ -5,7 +5,7 @@ which W&B groups into one workspace section per attribute plus ``mean/``. At the
 this module adds what a per-epoch scalar cannot show:
 
 - ``reliability_test.png`` in the run folder: the reliability diagram of the best checkpoint on
-  the test set (a panel per task plus all tasks pooled; mtl_cog/reporting/plots.py);
+  the test set (a panel per task plus all tasks pooled; mtl_cog/reporting/plots/reliability.py);
 - ``smooth_reliability_test.png``: the same panels as smoothed reliability curves (the diagram of
   ``smece``), and ``count_calibration_test.png`` with two or more binary tasks: the expected
   against the actual number of positive attributes per image;

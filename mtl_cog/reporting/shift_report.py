@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -26,7 +27,7 @@ from mtl_cog.evaluation.groups import cells_frame
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.selective import risk_coverage, task_confidence_error
 from mtl_cog.io import atomic_write
-from mtl_cog.reporting.plots import method_colors, plt, save_figure
+from mtl_cog.reporting.plots import method_colors, save_figure  # (sets matplotlib's Agg backend first)
 from mtl_cog.runs import rundir
 
 SHIFT_PANELS = (("accuracy", "accuracy"), ("nll", "NLL"), (f"ece@{SUMMARY_BINS}", f"ECE@{SUMMARY_BINS}"))

@@ -8,7 +8,7 @@ run creates the folder; folders of runs made before the marker existed are recog
 training state's format. Only a run folder is resumed or replaced (``--overwrite``), and
 ``--overwrite`` deletes only the files a run writes: any other file in the folder makes it refuse,
 so nothing a user put there is lost. While a run is in progress its folder is locked
-(``LOCK``, see ``mtl_cog.runs.lock``).
+(``LOCK``, see ``mtl_cog.locks``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import socket
 import time
 from pathlib import Path
 
+from mtl_cog import locks
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import RunFolderError, UserError
 from mtl_cog.io import atomic_write_json, check_writable, is_temp_file_name, make_folder, remove_temp_files
-from mtl_cog.runs import lock
 from mtl_cog.runs.checkpoint import read_metadata
 
 CONFIG = "config.yaml"  # the resolved config (what ran)
@@ -53,7 +53,7 @@ SHIFT_PNG = "shift_test.png"  # accuracy, NLL and ECE@15 against severity
 RISK_COVERAGE_PNG = "risk_coverage_test.png"  # selective prediction: risk against coverage per task and mean
 # Bookkeeping.
 RUN_MARKER = "mtl_cog_run.json"  # written first: this folder is an mtl_cog run (format, when, where)
-LOCK = "run.lock"  # present while a process writes into the run (mtl_cog.runs.lock)
+LOCK = "run.lock"  # present while a process writes into the run (mtl_cog.locks)
 WANDB_ID = "wandb_run_id"  # the W&B run id, reused on --resume (mtl_cog.runs.tracking)
 WANDB_DIR = "wandb"  # W&B's own files (offline runs to sync later)
 MARKER_FORMAT = "mtl_cog.run_folder.v1"
@@ -115,7 +115,7 @@ def is_run_folder(run_dir: Path) -> bool:
 
 
 def _refuse_if_locked(run_dir: Path) -> None:
-    holder = lock.live_holder(run_dir / LOCK)
+    holder = locks.live_holder(run_dir / LOCK)
     if holder is not None:
         raise RunFolderError(f"{run_dir} is in use by a run in progress: {holder.describe()}. Wait for it to finish, "
                              f"or choose another run_name. If that run is no longer running, delete {run_dir / LOCK}.")
@@ -173,7 +173,7 @@ def clear_run(run_dir: Path) -> None:
             entry.unlink()
 
 
-def create_run_folder(run_dir: Path, overwrite: bool) -> lock.RunLock:
+def create_run_folder(run_dir: Path, overwrite: bool) -> locks.RunLock:
     """Create the folder of a new run (emptying an old run's with ``overwrite``), lock it, mark it.
 
     Main process only, once the run is known to start (data and network built): a run that fails
@@ -182,7 +182,7 @@ def create_run_folder(run_dir: Path, overwrite: bool) -> lock.RunLock:
     name since.
     """
     make_folder(run_dir)
-    held = lock.acquire(run_dir / LOCK, str(run_dir))
+    held = locks.acquire(run_dir / LOCK, str(run_dir))
     try:
         _check_new_run_folder(run_dir, overwrite)
         if overwrite:
@@ -207,10 +207,10 @@ def check_resumable(run_dir: Path) -> None:
         raise RunFolderError(f"--resume {run_dir}: this run already finished ({DONE} exists); nothing to resume.")
 
 
-def open_for_resume(run_dir: Path) -> lock.RunLock:
+def open_for_resume(run_dir: Path) -> locks.RunLock:
     """Lock the folder of a run to be resumed and remove what killed writes left; main process only."""
     check_resumable(run_dir)
-    held = lock.acquire(run_dir / LOCK, f"--resume {run_dir}")
+    held = locks.acquire(run_dir / LOCK, f"--resume {run_dir}")
     try:
         remove_temp_files(run_dir)
         if not (run_dir / RUN_MARKER).exists():  # a run from before the marker: mark it now

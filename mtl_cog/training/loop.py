@@ -150,7 +150,7 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
         hooks: Hooks | None = None) -> RunResult:
     """Train, select, evaluate and save one run described by ``cfg``; see the module docstring.
 
-    The run folder is locked (``mtl_cog.runs.lock``) while ``fit`` writes into it, and unlocked
+    The run folder is locked (``mtl_cog.locks``) while ``fit`` writes into it, and unlocked
     however ``fit`` ends (a killed run leaves a stale lock, which the next ``--resume`` takes over).
     """
     with ExitStack() as held:

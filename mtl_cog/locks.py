@@ -1,19 +1,24 @@
-"""One writer per run folder: a lock file created with ``O_EXCL``, naming the process that holds it.
+"""Locks between processes, of the two kinds the project needs: refuse a second writer, or wait for it.
 
-A run (``mtl_cog.training.fit``) holds its folder's lock from the moment it opens the folder until
-it returns or fails, so a second ``--resume`` of a run that is still training, or a second run
-started with the same ``run_name``, is refused with the holder's PID and host instead of mixing
-two writers in one ``metrics.jsonl``. Only the main process of a multi-process run holds it.
+**One writer per run folder** (``acquire``): a lock file created with ``O_EXCL``, naming the
+process that holds it. A run (``mtl_cog.training.fit``) holds its folder's lock from the moment it
+opens the folder until it returns or fails, so a second ``--resume`` of a run that is still
+training, or a second run started with the same ``run_name``, is refused with the holder's PID and
+host instead of mixing two writers in one ``metrics.jsonl``. Only the main process of a
+multi-process run holds it.
 
 The file holds JSON: ``pid``, ``host``, ``started`` (when the lock was taken) and the process's own
 start time. A lock whose process is gone is *stale* (the run was killed: SIGKILL, power loss) and
 is taken over with a note. Staleness can only be decided on the host that wrote the lock: a lock
 from another host is refused with its host name and the file to delete if that run is over. A PID
 that was reused by an unrelated process is recognised by its different start time (``psutil``).
+Why not ``fcntl.flock`` here: it cannot say *who* holds the folder, and a run folder's second
+writer must be told, not kept waiting. ``O_EXCL`` creation is atomic on local disks and on NFSv3+.
 
-Why not ``fcntl.flock``: it is released by the kernel when the process dies, which is neat, but it
-is unreliable on the network file systems run folders often live on, and it cannot say *who*
-holds the folder. ``O_EXCL`` creation is atomic on local disks and on NFSv3+.
+**One builder of shared content** (``waiting_lock``): the data cache is built by one process while
+the others that need it *wait* and then read the result. That lock is ``flock`` through
+``filelock``: the kernel releases it when its holder dies (a killed builder never blocks the next
+one), and NFS carries it between nodes; a file system without working locks is reported.
 """
 
 from __future__ import annotations
@@ -24,18 +29,22 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import filelock
 import psutil
 
-from mtl_cog.errors import RunFolderError
+from mtl_cog.errors import RunFolderError, UserError
 from mtl_cog.io import FILE_MODE, storage_error
 
 # A lock file that is still empty (its writer is between creating and filling it) is young; an
 # empty or unreadable one older than this was left by a writer killed in that instant.
 UNREADABLE_STALE_AFTER_S = 30.0
 _START_TIME_SLACK_S = 1.0  # psutil's create_time is rounded differently on some platforms
+WAIT_MESSAGE_EVERY_S = 60.0  # seconds between "still waiting" calls of a waiting lock
 
 
 @dataclass(frozen=True)
@@ -155,3 +164,35 @@ def _remove_if_stale(path: Path, folder_description: str) -> None:
     # find the same dead holder at the same instant.)
     if read_holder(path) == holder:
         path.unlink(missing_ok=True)
+
+
+@contextmanager
+def waiting_lock(path: Path, on_wait: Callable[[], None],
+                 unusable: Callable[[BaseException, bool], UserError]) -> Iterator[None]:
+    """Hold the ``flock`` lock at ``path``, waiting while another process holds it.
+
+    ``on_wait()`` runs at once and then every ``WAIT_MESSAGE_EVERY_S`` seconds of waiting (to say
+    who is waited for); ``unusable(err, locking)`` is the error to raise when the lock file cannot be
+    created (``locking`` false) or the file system cannot lock it (true; e.g. Lustre mounted
+    without ``-o flock``).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o666))  # fail here, clearly, if not writable
+    except OSError as err:
+        raise unusable(err, False) from None
+    lock = filelock.FileLock(str(path), mode=0o666)
+    waited = False
+    while True:
+        try:
+            lock.acquire(timeout=WAIT_MESSAGE_EVERY_S if waited else 0)
+            break
+        except filelock.Timeout:  # (a TimeoutError, itself an OSError: caught first)
+            on_wait()
+            waited = True
+        except (NotImplementedError, OSError) as err:  # a file system without working locks
+            raise unusable(err, True) from None
+    try:
+        yield
+    finally:
+        lock.release()

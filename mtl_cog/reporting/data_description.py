@@ -1,0 +1,53 @@
+"""What a data set's labels look like: every task's prevalence and the most correlated task pairs, as Markdown.
+
+``python scripts/prepare_data.py --config ... --describe 15`` prints it from the built cache, so
+the tables in docs/data.md are computed from the data, not typed. Prevalence of a binary task is
+its share of positives; a K-class task shows its most frequent class and that class's share.
+Correlations are Pearson's between the 0/1 labels of two binary tasks (the phi coefficient), the
+same pairs ``pair_joint_ece`` scores (``evaluation.multitask_metrics.select_pairs``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtl_cog.data.task_api import TaskData
+from mtl_cog.evaluation.multitask_metrics import select_pairs
+
+
+def prevalence_rows(data: TaskData) -> list[tuple[str, str, dict[str, float]]]:
+    """(task, kind, split -> share): share of positives (binary) or of the training split's most frequent class."""
+    rows = []
+    first = "train" if "train" in data.splits else next(iter(data.splits))
+    for t, (name, k) in enumerate(zip(data.spec.task_names, data.spec.num_classes)):
+        counts = {s: np.bincount(split.labels[:, t].numpy(), minlength=k) for s, split in data.splits.items()}
+        shown = 1 if k == 2 else int(np.argmax(counts[first]))
+        kind = "binary" if k == 2 else f"{k} classes, most frequent {shown}"
+        shares = {s: float(c[shown] / c.sum()) if c.sum() else float("nan") for s, c in counts.items()}
+        rows.append((name, kind, shares))
+    return rows
+
+
+def correlated_pairs(data: TaskData, k: int, split: str = "train") -> list[tuple[str, str, float]]:
+    """The k binary-task pairs with the largest |correlation| of their labels on ``split``."""
+    binary = [t for t, c in enumerate(data.spec.num_classes) if c == 2]
+    if len(binary) < 2:
+        return []
+    labels = data.splits[split].labels[:, binary].numpy().T.astype(np.float64)
+    names = [data.spec.task_names[t] for t in binary]
+    return [(names[i], names[j], corr) for i, j, corr in select_pairs(labels, k)]
+
+
+def describe_markdown(data: TaskData, k: int) -> str:
+    """The prevalence table (every split) and the ``k`` most correlated pairs (training split)."""
+    splits = list(data.splits)
+    lines = ["| task | kind | " + " | ".join(f"{s} (n={len(data.splits[s]):,})" for s in splits) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in splits) + " |"]
+    for name, kind, shares in prevalence_rows(data):
+        lines.append(f"| `{name}` | {kind} | " + " | ".join(f"{shares[s]:.1%}" for s in splits) + " |")
+    pairs = correlated_pairs(data, k)
+    if pairs:
+        lines += ["", f"The {len(pairs)} most correlated task pairs (Pearson correlation of the labels, "
+                  "training split):", "", "| task a | task b | correlation |", "| --- | --- | ---: |"]
+        lines += [f"| `{a}` | `{b}` | {corr:+.3f} |" for a, b, corr in pairs]
+    return "\n".join(lines)
