@@ -81,3 +81,19 @@ def test_training_with_groups_and_shift_writes_both_tables(tmp_path, tiny_overri
     with pytest.raises(ConfigError, match="'attr0' is not a task of this data set. Did you mean attr0"):
         fit(load_config(None, [*tiny_overrides, "run_name=r2", f"data.root={tmp_path}", "eval.groups=[attr0]"]))
     assert not (run.parent / "r2").exists()  # refused before the run folder is made
+
+
+def test_evaluate_groups_on_a_prediction_file(tmp_path):
+    from mtl_cog.evaluation.predictions import save_predictions
+
+    rng = np.random.default_rng(0)
+    z = [rng.normal(size=200) for _ in range(3)]
+    y = [rng.integers(0, 2, 200) for _ in range(3)]
+    save_predictions(tmp_path / "p.npz", Predictions(["Male", "Young", "Hat"], z, y))
+    with pytest.raises(ConfigError, match="--groups: 'Mal' is not a task of this data set. Did you mean Male"):
+        evaluate.main(["--predictions", str(tmp_path / "p.npz"), "--groups", "Mal", "--out", str(tmp_path / "m.json")])
+    assert not (tmp_path / "m.json").exists()
+    metrics = evaluate.main(["--predictions", str(tmp_path / "p.npz"), "--groups", "Male", "--out",
+                             str(tmp_path / "m.json")])
+    assert {c["task"] for c in metrics["groups"]["cells"]} == {"Young", "Hat"}
+    assert "multicalibration_smece" in metrics["mean"] and "multicalibration_smece" in metrics["tasks"]["Hat"]

@@ -42,6 +42,7 @@ from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError, run_cli
+from mtl_cog.evaluation.groups import check_groups
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.predictions is not None:
         pairs = DEFAULT_PAIRS if args.pairs is None else args.pairs
         predictions = load_predictions(args.predictions)
+        check_groups(args.groups or [], predictions.task_names, "--groups")
         metrics = score(predictions, args.bins or list(DEFAULT_BINS), pairs, args.groups or ())
         print(format_table(metrics))
         atomic_write_json(args.out, metrics)
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = rundir.load_run_config(args.run)
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
+    check_groups(args.groups or [], task_data.spec.task_names, "--groups")  # before the network runs
     network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
     predictions = predict_split(accelerator, network, task_data.spec, task_data.splits[args.split],
                                 cfg.train.eval_batch_size)
@@ -197,9 +200,10 @@ def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: 
     if unsupported:
         raise UserError(f"--posthoc {' '.join(unsupported)} cannot be combined with --shift (it re-runs the network "
                         f"on perturbed images of its own); use {', '.join(POSTHOC_METHODS)}.")
+    levels = parse_severities(severities) if severities else None  # a bad range fails before anything loads
     accelerator = create_accelerator()
     cfg = rundir.load_run_config(run_dir)
-    levels = parse_severities(severities) if severities else list(cfg.eval.shift_severities)
+    levels = levels or list(cfg.eval.shift_severities)
     val = load_predictions(run_dir / rundir.predictions_file("val")) if posthoc else None  # before the work
     with accelerator.main_process_first():
         task_data = load_task(cfg.data)
