@@ -6,6 +6,9 @@ SUMMARY_BINS = 15  # the bin count shown in console tables, summary.md and figur
 # (e.g. temperatures within 0.995-1.002 after a whole run); the values it is compared with, per parameter.
 IDENTITY_TOLERANCE = 0.01
 IDENTITY_VALUES = {"temperature": 1.0, "scale": 1.0, "bias": 0.0, "matrix": 1.0, "matrix (diagonal)": 1.0}
+# A label that is not known (partly labelled multi-task data): PyTorch's ``ignore_index`` convention.
+# Not -1: CelebA's own files write -1 for "no", so -1 must never mean "missing" anywhere.
+MISSING_LABEL = -100
 # The 15 corruptions of Hendrycks & Dietterich's benchmark (ICLR 2019; ImageNet-C, CIFAR-10-C), in their order:
 # noise, blur, weather, digital. eval.shift and ``evaluate --shift`` name them (mtl_cog.data.shift).
 CORRUPTIONS = (

@@ -51,6 +51,10 @@ class Registry(Generic[T]):
         self._load_plugins()
         return sorted(self._items)
 
+    def in_order(self) -> list[str]:
+        """The names in the order they were registered (where that order is shown, e.g. table rows)."""
+        return list(self._items)
+
     def __contains__(self, name: str) -> bool:
         self._load_plugins()
         return name in self._items

@@ -50,3 +50,23 @@ def read_only_folder(tmp_path):
         pytest.skip("running as root without permission to mount a read-only tmpfs")
     yield folder
     subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.fixture
+def launch_two_processes():
+    """Run ``tests/<script>`` under ``accelerate launch`` on two CPU processes (gloo); -> the lines the
+    processes printed that start with their rank ("0 ...", "1 ..."), sorted."""
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+              "--dynamo_backend", "no", "--multi_gpu", "--num_processes", "2"]
+
+    def run(script: str) -> list[str]:
+        result = subprocess.run([*launch, str(repo / "tests" / script)], cwd=repo, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return sorted(line for line in result.stdout.splitlines() if line[:2] in ("0 ", "1 "))
+
+    return run

@@ -393,14 +393,9 @@ def test_nonfinite_loss_skip_counts_and_does_not_update():
 
 
 @pytest.mark.slow
-def test_nonfinite_skip_agrees_across_processes():
+def test_nonfinite_skip_agrees_across_processes(launch_two_processes):
     """NaN on one of two processes: both skip that batch, no hang, weights stay finite and identical."""
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
-              "--dynamo_backend", "no", "--multi_gpu", "--num_processes", "2"]
-    result = subprocess.run([*launch, str(REPO / "tests" / "launch_nonfinite_skip.py")], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = sorted(line for line in result.stdout.splitlines() if line[:2] in ("0 ", "1 "))
+    lines = launch_two_processes("launch_nonfinite_skip.py")
     assert lines == ["0 6 2 True True", "1 6 2 True True"]  # 8 batches: 6 trained, 2 skipped on both
 
 

@@ -27,9 +27,9 @@ from mtl_cog.config import load_config
 from mtl_cog.errors import ConfigError
 from mtl_cog.evaluation.metrics import metric_names
 from mtl_cog.runs import rundir
+from mtl_cog.runs.metrics_log import wandb_row
 from mtl_cog.runs.tracking import WANDB_ID, Tracker, log_with
 from mtl_cog.training.accelerator import create_accelerator
-from mtl_cog.training.loop import wandb_row
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(REPO / "scripts" / "train_mtl.py")]

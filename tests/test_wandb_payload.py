@@ -10,8 +10,9 @@ from wandb.sdk.wandb_run import Run
 from mtl_cog.evaluation.metrics import compute_metrics, metric_names, metrics_frame
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
+from mtl_cog.runs.metrics_log import flatten_metrics
 from mtl_cog.runs.rundir import COUNT_CALIBRATION_PNG, RELIABILITY_PNG, SMOOTH_RELIABILITY_PNG, TRUTH_METRICS
-from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
+from mtl_cog.runs.tracking import Tracker, log_with
 from mtl_cog.training.accelerator import create_accelerator
 
 BINS = [5, 15]

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtl_cog.benchmarks.common import CELEBA_SPLITS, build_trainee, peak_rss_bytes
+from mtl_cog.benchmarks.common import CELEBA_SPLITS, peak_rss_bytes
 from mtl_cog.config import DataConfig, load_config
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.cache import cache_dir, inspect_cache, load_cached
@@ -46,6 +46,7 @@ from mtl_cog.data.cache_writer import write_source
 from mtl_cog.data.task_api import TASKS, SplitSource, TaskSource, TaskSpec, block_ranges
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.step import train_one_epoch
+from mtl_cog.training.trainee import build_trainee
 from tasks.fixtures import CELEBA_ATTRIBUTES, write_celeba
 
 CELEBA_IMAGES = sum(CELEBA_SPLITS.values())  # 202,599
@@ -152,7 +153,7 @@ def epoch_estimate(args: argparse.Namespace, train_images: int) -> dict:
     cfg = load_config(CONFIGS / "celeba" / "cog_fc.yaml", ["model.backbone=cog_cnn_small", "model.cifar_stem=false"])
     spec = TaskSpec("celeba_sized", tuple(CELEBA_ATTRIBUTES), (2,) * 40, (0.5,) * 3, (0.25,) * 3, hflip=True)
     accelerator = create_accelerator(None, "no")
-    trainee = build_trainee(accelerator, cfg, spec.layout)  # network, objective, optimiser as fit builds them
+    trainee = build_trainee(accelerator, cfg, spec.layout, seed=0)  # network, objective, optimiser as fit builds them
     network, objective, optimizer = trainee.network, trainee.objective, trainee.optimizer
     batch = cfg.train.batch_size
     source = random_source({"train": batch * (args.epoch_steps + 2)}, 32, 40)

@@ -30,7 +30,6 @@ from mtl_cog.benchmarks.common import (
     NUM_TASKS,
     Workload,
     binary_spec,
-    build_trainee,
     method_config,
     peak_rss_bytes,
     random_split,
@@ -41,6 +40,7 @@ from mtl_cog.data.cache_writer import write_cache
 from mtl_cog.data.task_api import TaskData
 from mtl_cog.errors import ConfigError
 from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.trainee import build_trainee
 
 CACHE_EXTRA_RSS_TARGET = 2**30  # bytes
 MODEL_STEPS = 3  # real steps in both probes, so that the model's own peak (activations, Adam state) is in
@@ -67,7 +67,7 @@ def run_probe(kind: str, folder: Path, workload: Workload, methods_dir: Path, si
         return {"peak_rss_bytes": peak_rss_bytes()}
     spec = binary_spec(NUM_TASKS)
     accelerator = create_accelerator(None, "no")
-    trainee = build_trainee(accelerator, method_config(methods_dir, "cog_fc", workload), spec.layout)
+    trainee = build_trainee(accelerator, method_config(methods_dir, "cog_fc", workload), spec.layout, seed=0)
     transform = BatchTransform(spec, train=True)
     generator = torch.Generator().manual_seed(0)
     batch = random_split(workload.batch_size, workload.image_size, NUM_TASKS, seed=0)

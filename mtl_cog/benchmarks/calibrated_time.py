@@ -37,14 +37,14 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from mtl_cog.benchmarks.common import NUM_TASKS, T, Workload, build_trainee, method_config, timed
+from mtl_cog.benchmarks.common import NUM_TASKS, T, Workload, method_config, timed
 from mtl_cog.config import Config
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TaskData
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.posthoc import calibrate
-from mtl_cog.models.network import build_network, parameter_counts
+from mtl_cog.models.network import parameter_counts
 from mtl_cog.objectives import build_objective
 from mtl_cog.runs import rundir
 from mtl_cog.runs.checkpoint import load_model
@@ -52,8 +52,7 @@ from mtl_cog.runs.tracking import Tracker
 from mtl_cog.runs.training_state import StageFiles, count_lines
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.loop import Hooks, Stage, restore_stage, run_second_stage, run_stage
-from mtl_cog.training.optim import build_optimizer, build_scheduler
-from mtl_cog.training.speed import apply_speed_options
+from mtl_cog.training.trainee import build_trainee
 
 
 @dataclass(frozen=True)
@@ -91,20 +90,14 @@ def train_stage_one(accelerator: Accelerator, cfg: Config, task_data: TaskData, 
     """Stage one as ``fit`` runs it for ``cfg``: build, the epoch loop (``run_stage``), load the best weights."""
     spec, train, val = task_data.spec, task_data.splits["train"], task_data.splits["val"]
     set_seed(cfg.seed)  # the same initial backbone for every method
-    network = apply_speed_options(build_network(cfg.model, cfg.method, spec.layout), cfg.train)
-    objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)
-    scheduler = build_scheduler(optimizer, cfg.optim)
-    prepared, optimizer = accelerator.prepare(network, optimizer)
-    model = accelerator.unwrap_model(prepared)
+    trainee = build_trainee(accelerator, cfg, spec.layout)
     run_dir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict())
-    stage = Stage("stage_one", prepared, model, objective, optimizer, scheduler, cfg.train.epochs, cfg.seed,
-                  cfg.eval.selection_metric, StageFiles.stage_one(run_dir))
+    stage = Stage.stage_one(trainee, cfg, StageFiles.stage_one(run_dir))
     run_stage(accelerator, stage, restore_stage(accelerator, stage), spec, train, val, cfg.train, cfg.eval, tracker,
               Hooks())
-    load_model(stage.files.best_model, model)
-    return StageOne(prepared, model, objective)
+    load_model(stage.files.best_model, trainee.model)
+    return StageOne(trainee.network, trainee.model, trainee.objective)
 
 
 def warm_up(accelerator: Accelerator, cfg: Config, task_data: TaskData) -> None:

@@ -1,8 +1,8 @@
 """What every benchmark shares: the workload, method configs, random splits, timing, peak memory.
 
-The benchmarks never carry their own training step: a *trainee* here is only the network,
-objective and optimiser that ``mtl_cog.training.step.batch_loss`` + ``apply_update`` (the
-library's step, the one ``train_one_epoch`` runs) are timed on.
+The benchmarks never carry their own training step nor their own assembly: a *trainee* is
+``mtl_cog.training.trainee.build_trainee``'s, the one ``fit`` trains, and its step is the
+library's (``batch_loss`` + ``apply_update``, the one ``train_one_epoch`` runs).
 """
 
 from __future__ import annotations
@@ -16,17 +16,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from accelerate import Accelerator
 
 from mtl_cog.config import Config, load_config
-from mtl_cog.data.task_api import LogitLayout, SplitData, TaskSpec
+from mtl_cog.data.task_api import SplitData, TaskSpec
 from mtl_cog.errors import ConfigError
-from mtl_cog.models.network import build_network
-from mtl_cog.objectives import build_objective
-from mtl_cog.training import step as training_step
-from mtl_cog.training.optim import build_optimizer
 from mtl_cog.training.preflight import check_registered_names
-from mtl_cog.training.speed import apply_speed_options
 
 NUM_TASKS = 40  # CelebA's attributes: the multi-task setting the speed targets are stated for
 CELEBA_SPLITS = {"train": 162_770, "val": 19_867, "test": 19_962}  # 202,599 in all
@@ -65,11 +59,12 @@ def method_config(methods_dir: Path, name: str, workload: Workload, overrides: l
     COG-TST's ``mlp`` head) come from the file; only backbone, sizes and speed options are the
     benchmark's, so every method is timed on the same network body and batch.
     """
+    name, aggregation = split_aggregator(name)
     path = methods_dir / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(available_methods(methods_dir))
         raise ConfigError(f"unknown method {name!r}: there is no {path}. Available: {known}.")
-    cfg = load_config(path, overrides)
+    cfg = load_config(path, [*(overrides or []), *aggregation])
     cfg = dataclasses.replace(
         cfg, tracking="none",
         model=dataclasses.replace(cfg.model, backbone=workload.backbone, cifar_stem=workload.cifar_stem),
@@ -80,6 +75,16 @@ def method_config(methods_dir: Path, name: str, workload: Workload, overrides: l
     cfg.validate()  # the workload's values pass the same checks as a config file's
     check_registered_names(cfg)  # an unregistered loss, head or calibrator fails before anything is timed
     return cfg
+
+
+def split_aggregator(name: str) -> tuple[str, list[str]]:
+    """``method[+aggregator[:features|parameters]]`` -> (method, its ``mtl.*`` overrides): a method under an
+    aggregator (``baseline+upgrad``, ``cog_fc+mgda:parameters``) is timed like any method."""
+    method, _, aggregator = name.partition("+")
+    if not aggregator:
+        return method, []
+    aggregator, _, place = aggregator.partition(":")
+    return method, [f"mtl.aggregator={aggregator}", *([f"mtl.aggregate_on={place}"] if place else [])]
 
 
 def binary_spec(num_tasks: int = NUM_TASKS, pad_crop: int = 0, hflip: bool = True) -> TaskSpec:
@@ -94,32 +99,6 @@ def random_split(n: int, size: int, num_tasks: int, seed: int, device: str | tor
     images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=generator, device=device)
     labels = torch.randint(0, 2, (n, num_tasks), generator=generator, device=device)
     return SplitData(images, labels)
-
-
-@dataclass
-class Trainee:
-    """One method's prepared network, objective and optimiser (what the library's step is timed on)."""
-
-    accelerator: Accelerator
-    network: torch.nn.Module
-    objective: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-
-    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """``batch_loss`` then ``apply_update``: exactly one step of ``train_one_epoch``."""
-        loss = training_step.batch_loss(self.network, self.objective, images, labels)
-        training_step.apply_update(self.accelerator, self.optimizer, loss)
-        return loss.detach()
-
-
-def build_trainee(accelerator: Accelerator, cfg: Config, layout: LogitLayout, seed: int = 0) -> Trainee:
-    """Network, objective and optimiser of ``cfg`` as ``fit`` builds them; the same initial backbone per seed."""
-    torch.manual_seed(seed)
-    network = apply_speed_options(build_network(cfg.model, cfg.method, layout), cfg.train)
-    objective = build_objective(layout, cfg.method).to(accelerator.device)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # as fit: + the loss's parameters
-    network, optimizer = accelerator.prepare(network, optimizer)
-    return Trainee(accelerator, network, objective, optimizer)
 
 
 def sync(device: torch.device) -> None:

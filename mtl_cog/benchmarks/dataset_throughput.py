@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-import tasks  # noqa: F401  (registers the data sets)
-from mtl_cog.benchmarks.common import build_trainee, timed
+from mtl_cog.benchmarks.common import timed
 from mtl_cog.config import Config, load_config
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.loading import load_task
 from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.trainee import build_trainee
 
 
 def measure(cfg: Config, backbone: str, steps: int) -> dict:
@@ -36,7 +36,7 @@ def measure(cfg: Config, backbone: str, steps: int) -> dict:
     train = data.splits["train"]
     batch = min(cfg.train.batch_size, len(train))
     accelerator = create_accelerator(None, cfg.train.precision)
-    trainee = build_trainee(accelerator, cfg, data.spec.layout)
+    trainee = build_trainee(accelerator, cfg, data.spec.layout, seed=0)
     transform = BatchTransform(data.spec, train=True, device=accelerator.device)
     generator = torch.Generator().manual_seed(0)
     durations = []

@@ -26,12 +26,9 @@ from mtl_cog.benchmarks.common import (
     timed,
 )
 from mtl_cog.data.batches import BatchTransform, place_split
-from mtl_cog.models.network import build_network
-from mtl_cog.objectives import build_objective
 from mtl_cog.training.accelerator import create_accelerator
-from mtl_cog.training.optim import build_optimizer
-from mtl_cog.training.speed import apply_speed_options
 from mtl_cog.training.step import batch_loss, train_one_epoch
+from mtl_cog.training.trainee import build_trainee
 
 METHOD = "cog_fc"
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from NVIDIA's data sheets; most specific first.
@@ -70,21 +67,18 @@ def epoch_check(workload: Workload, methods_dir: Path, images: int, warmup_steps
     device = accelerator.device
     cfg = method_config(methods_dir, METHOD, workload)
     spec = binary_spec(NUM_TASKS, pad_crop=0, hflip=True)  # CelebA's augmentation
-    torch.manual_seed(0)
-    network = apply_speed_options(build_network(cfg.model, cfg.method, spec.layout), cfg.train)
+    trainee = build_trainee(accelerator, cfg, spec.layout, seed=0)  # what fit trains, prepared as fit prepares it
     data_seconds, split = timed(device, lambda: place_split(  # train.images_on_device: uint8 images stay on the GPU
         random_split(images, workload.image_size, NUM_TASKS, seed=0, device=device), device))
-    objective = build_objective(spec.layout, cfg.method).to(device)
     transform = BatchTransform(spec, train=True, device=device)
     idx = torch.arange(min(workload.batch_size, images))
     with accelerator.autocast():
-        flops = flops_per_image(network.to(device), objective, transform(split.images[idx]), split.labels[idx])
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # as fit builds it
-    network, optimizer = accelerator.prepare(network, optimizer)
+        flops = flops_per_image(trainee.model, trainee.objective, transform(split.images[idx]), split.labels[idx])
 
     def run_epoch(data, epoch: int) -> float:
-        return timed(device, lambda: train_one_epoch(accelerator, network, objective, optimizer, data, transform,
-                                                     workload.batch_size, 0, epoch))[0]
+        return timed(device, lambda: train_one_epoch(accelerator, trainee.network, trainee.objective,
+                                                     trainee.optimizer, data, transform, workload.batch_size, 0,
+                                                     epoch))[0]
 
     warmup = run_epoch(split.head(min(images, workload.batch_size * warmup_steps)), 0)
     if device.type == "cuda":

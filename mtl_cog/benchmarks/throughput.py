@@ -15,13 +15,13 @@ from mtl_cog.benchmarks.common import (
     NUM_TASKS,
     Workload,
     binary_spec,
-    build_trainee,
     method_config,
     random_split,
     timed,
 )
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.training.accelerator import create_accelerator
+from mtl_cog.training.trainee import build_trainee
 
 
 def measure_throughput(workload: Workload, methods_dir: Path, steps: int) -> dict:
@@ -30,7 +30,7 @@ def measure_throughput(workload: Workload, methods_dir: Path, steps: int) -> dic
     accelerator = create_accelerator(None, workload.precision)
     device = accelerator.device
     spec = binary_spec(NUM_TASKS)
-    trainee = build_trainee(accelerator, cfg, spec.layout)
+    trainee = build_trainee(accelerator, cfg, spec.layout, seed=0)
     transform = BatchTransform(spec, train=True, device=device)
     data = random_split(workload.batch_size, workload.image_size, NUM_TASKS, seed=2)
     images, labels = data.images.to(device), data.labels.to(device)

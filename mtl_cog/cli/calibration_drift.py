@@ -43,7 +43,7 @@ from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.evaluation.posthoc import layout_of
+from mtl_cog.evaluation.predictions import layout_of
 from mtl_cog.evaluation.sharpness import hutchinson_trace, margin_quantiles, top_eigenvalue
 from mtl_cog.io import atomic_write_text
 from mtl_cog.models.calibrators import fit_temperatures

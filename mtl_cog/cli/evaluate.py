@@ -11,6 +11,13 @@ mtl_cog/evaluation/stability.py; it needs the data set);
 RUN_DIR/posthoc_metrics.csv gets one row per (method, task) with method "none" for the
 uncalibrated predictions, and RUN_DIR/predictions_test_<method>.npz the calibrated predictions.
 
+The JSON is {"tasks": {task: {metric: value}}, "mean": {metric: value}, "multitask": {metric:
+value}, "pairs": [...]}. Per task (and their mean): accuracy, nll, brier, ece@B, rmsce@B, mce@B,
+smece, adaece@B, brier_reliability, brier_resolution, brier_uncertainty, and classwise_ece@B for
+K-class tasks. "multitask" (two or more tasks): pooled_ece@B, worst_task_ece@B, p90_task_ece@B,
+and with two or more binary tasks count_ece and pair_joint_ece; "pairs" lists the joint
+calibration of each of the --pairs most correlated attribute pairs. Formulas: docs/metrics.md.
+
     python scripts/evaluate.py --run RUN_DIR --shift [CORRUPTION ...] [--severities 1-5] [--posthoc ts]
 
 With ``--shift``, the run's network predicts the test split under each named corruption of
@@ -20,48 +27,33 @@ applied under shift. RUN_DIR/shift_metrics.csv gets every metric per method x co
 severity x task (and the task mean), RUN_DIR/shift_test.png accuracy, NLL and ECE@15 against
 severity (docs/shift.md). ``--groups TASK ...`` adds per-group metrics and multicalibration
 (docs/metrics.md) to the JSON ("groups") and, with --run, writes RUN_DIR/group_metrics.csv.
-
-The JSON is {"tasks": {task: {metric: value}}, "mean": {metric: value}, "multitask": {metric:
-value}, "pairs": [...]}. Per task (and their mean): accuracy, nll, brier, ece@B, rmsce@B, mce@B,
-smece, adaece@B, brier_reliability, brier_resolution, brier_uncertainty, and classwise_ece@B for
-K-class tasks. "multitask" (two or more tasks): pooled_ece@B, worst_task_ece@B, p90_task_ece@B,
-and with two or more binary tasks count_ece and pair_joint_ece; "pairs" lists the joint
-calibration of each of the --pairs most correlated attribute pairs. Formulas: docs/metrics.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-import pandas as pd
-import torch
-
 from mtl_cog.config.schema import check_bins, check_corruptions, check_severities
-from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
+from mtl_cog.constants import DEFAULT_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError, run_cli
+from mtl_cog.evaluation.assess import AssessSettings, assess, assess_split
 from mtl_cog.evaluation.groups import check_groups
 from mtl_cog.evaluation.inference import predict_split
-from mtl_cog.evaluation.metrics import format_table, metrics_frame
+from mtl_cog.evaluation.metrics import format_table
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
-from mtl_cog.evaluation.posthoc import POSTHOC_METHODS, calibrate
-from mtl_cog.evaluation.predictions import load_predictions, save_predictions
-from mtl_cog.evaluation.robustness import add_certified_accuracy
-from mtl_cog.evaluation.scoring import score
+from mtl_cog.evaluation.posthoc import POSTHOC_METHODS
+from mtl_cog.evaluation.predictions import load_predictions
 from mtl_cog.evaluation.shift import evaluate_shift, summary
-from mtl_cog.evaluation.stability import stability_calibrate
-from mtl_cog.io import atomic_write, atomic_write_json, check_writable
-from mtl_cog.models.lipschitz import network_lipschitz
-from mtl_cog.progress import track
+from mtl_cog.io import atomic_write_json, check_writable
+from mtl_cog.reporting.posthoc_run import fit_posthoc_run, posthoc_method_names
 from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
 from mtl_cog.runs import rundir
-from mtl_cog.runs.trained import load_network, load_run
+from mtl_cog.runs.trained import load_network
 from mtl_cog.training.accelerator import create_accelerator
-
-# post-hoc methods that re-run the trained network (name -> fit on validation, apply to test)
-NETWORK_POSTHOC = {"stability": stability_calibrate}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,9 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="attribute pairs scored by pair_joint_ece (default: the run's eval.joint_pairs, "
                         f"else {DEFAULT_PAIRS}; 0 = none)")
     parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
-    parser.add_argument("--posthoc", nargs="+", choices=(*POSTHOC_METHODS, *NETWORK_POSTHOC), metavar="METHOD",
+    parser.add_argument("--posthoc", nargs="+", choices=posthoc_method_names(), metavar="METHOD",
                         help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
-                        f"test predictions ({', '.join((*POSTHOC_METHODS, *NETWORK_POSTHOC))})")
+                        f"test predictions ({', '.join(posthoc_method_names())})")
     parser.add_argument("--shift", nargs="*", metavar="CORRUPTION", default=None,
                         help="with --run: score the test split under these corruptions (none named: all 15)")
     parser.add_argument("--severities", default=None,
@@ -102,8 +94,6 @@ def parse_severities(text: str) -> list[int]:
     return values
 
 
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.bins is not None:
@@ -122,14 +112,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
-        return run_posthoc(args.run, args.posthoc, args.bins, args.out, args.pairs)
+        return fit_posthoc_run(args.run, args.posthoc, args.bins, args.out, args.pairs)
     if args.out is None:
         raise UserError("--out is required (where to write the metrics JSON).")
     if args.predictions is not None:
-        pairs = DEFAULT_PAIRS if args.pairs is None else args.pairs
+        settings = AssessSettings(args.bins or list(DEFAULT_BINS), DEFAULT_PAIRS if args.pairs is None else args.pairs,
+                                  groups=tuple(args.groups or ()))
         predictions = load_predictions(args.predictions)
-        check_groups(args.groups or [], predictions.task_names, "--groups")
-        metrics = score(predictions, args.bins or list(DEFAULT_BINS), pairs, args.groups or ())
+        check_groups(list(settings.groups), predictions.task_names, "--groups")
+        metrics = assess(predictions, settings).metrics
         print(format_table(metrics))
         atomic_write_json(args.out, metrics)
         print(args.out)
@@ -141,62 +132,23 @@ def main(argv: list[str] | None = None) -> dict:
         task_data = load_task(cfg.data)
     check_groups(args.groups or [], task_data.spec.task_names, "--groups")  # before the network runs
     network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
-    predictions = predict_split(accelerator, network, task_data.spec, task_data.splits[args.split],
-                                cfg.train.eval_batch_size)
-    metrics = score(predictions, args.bins or cfg.eval.bins, cfg.eval.joint_pairs if args.pairs is None else args.pairs,
-                    args.groups or ())
-    lipschitz = network_lipschitz(network)  # LiST networks: certified robust accuracy too
-    if lipschitz is not None:
-        add_certified_accuracy(metrics, predictions, lipschitz.numpy(), cfg.method.certify_eps, task_data.spec.std)
-    groups = metrics.get("groups")
+    # the sequence fit ends with (mtl_cog.evaluation.assess): predict, score, certify and any other add-on
+    metrics = assess_split(accelerator, network, task_data.spec, task_data.splits[args.split],
+                           cfg.train.eval_batch_size,
+                           AssessSettings.of_run(cfg, args.bins, args.pairs, groups=args.groups)).metrics
     if accelerator.is_main_process:
         atomic_write_json(args.out, metrics)
-        if groups is not None:
-            accelerator.print(write_group_files(args.run, groups))
+        if args.groups:
+            accelerator.print(write_group_files(args.run, metrics["groups"]))
     accelerator.print(format_table(metrics))
     accelerator.print(str(args.out))
     return metrics
 
 
-def run_posthoc(run_dir: Path, methods: list[str], bins: list[int] | None, out: Path | None,
-                pairs: int | None = None) -> dict:
-    """Fit each post-hoc method on the run's validation predictions; score it on its test predictions."""
-    eval_cfg = rundir.load_run_config(run_dir).eval
-    bins = bins or eval_cfg.bins
-    pairs = eval_cfg.joint_pairs if pairs is None else pairs
-    val = load_predictions(run_dir / rundir.predictions_file("val"))
-    test = load_predictions(run_dir / rundir.predictions_file("test"))
-    results = {"none": score(test, bins, pairs)}
-    trained, splits = None, None
-    for method in track(methods, f"post-hoc calibrators of {run_dir.name}", every=1):
-        if method in NETWORK_POSTHOC:  # needs the network and the images, not only the saved logits
-            if trained is None:
-                trained = load_run(run_dir, "cuda" if torch.cuda.is_available() else "cpu")
-                splits = load_task(trained.config.data).splits
-            calibrated = NETWORK_POSTHOC[method](trained.network, trained.transform, splits["val"].images,
-                                                 splits["test"].images, val, test)
-        else:
-            calibrated = calibrate(method, val, test)
-        save_predictions(run_dir / rundir.posthoc_predictions_file("test", method), calibrated)
-        results[method] = score(calibrated, bins, pairs)
-    frame = pd.concat([metrics_frame(m).assign(method=name) for name, m in results.items()], ignore_index=True)
-    frame = frame[["method", *[c for c in frame.columns if c != "method"]]]
-    atomic_write(run_dir / rundir.POSTHOC_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
-    summary = pd.DataFrame([{"method": name, **m["mean"], **m.get("multitask", {})} for name, m in results.items()])
-    columns = ["method", "accuracy", "nll", "brier", *[c for c in summary.columns if c.startswith("ece@")], "smece",
-               *[c for c in (f"pooled_ece@{SUMMARY_BINS}", "count_ece", "pair_joint_ece") if c in summary.columns]]
-    print("test metrics (mean over tasks), post-hoc calibrators fitted on validation predictions:")
-    print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if out is not None:
-        atomic_write_json(out, results)
-    print(run_dir / rundir.POSTHOC_METRICS)
-    return results
-
-
 def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: list[str], bins: list[int] | None,
               out: Path | None) -> dict:
     """The run's network on the test split under each corruption and severity -> shift_metrics.csv + figure."""
-    unsupported = [m for m in posthoc if m in NETWORK_POSTHOC]
+    unsupported = [m for m in posthoc if m not in POSTHOC_METHODS]
     if unsupported:
         raise UserError(f"--posthoc {' '.join(unsupported)} cannot be combined with --shift (it re-runs the network "
                         f"on perturbed images of its own); use {', '.join(POSTHOC_METHODS)}.")
@@ -210,16 +162,15 @@ def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: 
     spec, test = task_data.spec, task_data.splits["test"]
     network = load_network(cfg, spec, run_dir).to(accelerator.device)
     clean = predict_split(accelerator, network, spec, test, cfg.train.eval_batch_size)
-    eval_cfg = cfg.eval if bins is None else type(cfg.eval)(**{**cfg.eval.__dict__, "bins": bins})
+    eval_cfg = cfg.eval if bins is None else dataclasses.replace(cfg.eval, bins=bins)
     frame = evaluate_shift(accelerator, network, TASKS.get(cfg.data.task), spec, cfg.data, eval_cfg, test, clean, val,
                            names, levels, posthoc, cfg.train.eval_batch_size)
-    table = summary(frame)
     if accelerator.is_main_process:
         csv, png = write_shift_files(run_dir, frame)
         if out is not None:
             atomic_write_json(out, {"rows": frame.to_dict("records")})
         print("test metrics under corruption (mean over tasks, then over corruptions; severity 0 = clean):")
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print(summary(frame).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print(png)
         print(csv)
     return {"rows": frame.to_dict("records")}

@@ -19,8 +19,9 @@ from pathlib import Path
 import pandas as pd
 
 from mtl_cog.errors import ReportError, UserError, run_cli
+from mtl_cog.evaluation.assess import AssessSettings, assess
 from mtl_cog.evaluation.predictions import load_predictions
-from mtl_cog.evaluation.robustness import add_certified_accuracy, metric_name
+from mtl_cog.evaluation.robustness import metric_name
 from mtl_cog.io import atomic_write
 from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.reporting import plots
@@ -54,20 +55,18 @@ def front_table(runs: list[Path], eps: float, ece: str) -> pd.DataFrame:
     certified, rows = metric_name(eps), []
     for run in runs:
         trained = load_run(run)
-        lipschitz = network_lipschitz(trained.network)
-        if lipschitz is None:
+        if network_lipschitz(trained.network) is None:
             continue  # not a Lipschitz network
-        metrics = pd.read_csv(run / rundir.TEST_METRICS)
-        if ece not in metrics.columns:
-            raise ReportError(f"{run / rundir.TEST_METRICS} has no column {ece!r}; choose --ece among "
-                              f"{', '.join(c for c in metrics.columns if c.startswith('ece@'))}.")
+        # the sequence fit ends with (mtl_cog.evaluation.assess), at --eps, on the run's saved test predictions
         predictions = load_predictions(run / rundir.predictions_file("test"))
-        scored = {"tasks": {t: {} for t in predictions.task_names}, "mean": {}}
-        add_certified_accuracy(scored, predictions, lipschitz.numpy(), [eps], trained.spec.std)
-        cfg, mean = trained.config, metrics[metrics["task"] == "mean"].iloc[0]
+        mean = assess(predictions, AssessSettings.of_run(trained.config, certify_eps=[eps]), trained.network,
+                      trained.spec).metrics["mean"]
+        if ece not in mean:
+            raise ReportError(f"{run / rundir.TEST_METRICS} has no column {ece!r}; choose --ece among "
+                              f"{', '.join(c for c in mean if c.startswith('ece@'))}.")
+        cfg = trained.config
         rows.append({"dataset": cfg.data.task, "method": cfg.method.name, "margin": cfg.method.list_margin,
-                     "seed": cfg.seed, "accuracy": mean["accuracy"], certified: scored["mean"][certified],
-                     ece: mean[ece]})
+                     "seed": cfg.seed, "accuracy": mean["accuracy"], certified: mean[certified], ece: mean[ece]})
     if not rows:
         raise ReportError("no finished run of a Lipschitz network (LiST: configs/<dataset>/list.yaml or cog_list.yaml) "
                           "was found under the given paths.")

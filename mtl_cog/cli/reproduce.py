@@ -37,10 +37,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtl_cog.cli import compare, evaluate
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.schema import check_seed
+from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.experiments import gpu_time, launcher, protocol
 from mtl_cog.experiments.launcher import (
@@ -52,6 +52,8 @@ from mtl_cog.experiments.launcher import (
 from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable
 from mtl_cog.progress import track
+from mtl_cog.reporting.comparison import write_comparison
+from mtl_cog.reporting.posthoc_run import fit_posthoc_run, posthoc_method_names
 from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.runs import rundir
 
@@ -70,7 +72,6 @@ CPU_SCALE = {
 }
 # The CPU-scale backbone is the tiny counterpart of the config's: a LiST network stays Lipschitz.
 TINY_BACKBONES = {"cog_lipschitz_small": "cog_lipschitz_tiny"}  # any other backbone -> cog_cnn_tiny
-POSTHOC = ["ts", "ts_guo", "vs", "ms", "svs", "sms", "isotonic", "histogram", "stability"]
 # --protocol configs only: the head-leader methods (cog_fc, cog_ls, cog_tst) update their whole
 # classifier at the leader rate; in short CPU runs the configs' 1e-4 leaves them underconfident.
 # These rates came from a sweep of cog_fc alone, so this protocol favours those methods; the fair
@@ -220,13 +221,12 @@ def jobs_to_run(jobs: list[Job], args: argparse.Namespace) -> tuple[list[RunJob]
     return run_jobs, todo
 
 
-def launch(jobs: list[Job], args: argparse.Namespace, executor, what: str) -> list[Job]:
-    """Run the unfinished ``jobs``; -> the jobs that failed."""
+def launch(jobs: list[Job], args: argparse.Namespace, runner, what: str) -> list[Job]:
+    """Run the unfinished ``jobs`` with ``runner`` (``make_launcher``'s); -> the jobs that failed."""
     run_jobs, todo = jobs_to_run(jobs, args)
     print(f"{what}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run", flush=True)
     if not todo:
         return []
-    runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     try:
         codes = runner.run(run_jobs)
     except KeyboardInterrupt:
@@ -301,7 +301,7 @@ def fit_posthoc(jobs: list[Job], methods: list[str]) -> list[Job]:
             and not any((j.run_dir / n).is_file() for n in (rundir.POSTHOC_METRICS, rundir.POSTHOC_JSON))]
     for job in track(todo, "post-hoc calibrators: fitting"):
         try:
-            evaluate.run_posthoc(job.run_dir, POSTHOC, None, job.run_dir / rundir.POSTHOC_JSON)
+            fit_posthoc_run(job.run_dir, posthoc_method_names(), None, job.run_dir / rundir.POSTHOC_JSON)
         except UserError as err:
             print(f"post-hoc calibration of {job.run_dir} failed: {err}", file=sys.stderr)
             failed.append(job)
@@ -328,20 +328,22 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
             print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them)")
         return report_dir
 
+    # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before any run or log is written
+    runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     chosen = None
     if tuning:
-        failed = launch([j for trials in tuning.values() for j in trials], args, executor, "tuning")
+        failed = launch([j for trials in tuning.values() for j in trials], args, runner, "tuning")
         if failed:
             raise UserError(f"{len(failed)} tuning run(s) failed ({', '.join(str(j.run_dir) for j in failed)}; see "
                             "their .log files): every method must get its whole budget, so nothing was chosen. "
                             "Fix the cause and run the same command again: it continues from there.")
         chosen = choose_settings(tuning, args)
         final = final_jobs(chosen, args, runs_dir)
-    failed = launch(final, args, executor, "final runs")
+    failed = launch(final, args, runner, "final runs")
     failed += fit_posthoc(final, args.posthoc_on)
     if len(failed) == len(final):
         raise UserError("every run failed; see the .log files next to the run folders.")
-    compare.main([str(runs_dir), "--out", str(report_dir)])
+    write_comparison([runs_dir], report_dir, list(DEFAULT_BINS), SUMMARY_BINS)  # = compare RUNS --out REPORT
     write_protocol_note(report_dir, args, chosen)
     if failed:
         raise UserError(f"{len(failed)} run(s) failed (training or post-hoc step), so the report lacks them: "

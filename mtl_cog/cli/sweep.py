@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     if args.dry_run:
         print_plan(combos, configs, states, measured)
         return out / "best_config.yaml"
+    # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before the sweep folder is written
+    launcher = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)
     make_folder(out)  # a file or a read-only folder: one error line
     atomic_write_json(out / SWEEP_ARGS, {"config": str(args.config), "grid": args.grid, "overrides": args.overrides})
     todo = [i for i, s in enumerate(states) if s != DONE]
@@ -147,7 +149,6 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
             print(f"[{i + 1}/{len(combos)}] run_{i:02d}: reused (already finished with these settings)", flush=True)
         elif states[i] == UNFINISHED:
             print(f"[{i + 1}/{len(combos)}] run_{i:02d}: unfinished, continues from its last saved state", flush=True)
-    launcher = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)
     try:
         codes = launcher.run([train_job(args, combos[i], out, i, states[i]) for i in todo])
     except KeyboardInterrupt:

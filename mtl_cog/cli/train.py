@@ -22,11 +22,13 @@ from pathlib import Path
 
 from mtl_cog.cli.config_args import add_config_arguments, given, resolve_files
 from mtl_cog.cli.paths import CONFIGS
-from mtl_cog.config import Config, load_config
+from mtl_cog.config import Config, load_config, method_identity
+from mtl_cog.config.loader import with_overrides
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.experiments import gpu_time
 from mtl_cog.runs import rundir
 from mtl_cog.training import fit
+from mtl_cog.training.resume_settings import plan_resume
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,14 +51,17 @@ def main(argv: list[str] | None = None) -> Path:
             raise UserError("--resume continues a run with its saved config: no --config or --overwrite with it "
                             "(nor --data, --method).")
         rundir.check_resumable(args.resume)
-        cfg = load_config(args.resume / rundir.CONFIG, args.overrides)
+        saved = load_config(args.resume / rundir.CONFIG)  # read once: fit diffs against this very config
+        cfg = with_overrides(saved, args.overrides)
         if args.overrides:
             print(f"resuming with changed settings: {' '.join(args.overrides)}")
     else:
-        cfg = load_config(resolve_files(args), args.overrides)
+        saved, cfg = None, load_config(resolve_files(args), args.overrides)
     if args.dry_run:
+        if saved is not None:  # the checks the real resume runs first (fit runs them itself, under the run's lock)
+            plan_resume(args.resume, cfg, saved)
         return dry_run(cfg, args.gpu_check)
-    return fit(cfg, resume_dir=args.resume, overwrite=args.overwrite).run_dir
+    return fit(cfg, resume_dir=args.resume, overwrite=args.overwrite, saved_config=saved).run_dir
 
 
 def dry_run(cfg: Config, gpu_check: Path | None) -> Path:
@@ -64,7 +69,8 @@ def dry_run(cfg: Config, gpu_check: Path | None) -> Path:
     method = cfg.method
     leader = "+".join(method.leader) or "none (standard training)"
     lines = [
-        f"method {method.name}: calibrator {method.calibrator}, leader {leader}, loss {method.loss}",
+        f"method {method.name}: calibrator {method.calibrator}, leader {leader}, loss {method.loss}, "
+        f"mtl.aggregator {cfg.mtl.aggregator}",
         f"data {cfg.data.task} @ {cfg.data.image_size} px (root {cfg.data.root}, max_samples {cfg.data.max_samples})",
         f"model {cfg.model.backbone} (cifar_stem {cfg.model.cifar_stem}, head {cfg.model.head})",
         f"train {cfg.train.epochs} epochs, batch {cfg.train.batch_size} (global), precision {cfg.train.precision}; "
@@ -78,7 +84,8 @@ def dry_run(cfg: Config, gpu_check: Path | None) -> Path:
     if estimate.sizes is not None:
         lines.append("data sizes train/val/test " + "/".join(f"{n:,}" for n in estimate.sizes.values()))
     lines.append(f"estimated time: {gpu_time.format_duration(estimate.seconds)} on one device ({estimate.source})")
-    run_dir = Path(cfg.output_dir) / (cfg.run_name or rundir.default_run_name(cfg.data.task, method.name, cfg.seed))
+    name = cfg.run_name or rundir.default_run_name(cfg.data.task, method_identity(cfg.to_dict()), cfg.seed)
+    run_dir = Path(cfg.output_dir) / name
     lines.append(f"dry run: nothing written; the run folder would be {run_dir}")
     print("\n".join(lines))
     return run_dir

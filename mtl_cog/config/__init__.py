@@ -9,13 +9,17 @@ from mtl_cog.config.schema import (
     FashionMosaicConfig,
     MethodConfig,
     ModelConfig,
+    MtlConfig,
     OptimConfig,
     SyntheticConfig,
     TrainConfig,
     TwoStageConfig,
+    counterpart_identity,
+    method_identity,
 )
 
 __all__ = [
     "PRECISIONS", "Config", "DataConfig", "EvalConfig", "FashionMosaicConfig", "MethodConfig", "ModelConfig",
-    "OptimConfig", "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict", "load_config", "save_config",
+    "MtlConfig", "OptimConfig", "SyntheticConfig", "TrainConfig", "TwoStageConfig", "config_from_dict",
+    "counterpart_identity", "load_config", "method_identity", "save_config",
 ]

@@ -237,3 +237,14 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a string. Got {value!r}.")
         return value
     raise ConfigError(f"{key}: unsupported type {hint}.")
+
+
+def with_overrides(config: Config, overrides: list[str] | None) -> Config:
+    """``config`` with dotted ``key=value`` overrides on top, built and checked as ``load_config`` builds a file's
+    (``--resume RUN key=value``: the run's saved config, read once, and the changed settings)."""
+    if not overrides:
+        return config
+    raw = config.to_dict()
+    for item in overrides:
+        _set_dotted(raw, *_parse_override(item))
+    return config_from_dict(raw)

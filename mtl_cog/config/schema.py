@@ -125,6 +125,10 @@ class DataConfig:
     cache_dir: str | None = None  # where decoded uint8 caches live; default <root>/.mtl_cog_cache
     # decode once into a memory-mapped uint8 cache (mtl_cog/data/cache.py); false = decode on every run
     use_cache: bool = True
+    # Partly labelled data on demand: hide this fraction of the (sample, task) labels of every split at random
+    # (they become MISSING_LABEL), drawn from hide_labels_seed, independent of the training seed (docs/mtl.md).
+    hide_labels: float = 0.0
+    hide_labels_seed: int = 0
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     fashion_mosaic: FashionMosaicConfig = field(default_factory=FashionMosaicConfig)
 
@@ -141,6 +145,10 @@ class DataConfig:
         check_seed(self.synthetic.seed, "data.synthetic.seed")
         self.fashion_mosaic.validate()
         check_seed(self.fashion_mosaic.seed, "data.fashion_mosaic.seed")
+        if not 0.0 <= self.hide_labels < 1.0:
+            raise ConfigError(f"data.hide_labels (the fraction of labels hidden) must be in [0, 1). "
+                              f"Got {self.hide_labels}.")
+        check_seed(self.hide_labels_seed, "data.hide_labels_seed")
 
 
 @dataclass
@@ -387,6 +395,53 @@ class TwoStageConfig:
             )
 
 
+AGGREGATE_ON = ("features", "parameters")
+EQUAL_WEIGHTS = "equal"
+
+
+def method_identity(config: dict[str, Any]) -> str:
+    """What a run compares as: ``method.name``, plus ``+<aggregator>`` under a multi-task aggregator
+    (``cog_fc+upgrad``; ``cog_fc+mgda_params`` with the Gramian on the parameters). Read from a config
+    *dict* (``Config.to_dict()`` or a run folder's ``config.yaml``), so runs older than ``mtl:`` are plain."""
+    name = str(config["method"]["name"])
+    mtl = config.get("mtl") or {}
+    aggregator = mtl.get("aggregator", EQUAL_WEIGHTS)
+    if aggregator == EQUAL_WEIGHTS:
+        return name
+    return f"{name}+{aggregator}" + ("_params" if mtl.get("aggregate_on") == "parameters" else "")
+
+
+def counterpart_identity(counterpart: str, config: dict[str, Any]) -> str:
+    """A method's ``counterpart`` under the same aggregator: ``baseline+ts`` of ``cog_ts+upgrad`` is
+    ``baseline+upgrad+ts`` (the baseline trained with UPGrad, then post-hoc TS): a pair differs in COG only."""
+    own = method_identity(config)
+    suffix = own[len(str(config["method"]["name"])):]  # "" under equal weights
+    base, plus, posthoc = counterpart.partition("+")
+    return f"{base}{suffix}{plus}{posthoc}"
+
+
+@dataclass
+class MtlConfig:
+    """How the per-task losses become the shared backbone's gradient (docs/mtl.md).
+
+    ``aggregator``: ``equal`` (the mean of the per-task losses: plain training, bit for bit) or a
+    name registered in ``mtl_cog/objectives/aggregators/`` (uncertainty, upgrad, mgda, pcgrad,
+    imtl_g, aligned_mtl). ``aggregate_on``: where the Gramian of the per-task gradients is taken,
+    ``features`` (the backbone's output, Sener & Koltun's MGDA-UB bound: one cheap Jacobian through
+    the heads) or ``parameters`` (the backbone's parameters: exact, one backward per task). The
+    heads and the COG leader get the mean loss's gradient either way.
+    """
+
+    aggregator: str = EQUAL_WEIGHTS
+    aggregate_on: str = "features"
+
+    def validate(self) -> None:
+        if not self.aggregator:
+            raise ConfigError("mtl.aggregator must name an aggregator (equal, uncertainty, upgrad, mgda, ...).")
+        if self.aggregate_on not in AGGREGATE_ON:
+            raise ConfigError(f"mtl.aggregate_on must be one of {', '.join(AGGREGATE_ON)}. Got {self.aggregate_on!r}.")
+
+
 @dataclass
 class Config:
     seed: int = 0
@@ -403,6 +458,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     two_stage: TwoStageConfig = field(default_factory=TwoStageConfig)
+    mtl: MtlConfig = field(default_factory=MtlConfig)
 
     def validate(self) -> None:
         if self.tracking not in ("wandb", "none"):
@@ -424,6 +480,7 @@ class Config:
         self.train.validate()
         self.eval.validate()
         self.two_stage.validate()
+        self.mtl.validate()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

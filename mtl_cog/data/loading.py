@@ -6,9 +6,14 @@ built-in ``tasks`` package on its first lookup (``mtl_cog.registry``), so no cal
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
+
 from mtl_cog.config import DataConfig
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.cache import load_cached
-from mtl_cog.data.task_api import TASKS, TaskData
+from mtl_cog.data.task_api import TASKS, TaskData, check_labels
 from mtl_cog.errors import ConfigError, DataError, UnknownNameError
 
 
@@ -30,4 +35,21 @@ def load_task(data_cfg: DataConfig) -> TaskData:
     for split in ("train", "val", "test"):
         if split not in task_data.splits or len(task_data.splits[split]) == 0:
             raise DataError(f"task {data_cfg.task!r} produced no {split!r} samples.")
+    if data_cfg.hide_labels > 0:
+        task_data = hide_labels(task_data, data_cfg.hide_labels, data_cfg.hide_labels_seed)
     return task_data
+
+
+def hide_labels(task_data: TaskData, fraction: float, seed: int) -> TaskData:
+    """``task_data`` with each (sample, task) label of every split hidden (``MISSING_LABEL``) with probability
+    ``fraction``, independently, from ``seed`` (one generator per split, so a split's mask does not depend on
+    the others' sizes). Applied after the cache, so the cache is shared with the fully labelled data set;
+    a task left with no label in a split is refused (``check_labels``) with the split named."""
+    splits = {}
+    for index, (name, split) in enumerate(sorted(task_data.splits.items())):
+        generator = torch.Generator().manual_seed(seed * 1009 + index)
+        hidden = torch.rand(split.labels.shape, generator=generator) < fraction
+        labels = split.labels.masked_fill(hidden, MISSING_LABEL)
+        check_labels(task_data.spec, labels.numpy(), f"data.hide_labels={fraction}: split {name!r}")
+        splits[name] = dataclasses.replace(split, labels=labels)
+    return dataclasses.replace(task_data, splits=splits)

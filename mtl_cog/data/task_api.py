@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.errors import DataError
 from mtl_cog.registry import Registry
 
@@ -249,19 +250,25 @@ def check_labels(spec: TaskSpec, labels: np.ndarray, where: str) -> None:
     if not len(labels):
         return
     limits = np.asarray(spec.num_classes)
-    bad_columns = np.flatnonzero((labels.min(axis=0) < 0) | (labels.max(axis=0) >= limits))
-    if not bad_columns.size:
-        return
-    t = int(bad_columns[0])
-    column = labels[:, t]
-    row = int(np.flatnonzero((column < 0) | (column >= limits[t]))[0])
-    value = int(column[row])
-    hint = (" A negative label usually marks an unknown value; every sample needs all its labels here, "
-            "so drop such samples from the source." if value < 0 else "")
-    raise DataError(
-        f"{where}: task {spec.task_names[t]!r} has label {value} at row {row}; its labels must lie in "
-        f"0..{int(limits[t]) - 1}.{hint}"
-    )
+    missing = labels == MISSING_LABEL  # partly labelled data: this entry is unknown (mtl_cog/constants.py)
+    known_min = np.where(missing, 0, labels).min(axis=0)
+    bad_columns = np.flatnonzero((known_min < 0) | (labels.max(axis=0) >= limits))
+    if bad_columns.size:
+        t = int(bad_columns[0])
+        column = labels[:, t]
+        row = int(np.flatnonzero(((column < 0) & (column != MISSING_LABEL)) | (column >= limits[t]))[0])
+        value = int(column[row])
+        hint = (f" A negative label usually marks an unknown value: write it as {MISSING_LABEL} (MISSING_LABEL), "
+                "never as another negative value (CelebA's files use -1 for 'no')." if value < 0 else "")
+        raise DataError(
+            f"{where}: task {spec.task_names[t]!r} has label {value} at row {row}; its labels must lie in "
+            f"0..{int(limits[t]) - 1} or be {MISSING_LABEL} (missing).{hint}"
+        )
+    unlabelled = np.flatnonzero(missing.all(axis=0))
+    if unlabelled.size:  # nothing to train, select or score this task on
+        names = ", ".join(repr(spec.task_names[t]) for t in unlabelled[:5])
+        raise DataError(f"{where}: task(s) {names} have no labelled sample (every label is {MISSING_LABEL}); "
+                        "give each task at least one label in every split, or drop the task.")
 
 
 def check_true_probs(true_probs: np.ndarray, n: int, num_tasks: int, where: str) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, log_softmax
 
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.errors import PredictionFileError
 from mtl_cog.evaluation import multitask_metrics as multitask
 from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_errors: part of this module's API)
@@ -49,6 +50,7 @@ from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_erro
     uniform_bin_index,
 )
 from mtl_cog.evaluation.brier_decomposition import decompose_sorted
+from mtl_cog.evaluation.predictions import labelled_rows
 from mtl_cog.evaluation.selective import SELECTIVE_METRICS, aurc_from_sorted_logits, aurc_rows
 from mtl_cog.evaluation.smooth_ece import smooth_ece_sorted
 
@@ -189,16 +191,62 @@ def compute_metrics(
     ``logits[t]`` is (N,) for a binary task and (N, K) for a K-class task; ``labels[t]`` is (N,).
     Binary tasks are scored together in one pass; multi-class tasks one by one. ``pairs`` is the
     number k of most correlated attribute pairs whose joint calibration is measured (0 = none).
+
+    Partly labelled data (labels equal to ``MISSING_LABEL``): every per-task metric is that of the
+    task's labelled rows alone, the pooled errors pool every labelled (task, sample) event, and
+    the joint metrics (count and pair calibration, which need every task's label of a sample) use
+    the samples labelled in every binary task (left out when fewer than two are). A task with no
+    labelled sample is refused.
+
     ``selective=False`` leaves out ``aurc``/``eaurc`` (the metrics benchmark times them side by side).
     ``bandwidths``, when given, receives each task's smECE bandwidth σ* (the subgroup metrics reuse it).
     """
     if not task_names or len(labels[0]) == 0:
         raise PredictionFileError(f"nothing to score: {len(task_names)} task(s) with "
                                   f"{len(labels[0]) if task_names else 0} samples each.")
+    known = [np.asarray(y) != MISSING_LABEL for y in labels]
+    if all(k.all() for k in known):
+        per_task, task_sums, binary, binary_probs, y = _score_tasks(task_names, logits, labels, bins, selective,
+                                                                    bandwidths)
+    else:
+        per_task, task_sums = {}, {}
+        for t, name in enumerate(task_names):
+            if not known[t].any():
+                raise PredictionFileError(f"task {name!r} has no labelled sample (every label is {MISSING_LABEL}): "
+                                          "there is nothing to score it on. Label some samples of every task.")
+            z_t, y_t = labelled_rows(logits[t], labels[t])
+            scored, sums = _score_tasks([name], [z_t], [y_t], bins, selective, bandwidths)[:2]
+            per_task[name], task_sums[t] = scored[name], sums[0]
+        binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
+        everywhere = np.logical_and.reduce([known[t] for t in binary]) if binary else None
+        binary_probs = y = None
+        if everywhere is not None and everywhere.sum() >= 2:  # joint metrics: samples labelled in every binary task
+            y = np.stack([labels[t][everywhere] for t in binary]).astype(np.float64)
+            binary_probs = expit(np.stack([logits[t][everywhere] for t in binary]).astype(np.float64))
+    names = metric_names(bins, multiclass=any(np.ndim(z) == 2 for z in logits), selective=selective)
+    mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v])) for m in names}
+    out: dict = {"tasks": per_task, "mean": mean}
+    if len(task_names) >= 2:
+        pooled = {b: np.sum([task_sums[t][b] for t in range(len(task_names))], axis=0) for b in bins}
+        out["multitask"] = multitask.task_spread(per_task, pooled, bins)
+        if len(binary) >= 2 and binary_probs is not None:
+            joint = multitask.joint_metrics([task_names[t] for t in binary], binary_probs, y, pairs)
+            out["multitask"].update(joint.scalars)
+            if joint.pairs:
+                out["pairs"] = joint.pairs
+    return out
+
+
+def _score_tasks(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],
+                 bins: list[int] | tuple[int, ...], selective: bool = True, bandwidths: dict | None = None
+                 ) -> tuple[dict, dict, list[int], np.ndarray | None, np.ndarray | None]:
+
+    """Per-task metrics of fully labelled tasks with the same samples: (per_task, per-task uniform bin sums,
+    the binary tasks' indices, their probabilities (Tb, N) and 0/1 labels (Tb, N))."""
     per_task: dict[str, dict[str, float]] = {}
     binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
     task_sums: dict[int, dict] = {}
-    binary_probs = None
+    binary_probs = y = None
     if binary:
         z = np.stack([logits[t] for t in binary])
         z = z if z.dtype in (np.float32, np.float64) else z.astype(np.float64)
@@ -219,18 +267,7 @@ def compute_metrics(
             if bandwidths is not None:
                 bandwidths[task_names[t]] = float(values[SMECE_BANDWIDTH][0])
     per_task = {name: per_task[name] for name in task_names}  # data-set order
-    names = metric_names(bins, multiclass=len(binary) < len(task_names), selective=selective)
-    mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v])) for m in names}
-    out: dict = {"tasks": per_task, "mean": mean}
-    if len(task_names) >= 2:
-        pooled = {b: np.sum([task_sums[t][b] for t in range(len(task_names))], axis=0) for b in bins}
-        out["multitask"] = multitask.task_spread(per_task, pooled, bins)
-        if len(binary) >= 2:
-            joint = multitask.joint_metrics([task_names[t] for t in binary], binary_probs, y, pairs)
-            out["multitask"].update(joint.scalars)
-            if joint.pairs:
-                out["pairs"] = joint.pairs
-    return out
+    return per_task, task_sums, binary, binary_probs, y
 
 
 def task_metrics(logits: np.ndarray, labels: np.ndarray, bins: list[int] | tuple[int, ...]) -> dict[str, float]:

@@ -1,6 +1,10 @@
 """Post-hoc calibration of saved predictions: fit on validation logits, apply to test logits.
 
-One calibrator per task (tasks never share calibration parameters). Three families:
+Every method is a ``PosthocCalibrator`` with ``fit(val_predictions)`` and ``apply(predictions)``
+(torch-uncertainty's post-processing scalers have the same shape), registered under its name in
+``POSTHOC``, the one list every command reads (``evaluate --posthoc``, ``reproduce``, the tables).
+Adding a method is one class and one decorator; see "Adding a post-hoc method" in docs/baselines.md.
+One calibrator per task (tasks never share calibration parameters). Four families:
 
 - ``ts``, ``vs``, ``ms`` (temperature, vector, matrix scaling; Guo et al., 2017) use *our*
   calibrator classes (``mtl_cog/models/calibrators.py``), the very classes COG trains jointly;
@@ -15,13 +19,16 @@ One calibrator per task (tasks never share calibration parameters). Three famili
   the optimum is far from 1.5: a binary task with logits +-3.65 right 80% of the time (optimal
   T = 2.63) ends at T = 1.71, with optimal T = 0.6 it ends at T = 1.47, worse than no
   calibration, and where the NLL is nearly linear in T it can jump to a negative temperature
-  (kept, with a warning; see ``_fit_guo`` and tests/test_posthoc.py). It is a weaker baseline
+  (kept, with a warning; see ``GuoTemperatureScaling`` and tests/test_posthoc.py). It is a weaker baseline
   than ``ts``; reports name the two apart (``baseline+ts`` vs ``baseline+ts_guo``), see
   docs/baselines.md.
 - ``svs``, ``sms`` (regularised vector / matrix scaling; Berta et al., 2025), ``isotonic``
   (Zadrozny & Elkan, 2002) and ``histogram`` binning (Zadrozny & Elkan, 2001) come from
   probmetrics (``probmetrics.calibrators``), fitted per task. Multi-class histogram binning is
   one-vs-rest. Binary tasks enter probmetrics (and ``ts_guo``) as two-column logits [0, z].
+
+- ``stability`` (``mtl_cog.evaluation.stability``) re-runs the trained network on perturbed
+  images (``needs_network``): it is built with the network and gets each split's images.
 
 Unregularised matrix scaling overfits with many classes (the COG paper sees it on CIFAR-100);
 it is reported as is, ``sms`` is its regularised counterpart.
@@ -30,42 +37,70 @@ it is reported as is, ``sms`` is its regularised counterpart.
 from __future__ import annotations
 
 import warnings
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import PosthocError
-from mtl_cog.evaluation.predictions import Predictions
+from mtl_cog.evaluation.predictions import Predictions, flat_tensors, labelled_rows, layout_of
+from mtl_cog.evaluation.stability import StabilityTemperature, apply_stability, fit_stability
 from mtl_cog.models.calibrators import CALIBRATORS, fit_calibrator
+from mtl_cog.registry import Registry
 
-OUR_CALIBRATORS = {"ts": "temperature", "vs": "vector", "ms": "matrix"}
-GUO_TEMPERATURE_SCALING = "ts_guo"
-PROBMETRICS_CALIBRATORS = ("svs", "sms", "isotonic", "histogram")
-POSTHOC_METHODS = ("ts", GUO_TEMPERATURE_SCALING, "vs", "ms", *PROBMETRICS_CALIBRATORS)
+__all__ = ["POSTHOC", "POSTHOC_METHODS", "PosthocCalibrator", "build_posthoc", "calibrate", "fit_calibrator",
+           "guo_temperature", "layout_of"]
+
 # Guo et al.'s set_temperature (github.com/gpleiss/temperature_scaling, temperature_scaling.py).
 GUO_INITIAL_TEMPERATURE = 1.5
 GUO_LBFGS = {"lr": 0.01, "max_iter": 50}
 
 
-def layout_of(predictions: Predictions) -> LogitLayout:
-    return LogitLayout(tuple(2 if np.ndim(z) == 1 else z.shape[1] for z in predictions.logits))
+class PosthocCalibrator:
+    """A post-hoc method: ``fit`` on validation predictions, then ``apply`` to any predictions of the same tasks.
+
+    ``needs_network`` methods are built with the trained network and its evaluation transform
+    (``build_posthoc``) and get each split's uint8 images, in the predictions' order.
+    """
+
+    needs_network: ClassVar[bool] = False
+
+    def fit(self, val: Predictions, images: torch.Tensor | None = None) -> PosthocCalibrator:
+        raise NotImplementedError
+
+    def apply(self, predictions: Predictions, images: torch.Tensor | None = None) -> Predictions:
+        raise NotImplementedError
 
 
-def _flat(predictions: Predictions, layout: LogitLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = torch.as_tensor(layout.join(predictions.logits), dtype=torch.float64)
-    labels = torch.as_tensor(np.stack(predictions.labels, axis=1), dtype=torch.long)
-    return logits, labels
+POSTHOC: Registry[type[PosthocCalibrator]] = Registry("post-hoc method")
 
 
-def _fit_ours(method: str, val: Predictions, test: Predictions, layout: LogitLayout) -> list[np.ndarray]:
-    calibrator = CALIBRATORS.get(OUR_CALIBRATORS[method])(layout).double()
-    val_logits, val_labels = _flat(val, layout)
-    fit_calibrator(calibrator, val_logits, val_labels, layout)
-    with torch.no_grad():
-        test_logits = calibrator(_flat(test, layout)[0]).float().numpy()
-    return layout.split(test_logits)
+def _with_logits(predictions: Predictions, logits: list[np.ndarray]) -> Predictions:
+    return Predictions(list(predictions.task_names), logits, list(predictions.labels), predictions.true_probs)
+
+
+class LearnedScaling(PosthocCalibrator):
+    """One of the calibrator classes COG trains (``calibrator`` names it in ``CALIBRATORS``), fitted exactly
+    (``fit_calibrator``: L-BFGS, strong Wolfe) on the frozen validation logits, all tasks in one separable fit."""
+
+    calibrator: ClassVar[str]
+
+    def fit(self, val: Predictions, images: torch.Tensor | None = None) -> LearnedScaling:
+        self.layout = layout_of(val)
+        self.module = CALIBRATORS.get(self.calibrator)(self.layout).double()
+        fit_calibrator(self.module, *flat_tensors(val, self.layout), self.layout)
+        return self
+
+    def apply(self, predictions: Predictions, images: torch.Tensor | None = None) -> Predictions:
+        with torch.no_grad():
+            logits = self.module(flat_tensors(predictions, self.layout)[0]).float().numpy()
+        return _with_logits(predictions, self.layout.split(logits))
+
+
+@POSTHOC.register("ts")
+class TemperatureScaling(LearnedScaling):
+    calibrator = "temperature"
 
 
 def guo_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -91,7 +126,8 @@ def guo_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float(temperature.item())
 
 
-def _fit_guo(val: Predictions, test: Predictions) -> list[np.ndarray]:
+@POSTHOC.register("ts_guo")
+class GuoTemperatureScaling(PosthocCalibrator):
     """``ts_guo``: one temperature per task by ``guo_temperature``, each task fitted alone.
 
     Alone, not jointly: L-BFGS's curvature estimate mixes every parameter it optimises, so a
@@ -104,73 +140,171 @@ def _fit_guo(val: Predictions, test: Predictions) -> list[np.ndarray]:
     a repaired one) and a warning names the tasks; a temperature of 0 or a non-finite one gives
     no usable logits and is refused.
     """
-    out, reversed_tasks = [], []
-    for name, z, y, z_test in zip(val.task_names, val.logits, val.labels, test.logits):
-        logits = torch.as_tensor(z, dtype=torch.float32)  # the recipe runs on the float32 logits of a network
-        if logits.ndim == 1:  # binary: softmax of [0, z / T] is sigmoid(z / T)
-            logits = torch.stack([torch.zeros_like(logits), logits], 1)
-        temperature = guo_temperature(logits, torch.as_tensor(y, dtype=torch.long))
-        if not np.isfinite(temperature) or temperature == 0:
-            raise PosthocError(
-                f"post-hoc {GUO_TEMPERATURE_SCALING!r} on task {name!r} ended at temperature {temperature}: Guo et "
-                f"al.'s fixed-step recipe diverged on these logits. Use 'ts' (the exact optimum) instead."
+
+    def fit(self, val: Predictions, images: torch.Tensor | None = None) -> GuoTemperatureScaling:
+        self.temperatures, reversed_tasks = [], []
+        for name, z, y in zip(val.task_names, val.logits, val.labels):
+            z, y = labelled_rows(z, y)  # partly labelled: fit on the task's labelled samples only
+            logits = torch.as_tensor(z, dtype=torch.float32)  # the recipe runs on the float32 logits of a network
+            if logits.ndim == 1:  # binary: softmax of [0, z / T] is sigmoid(z / T)
+                logits = torch.stack([torch.zeros_like(logits), logits], 1)
+            temperature = guo_temperature(logits, torch.as_tensor(y, dtype=torch.long))
+            if not np.isfinite(temperature) or temperature == 0:
+                raise PosthocError(
+                    f"post-hoc 'ts_guo' on task {name!r} ended at temperature {temperature}: Guo et "
+                    f"al.'s fixed-step recipe diverged on these logits. Use 'ts' (the exact optimum) instead."
+                )
+            if temperature < 0:
+                reversed_tasks.append(f"{name} (T = {temperature:.3g})")
+            self.temperatures.append(temperature)
+        if reversed_tasks:
+            warnings.warn(
+                f"post-hoc 'ts_guo': Guo et al.'s recipe ended at a negative temperature on "
+                f"{len(reversed_tasks)} task(s), which reverses their predictions, as the published code would: "
+                f"{', '.join(reversed_tasks)}. 'ts' fits the exact optimum.", stacklevel=3,
             )
-        if temperature < 0:
-            reversed_tasks.append(f"{name} (T = {temperature:.3g})")
-        out.append((np.asarray(z_test, dtype=np.float64) / temperature).astype(np.float32))
-    if reversed_tasks:
-        warnings.warn(
-            f"post-hoc {GUO_TEMPERATURE_SCALING!r}: Guo et al.'s recipe ended at a negative temperature on "
-            f"{len(reversed_tasks)} task(s), which reverses their predictions, as the published code would: "
-            f"{', '.join(reversed_tasks)}. 'ts' fits the exact optimum.", stacklevel=3,
-        )
-    return out
+        return self
+
+    def apply(self, predictions: Predictions, images: torch.Tensor | None = None) -> Predictions:
+        return _with_logits(predictions, [(np.asarray(z, dtype=np.float64) / t).astype(np.float32)
+                                          for z, t in zip(predictions.logits, self.temperatures)])
 
 
-def _probmetrics_calibrator(method: str):
-    from probmetrics.calibrators import BinaryHistogramBinningCalibrator, MulticlassOneVsRestCalibrator, get_calibrator
+@POSTHOC.register("vs")
+class VectorScaling(LearnedScaling):
+    calibrator = "vector"
 
-    if method == "histogram":
+
+@POSTHOC.register("ms")
+class MatrixScaling(LearnedScaling):
+    calibrator = "matrix"
+
+
+class ProbmetricsCalibration(PosthocCalibrator):
+    """A probmetrics calibrator (``probmetrics.calibrators``) per task; binary tasks enter as logits [0, z]."""
+
+    name: ClassVar[str]
+    options: ClassVar[dict[str, object]] = {}  # keyword arguments of ``get_calibrator``
+
+    def make(self):
+        from probmetrics.calibrators import get_calibrator
+
+        return get_calibrator(self.name, **self.options)
+
+    def _guarded(self, task: str, work):
+        try:
+            return work()
+        except Exception as err:  # noqa: BLE001  (sklearn / scipy raise many types on degenerate data)
+            raise PosthocError(f"post-hoc {self.name!r} failed on task {task!r}: {type(err).__name__}: {err}") \
+                from None
+
+    def fit(self, val: Predictions, images: torch.Tensor | None = None) -> ProbmetricsCalibration:
+        from probmetrics.distributions import CategoricalLogits
+
+        self.fitted = []
+        for name, z, y in zip(val.task_names, val.logits, val.labels):
+            z, y = labelled_rows(z, y)  # partly labelled: fit on the task's labelled samples only
+            calibrator = self.make()
+            self._guarded(name, lambda c=calibrator, z=z, y=y: c.fit_torch(
+                CategoricalLogits(torch.as_tensor(z, dtype=torch.float64)), torch.as_tensor(y, dtype=torch.long)))
+            self.fitted.append(calibrator)
+        return self
+
+    def apply(self, predictions: Predictions, images: torch.Tensor | None = None) -> Predictions:
+        from probmetrics.distributions import CategoricalLogits
+
+        logits = []
+        for calibrator, name, z in zip(self.fitted, predictions.task_names, predictions.logits):
+            out = self._guarded(name, lambda c=calibrator, z=z: c.predict_proba_torch(
+                CategoricalLogits(torch.as_tensor(z, dtype=torch.float64))))
+            # log-probabilities, floored (probmetrics clips log(0) at log of float32's tiny) so all are finite
+            log_p = torch.log(out.get_probs().double().clamp_min(1e-30))
+            logits.append(((log_p[:, 1] - log_p[:, 0]) if np.ndim(z) == 1 else log_p).float().numpy())
+        return _with_logits(predictions, logits)
+
+
+@POSTHOC.register("svs")
+class RegularisedVectorScaling(ProbmetricsCalibration):
+    name, options = "svs", {"svs_print_init_info": False}
+
+
+@POSTHOC.register("sms")
+class RegularisedMatrixScaling(ProbmetricsCalibration):
+    name, options = "sms", {"sms_print_init_info": False}
+
+
+@POSTHOC.register("isotonic")
+class IsotonicRegression(ProbmetricsCalibration):
+    name = "isotonic"
+
+
+@POSTHOC.register("histogram")
+class HistogramBinning(ProbmetricsCalibration):
+    name = "histogram"
+
+    def make(self):  # multi-class: one-vs-rest
+        from probmetrics.calibrators import BinaryHistogramBinningCalibrator, MulticlassOneVsRestCalibrator
+
         return MulticlassOneVsRestCalibrator(BinaryHistogramBinningCalibrator())
-    quiet = {"svs": {"svs_print_init_info": False}, "sms": {"sms_print_init_info": False}}.get(method, {})
-    return get_calibrator(method, **quiet)
 
 
-def _fit_probmetrics(method: str, task: str, val_z: np.ndarray, val_y: np.ndarray, test_z: np.ndarray) -> np.ndarray:
-    """One probmetrics calibrator for one task; returns test logits in our layout ((N,) or (N, K))."""
-    from probmetrics.distributions import CategoricalLogits
+@POSTHOC.register("stability")
+class StabilityScaling(PosthocCalibrator):
+    """Stability scaling (``mtl_cog.evaluation.stability``): a temperature per sample from how stable the
+    network's prediction is under perturbations; validation perturbed with seed 0, other splits with seed 1."""
 
-    calibrator = _probmetrics_calibrator(method)
-    try:
-        calibrator.fit_torch(CategoricalLogits(torch.as_tensor(val_z, dtype=torch.float64)),
-                             torch.as_tensor(val_y, dtype=torch.long))
-        out = calibrator.predict_proba_torch(CategoricalLogits(torch.as_tensor(test_z, dtype=torch.float64)))
-    except Exception as err:  # noqa: BLE001  (sklearn / scipy raise many types on degenerate data)
-        raise PosthocError(f"post-hoc {method!r} failed on task {task!r}: {type(err).__name__}: {err}") from None
-    # log-probabilities, floored (probmetrics clips log(0) at log of float32's tiny) so all are finite
-    log_p = torch.log(out.get_probs().double().clamp_min(1e-30))
-    logits = (log_p[:, 1] - log_p[:, 0]) if np.ndim(val_z) == 1 else log_p
-    return logits.float().numpy()
+    needs_network = True
+
+    def __init__(self, network: nn.Module, transform, perturbations: int = 8, seed: int = 0) -> None:
+        self.network, self.transform, self.perturbations, self.seed = network, transform, perturbations, seed
+
+    def fit(self, val: Predictions, images: torch.Tensor | None = None) -> StabilityScaling:
+        self.module: StabilityTemperature = fit_stability(self.network, self.transform, _needs(images), val,
+                                                          self.perturbations, self.seed)
+        return self
+
+    def apply(self, predictions: Predictions, images: torch.Tensor | None = None) -> Predictions:
+        return apply_stability(self.module, self.network, self.transform, _needs(images), predictions,
+                               self.perturbations, self.seed + 1)
 
 
-def calibrate(method: str, val: Predictions, test: Predictions) -> Predictions:
-    """``test`` with logits replaced by those of ``method`` fitted on ``val`` (one calibrator per task)."""
-    if method not in POSTHOC_METHODS:
-        raise PosthocError(f"unknown post-hoc method {method!r}. Available: {', '.join(POSTHOC_METHODS)}.")
+def _needs(images: torch.Tensor | None) -> torch.Tensor:
+    if images is None:
+        raise PosthocError("stability scaling re-runs the network: it needs the images of each split.")
+    return images
+
+
+# The methods fitted on saved logits alone (no network), in registration order.
+POSTHOC_METHODS = tuple(name for name in POSTHOC.in_order() if not POSTHOC.get(name).needs_network)
+
+
+def build_posthoc(method: str, network: nn.Module | None = None, transform=None) -> PosthocCalibrator:
+    """A fresh, unfitted ``method``; a ``needs_network`` one gets ``network`` and its evaluation ``transform``."""
+    cls = POSTHOC.get(method) if method in POSTHOC else None
+    if cls is None:
+        raise PosthocError(f"unknown post-hoc method {method!r}. Available: {', '.join(POSTHOC.in_order())}.")
+    if not cls.needs_network:
+        return cls()
+    if network is None:
+        raise PosthocError(f"post-hoc {method!r} re-runs the trained network: fit it on a run (evaluate --run).")
+    return cls(network, transform)
+
+
+def check_pair(method: str, val: Predictions, test: Predictions) -> None:
+    """Validation and test predictions that one calibrator per task can be fitted on and applied to."""
     if val.task_names != test.task_names:
         raise PosthocError(
             f"validation and test predictions name different tasks: {val.task_names} vs {test.task_names}."
         )
     if len(val) == 0:
         raise PosthocError(f"post-hoc {method!r}: the validation predictions hold no samples to fit on.")
-    layout = layout_of(val)
-    if layout_of(test).num_classes != layout.num_classes:
+    if layout_of(test).num_classes != layout_of(val).num_classes:
         raise PosthocError("validation and test predictions have different numbers of classes per task.")
-    if method in OUR_CALIBRATORS:
-        logits = _fit_ours(method, val, test, layout)
-    elif method == GUO_TEMPERATURE_SCALING:
-        logits = _fit_guo(val, test)
-    else:
-        logits = [_fit_probmetrics(method, name, val.logits[t], val.labels[t], test.logits[t])
-                  for t, name in enumerate(val.task_names)]
-    return Predictions(list(test.task_names), logits, list(test.labels), test.true_probs)
+
+
+def calibrate(method: str, val: Predictions, test: Predictions, network: nn.Module | None = None, transform=None,
+              val_images: torch.Tensor | None = None, test_images: torch.Tensor | None = None) -> Predictions:
+    """``test`` with logits replaced by those of ``method`` fitted on ``val`` (one calibrator per task)."""
+    calibrator = build_posthoc(method, network, transform)
+    check_pair(method, val, test)
+    return calibrator.fit(val, val_images).apply(test, test_images)

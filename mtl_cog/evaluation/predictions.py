@@ -20,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import torch
 
+from mtl_cog.constants import MISSING_LABEL
+from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import PredictionFileError
 from mtl_cog.io import atomic_write
 
@@ -36,13 +39,51 @@ class Predictions:
         return len(self.labels[0]) if self.labels else 0
 
 
+def labelled_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One task's logits and labels without its unlabelled rows (label ``MISSING_LABEL``, partly labelled data).
+
+    Prediction files keep every row (aligned across tasks, so multi-task metrics can pair them);
+    every consumer that scores or fits one task takes its labelled rows through this function.
+    """
+    labels = np.asarray(labels)
+    known = labels != MISSING_LABEL
+    if known.all():
+        return logits, labels
+    return np.asarray(logits)[known], labels[known]
+
+
+def layout_of(predictions: Predictions) -> LogitLayout:
+    """The flat logit layout of per-task predictions (a binary task's (N,) logits: one column)."""
+    return LogitLayout(tuple(2 if np.ndim(z) == 1 else z.shape[1] for z in predictions.logits))
+
+
+def flat_tensors(predictions: Predictions, layout: LogitLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat float64 logits (N, L), labels (N, T)): what a calibrator of ``mtl_cog.models.calibrators`` is fitted on."""
+    logits = torch.as_tensor(layout.join(predictions.logits), dtype=torch.float64)
+    labels = torch.as_tensor(np.stack(predictions.labels, axis=1), dtype=torch.long)
+    return logits, labels
+
+
+def as_stored(predictions: Predictions) -> Predictions:
+    """``predictions`` in the dtypes the file holds (float32 logits and p*, int64 labels): what a reader
+    of the file gets, so a report made from memory shows the numbers a report made from the file would."""
+    return Predictions(
+        list(predictions.task_names),
+        [np.ascontiguousarray(z, dtype=np.float32) for z in predictions.logits],
+        [np.ascontiguousarray(y, dtype=np.int64) for y in predictions.labels],
+        None if predictions.true_probs is None
+        else [np.ascontiguousarray(p, dtype=np.float32) for p in predictions.true_probs],
+    )
+
+
 def save_predictions(path: str | Path, predictions: Predictions) -> None:
-    arrays: dict[str, np.ndarray] = {"task_names": np.array(predictions.task_names, dtype=str)}
-    for t, name in enumerate(predictions.task_names):
-        arrays[f"logits/{name}"] = np.asarray(predictions.logits[t], dtype=np.float32)
-        arrays[f"labels/{name}"] = np.asarray(predictions.labels[t], dtype=np.int64)
-        if predictions.true_probs is not None:
-            arrays[f"true_probs/{name}"] = np.asarray(predictions.true_probs[t], dtype=np.float32)
+    stored = as_stored(predictions)
+    arrays: dict[str, np.ndarray] = {"task_names": np.array(stored.task_names, dtype=str)}
+    for t, name in enumerate(stored.task_names):
+        arrays[f"logits/{name}"] = stored.logits[t]
+        arrays[f"labels/{name}"] = stored.labels[t]
+        if stored.true_probs is not None:
+            arrays[f"true_probs/{name}"] = stored.true_probs[t]
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:  # a file handle stops numpy from appending ".npz"
@@ -169,7 +210,12 @@ def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
     if not np.all(np.isfinite(z)):
         raise PredictionFileError(f"{path}: task {name!r}: logits contain NaN or infinite values.")
     num_classes = 2 if z.ndim == 1 else z.shape[1]
-    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+    known = y[y != MISSING_LABEL]  # partly labelled data keeps its unlabelled rows, marked MISSING_LABEL
+    if len(known) and (known.min() < 0 or known.max() >= num_classes):
         raise PredictionFileError(
-            f"{path}: task {name!r}: labels must be in [0, {num_classes - 1}]; got [{y.min()}, {y.max()}]."
+            f"{path}: task {name!r}: labels must be in [0, {num_classes - 1}] or {MISSING_LABEL} (missing); "
+            f"got [{known.min()}, {known.max()}]."
         )
+    if not len(known):
+        raise PredictionFileError(f"{path}: task {name!r} has no labelled sample (every label is {MISSING_LABEL}): "
+                                  "there is nothing to score or fit.")

@@ -15,14 +15,13 @@ then the metrics (docs/shift.md).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from mtl_cog.data.shift import corrupted_split
 from mtl_cog.data.task_api import SplitData, Task, TaskSpec
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import metrics_frame
-from mtl_cog.evaluation.posthoc import calibrate
+from mtl_cog.evaluation.posthoc import build_posthoc, check_pair
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.progress import track
@@ -45,28 +44,11 @@ def shifted_predictions(accelerator, network, task: Task, spec: TaskSpec, data_c
     return out
 
 
-def _concat(parts: list[Predictions]) -> Predictions:
-    first = parts[0]
-    probs = None if first.true_probs is None else [np.concatenate([p.true_probs[t] for p in parts])
-                                                   for t in range(len(first.task_names))]
-    return Predictions(list(first.task_names), [np.concatenate([p.logits[t] for p in parts]) for t in
-                                                range(len(first.task_names))],
-                       [np.concatenate([p.labels[t] for p in parts]) for t in range(len(first.task_names))], probs)
-
-
-def _split_back(joined: Predictions, sizes: list[int]) -> list[Predictions]:
-    bounds = np.cumsum([0, *sizes])
-    out = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        probs = None if joined.true_probs is None else [p[start:end] for p in joined.true_probs]
-        out.append(Predictions(list(joined.task_names), [z[start:end] for z in joined.logits],
-                               [y[start:end] for y in joined.labels], probs))
-    return out
-
-
 def calibrated_under_shift(method: str, val: Predictions, splits: list[Predictions]) -> list[Predictions]:
-    """``method`` fitted once on ``val``, applied to every split (one call on their concatenation: one fit)."""
-    return _split_back(calibrate(method, val, _concat(splits)), [len(s) for s in splits])
+    """``method`` fitted once on ``val`` (the clean validation predictions), applied unchanged to every split."""
+    check_pair(method, val, splits[0])
+    calibrator = build_posthoc(method).fit(val)
+    return [calibrator.apply(split) for split in splits]
 
 
 def shift_frame(clean: Predictions, shifted: dict[tuple[str, int], Predictions], bins: list[int],

@@ -29,8 +29,8 @@ from torch import nn
 from mtl_cog.data.batches import crop_and_flip
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import PosthocError
-from mtl_cog.evaluation.posthoc import _flat, fit_calibrator, layout_of
-from mtl_cog.evaluation.predictions import Predictions
+from mtl_cog.evaluation.predictions import Predictions, flat_tensors, layout_of
+from mtl_cog.models.calibrators import fit_calibrator
 
 PERTURBATIONS = ("hflip", "shift", "noise", "occlusion")
 
@@ -108,25 +108,45 @@ class StabilityTemperature(nn.Module):
         return logits * torch.exp(-log_t)[:, self.column_task]
 
 
-def stability_calibrate(network: nn.Module, transform, val_images: torch.Tensor, test_images: torch.Tensor,
-                        val: Predictions, test: Predictions, perturbations: int = 8, seed: int = 0) -> Predictions:
-    """``test`` with logits rescaled by stability scaling fitted on ``val`` (images in the predictions' order)."""
-    for name, images, predictions in (("validation", val_images, val), ("test", test_images, test)):
-        if len(images) != len(predictions):
-            raise PosthocError(f"stability scaling: the {name} split has {len(images)} images but its prediction "
-                               f"file {len(predictions)} samples; was the data set changed since the run?")
+def check_images(name: str, images: torch.Tensor, predictions: Predictions) -> None:
+    if len(images) != len(predictions):
+        raise PosthocError(f"stability scaling: the {name} split has {len(images)} images but its prediction "
+                           f"file {len(predictions)} samples; was the data set changed since the run?")
+
+
+def fit_stability(network: nn.Module, transform, val_images: torch.Tensor, val: Predictions, perturbations: int = 8,
+                  seed: int = 0) -> StabilityTemperature:
+    """(a_t, b_t) per task fitted on ``val`` (its images in the predictions' order) by ``fit_calibrator``."""
+    check_images("validation", val_images, val)
     if len(val) == 0:
         raise PosthocError("stability scaling: the validation predictions are empty; nothing to fit on.")
     layout = layout_of(val)
     calibrator = StabilityTemperature(layout).double()
-    val_logits, val_labels = _flat(val, layout)
+    val_logits, val_labels = flat_tensors(val, layout)
     calibrator.instability = torch.as_tensor(1 - stability(network, transform, val_images, layout, perturbations,
                                                             seed), dtype=torch.float64)
     fit_calibrator(calibrator, val_logits, val_labels, layout)
-    calibrator.instability = torch.as_tensor(1 - stability(network, transform, test_images, layout, perturbations,
-                                                           seed + 1), dtype=torch.float64)
+    return calibrator
+
+
+def apply_stability(calibrator: StabilityTemperature, network: nn.Module, transform, images: torch.Tensor,
+                    predictions: Predictions, perturbations: int = 8, seed: int = 1) -> Predictions:
+    """``predictions`` rescaled by a fitted ``calibrator``; ``seed`` differs from the fit's (other perturbations)."""
+    layout = layout_of(predictions)
+    calibrator.instability = torch.as_tensor(1 - stability(network, transform, images, layout, perturbations, seed),
+                                             dtype=torch.float64)
     with torch.no_grad():
-        logits = calibrator(_flat(test, layout)[0]).float().numpy()
+        logits = calibrator(flat_tensors(predictions, layout)[0]).float().numpy()
     if not np.all(np.isfinite(logits)):
         raise PosthocError("stability scaling produced non-finite logits (the fit diverged on validation).")
-    return Predictions(list(test.task_names), layout.split(logits), list(test.labels), test.true_probs)
+    return Predictions(list(predictions.task_names), layout.split(logits), list(predictions.labels),
+                       predictions.true_probs)
+
+
+def stability_calibrate(network: nn.Module, transform, val_images: torch.Tensor, test_images: torch.Tensor,
+                        val: Predictions, test: Predictions, perturbations: int = 8, seed: int = 0) -> Predictions:
+    """``test`` with logits rescaled by stability scaling fitted on ``val`` (images in the predictions' order)."""
+    check_images("validation", val_images, val)
+    check_images("test", test_images, test)
+    calibrator = fit_stability(network, transform, val_images, val, perturbations, seed)
+    return apply_stability(calibrator, network, transform, test_images, test, perturbations, seed + 1)

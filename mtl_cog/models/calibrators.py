@@ -1,7 +1,8 @@
 """Calibrators: logits (B, L) -> logits (B, L), the identity at initialisation.
 
 The same class serves COG (trained jointly as the Stackelberg leader) and post-hoc calibration
-(fitted on frozen validation logits by ``fit_posthoc``); only the fitting differs. Per-task
+(fitted on frozen validation logits by ``fit_calibrator`` below, through
+``mtl_cog.evaluation.posthoc.LearnedScaling``); only the fitting differs. Per-task
 parameters are broadcast to the flat logit layout with one gather, so 40 tasks cost one op.
 To add a calibrator: one class here (or in its own module) with ``@CALIBRATORS.register(name)``.
 """
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.registry import Registry
 
@@ -153,16 +155,24 @@ class MatrixCalibrator(nn.Module):
 def task_nll(logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout) -> torch.Tensor:
     """Sum over tasks of each task's mean NLL (binary: one logit; K-class: softmax), the fitting objective.
 
-    The same numbers as ``mtl_cog.objectives.CrossEntropy(...).sum()``; written here because fitting
+    The same numbers as ``mtl_cog.objectives.CrossEntropy(...).sum()`` (labels equal to ``MISSING_LABEL``
+    left out, task by task); written here because fitting
     a calibrator is also needed below the objectives layer (LiST's scale update).
     """
     loss = logits.new_zeros(())
     if layout.binary_tasks:
-        y = labels[:, list(layout.binary_tasks)].to(logits.dtype)
+        y = labels[:, list(layout.binary_tasks)]
         z = logits[:, layout.binary_columns.to(logits.device)]
-        loss = loss + F.binary_cross_entropy_with_logits(z, y, reduction="none").mean(0).sum()
+        known = y != MISSING_LABEL
+        if bool(known.all()):
+            loss = loss + F.binary_cross_entropy_with_logits(z, y.to(z.dtype), reduction="none").mean(0).sum()
+        else:  # partly labelled: each task's mean over its labelled rows (a task with none adds 0)
+            per_sample = F.binary_cross_entropy_with_logits(z, torch.where(known, y, 0).to(z.dtype), reduction="none")
+            count = known.sum(0).clamp(min=1).to(z.dtype)
+            loss = loss + (torch.where(known, per_sample, 0.0).sum(0) / count).sum()
     for t in layout.multiclass_tasks:
-        loss = loss + F.cross_entropy(logits[:, layout.task_slice(t)], labels[:, t])
+        if bool((labels[:, t] != MISSING_LABEL).any()):  # cross_entropy skips MISSING_LABEL (its ignore_index)
+            loss = loss + F.cross_entropy(logits[:, layout.task_slice(t)], labels[:, t], ignore_index=MISSING_LABEL)
     return loss
 
 

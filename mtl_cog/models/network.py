@@ -162,6 +162,12 @@ class Network(nn.Module):
 
     def forward(self, images: torch.Tensor, with_features: bool = False):
         features = self.backbone(images)
+        if with_features:
+            # The returned features must be the tensor the heads read (losses and aggregators differentiate
+            # w.r.t. them). Under bf16/fp16 Accelerate hands out a float32 *copy* of a half-precision output,
+            # which nothing downstream uses; made float32 here, they are returned as they are. (float() of
+            # float32 features is the tensor itself; autocast still runs the heads in half precision.)
+            features = features.float()
         logits = self.calibrator(self.heads(features))
         return (features, logits) if with_features else logits
 

@@ -10,7 +10,7 @@ from mtl_cog.objectives import (  # noqa: F401  (registration)
     mbls,
 )
 from mtl_cog.objectives.auxiliary import WithAuxiliaryLoss
-from mtl_cog.objectives.base import OBJECTIVES, PerTaskLoss, build_objective
+from mtl_cog.objectives.base import OBJECTIVES, PerTaskLoss, build_objective, set_partial_labels
 from mtl_cog.objectives.cross_entropy import CrossEntropy
 
-__all__ = ["OBJECTIVES", "CrossEntropy", "PerTaskLoss", "WithAuxiliaryLoss", "build_objective"]
+__all__ = ["OBJECTIVES", "CrossEntropy", "PerTaskLoss", "WithAuxiliaryLoss", "build_objective", "set_partial_labels"]

@@ -10,7 +10,7 @@ from mtl_cog.objectives.base import OBJECTIVES, PerTaskLoss
 @OBJECTIVES.register("ce")
 class CrossEntropy(PerTaskLoss):
     def binary_loss(self, z, y):
-        return F.binary_cross_entropy_with_logits(z, y, reduction="none").mean(0)
+        return F.binary_cross_entropy_with_logits(z, y, reduction="none")
 
     def multiclass_loss(self, z, y):
         return F.cross_entropy(z, y)

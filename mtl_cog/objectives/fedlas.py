@@ -130,10 +130,11 @@ class FeatureModulatedLabelSmoothing(PerTaskLoss):
             r = self.smoothing(gate_sign(self.binary_gates(z.detach())), indicator)
             ce = F.binary_cross_entropy_with_logits(z, y, reduction="none")
             # (1 - r) CE + r reg, written so that r = 0 is cross-entropy to the last bit
-            return ce.mean(0) + (r * (self.binary_regulariser(z) - ce)).mean(0)
+            return ce + r * (self.binary_regulariser(z) - ce)
 
-        def multiclass(z: torch.Tensor, y: torch.Tensor, task: int) -> torch.Tensor:
-            r = self.smoothing(gate_sign(self.multiclass_gates[str(task)](z.detach())), indicator)
+        def multiclass(z: torch.Tensor, y: torch.Tensor, task: int, rows: torch.Tensor | None) -> torch.Tensor:
+            task_indicator = indicator if rows is None else indicator[rows]  # the task's labelled samples
+            r = self.smoothing(gate_sign(self.multiclass_gates[str(task)](z.detach())), task_indicator)
             ce = F.cross_entropy(z, y, reduction="none")
             return F.cross_entropy(z, y) + (r * (self.multiclass_regulariser(z) - ce)).mean()
 

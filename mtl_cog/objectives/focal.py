@@ -23,7 +23,7 @@ class FocalLoss(PerTaskLoss):
         self.gamma = method_cfg.focal_gamma
 
     def binary_loss(self, z, y):
-        return sigmoid_focal_loss(z, y, alpha=-1, gamma=self.gamma, reduction="none").mean(0)
+        return sigmoid_focal_loss(z, y, alpha=-1, gamma=self.gamma, reduction="none")
 
     def multiclass_loss(self, z, y):
         log_p = F.log_softmax(z, dim=1).gather(1, y[:, None]).squeeze(1)

@@ -22,7 +22,7 @@ class LabelSmoothing(PerTaskLoss):
 
     def binary_loss(self, z, y):
         target = y * (1 - self.eps) + self.eps / 2
-        return F.binary_cross_entropy_with_logits(z, target, reduction="none").mean(0)
+        return F.binary_cross_entropy_with_logits(z, target, reduction="none")
 
     def multiclass_loss(self, z, y):
         return F.cross_entropy(z, y, label_smoothing=self.eps)

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from mtl_cog.config import MethodConfig
 from mtl_cog.data.task_api import LogitLayout
-from mtl_cog.objectives.base import OBJECTIVES, PerTaskLoss
+from mtl_cog.objectives.base import OBJECTIVES, PerTaskLoss, known_labels, labelled_mean
 from mtl_cog.objectives.cross_entropy import CrossEntropy
 
 
@@ -101,6 +101,11 @@ class MarginAwareLoss(PerTaskLoss):
         losses = self.cross_entropy(logits, labels)
         if self.tail_weight == 0 and self.smoothness_weight == 0:
             return losses
+        if self.has_missing(labels):  # partly labelled: margins exist only where the label is known
+            filled, known = known_labels(labels)
+            margins, slopes = self.margins_and_slopes(logits, filled, features)
+            tail = labelled_mean(torch.exp(-self.gamma * F.relu(margins + self.rho * slopes)), known)
+            return losses + self.tail_weight * tail + self.smoothness_weight * labelled_mean(slopes.pow(2), known)
         margins, slopes = self.margins_and_slopes(logits, labels, features)
         tail = torch.exp(-self.gamma * F.relu(margins + self.rho * slopes)).mean(0)
         return losses + self.tail_weight * tail + self.smoothness_weight * slopes.pow(2).mean(0)

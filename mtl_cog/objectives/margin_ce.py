@@ -27,7 +27,7 @@ class MarginCrossEntropy(PerTaskLoss):
         self.margin = method_cfg.list_margin
 
     def binary_loss(self, z, y):
-        return F.binary_cross_entropy_with_logits(z - self.margin * (2 * y - 1), y, reduction="none").mean(0)
+        return F.binary_cross_entropy_with_logits(z - self.margin * (2 * y - 1), y, reduction="none")
 
     def multiclass_loss(self, z, y):
         return F.cross_entropy(z - self.margin * F.one_hot(y, z.shape[1]).to(z.dtype), y)

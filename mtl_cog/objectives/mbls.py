@@ -44,7 +44,7 @@ class MarginLabelSmoothing(PerTaskLoss):
 
     def binary_loss(self, z, y):
         ce = F.binary_cross_entropy_with_logits(z, y, reduction="none")
-        return (ce + self.weight * binary_margin_penalty(z, self.margin)).mean(0)
+        return ce + self.weight * binary_margin_penalty(z, self.margin)
 
     def multiclass_loss(self, z, y):
         return F.cross_entropy(z, y) + self.weight * multiclass_margin_penalty(z, self.margin).mean()

@@ -38,13 +38,24 @@ def correlated_pairs(data: TaskData, k: int, split: str = "train") -> list[tuple
     return [(names[i], names[j], corr) for i, j, corr in select_pairs(labels, k)]
 
 
+def positives_per_sample(data: TaskData, split: str = "train") -> np.ndarray | None:
+    """How many binary tasks are positive in each sample of ``split`` (None without two binary tasks)."""
+    binary = [t for t, c in enumerate(data.spec.num_classes) if c == 2]
+    return data.splits[split].labels[:, binary].numpy().sum(axis=1) if len(binary) >= 2 else None
+
+
 def describe_markdown(data: TaskData, k: int) -> str:
-    """The prevalence table (every split) and the ``k`` most correlated pairs (training split)."""
+    """The prevalence table (every split), positives per sample and the ``k`` most correlated pairs (training split)."""
     splits = list(data.splits)
     lines = ["| task | kind | " + " | ".join(f"{s} (n={len(data.splits[s]):,})" for s in splits) + " |",
              "| --- | --- | " + " | ".join("---:" for _ in splits) + " |"]
     for name, kind, shares in prevalence_rows(data):
         lines.append(f"| `{name}` | {kind} | " + " | ".join(f"{shares[s]:.1%}" for s in splits) + " |")
+    counts = positives_per_sample(data)
+    if counts is not None and len(counts):
+        low, high = np.percentile(counts, [5, 95])
+        lines += ["", f"Positive binary labels per sample (training split): mean {counts.mean():.2f}, 5th-95th "
+                  f"percentile {low:.0f}-{high:.0f}, range {counts.min()}-{counts.max()}."]
     pairs = correlated_pairs(data, k)
     if pairs:
         lines += ["", f"The {len(pairs)} most correlated task pairs (Pearson correlation of the labels, "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from mtl_cog.config import counterpart_identity
 from mtl_cog.evaluation.metrics import lower_is_better
 from mtl_cog.reporting.tables import average_ranks
 
@@ -62,8 +63,8 @@ def counterpart_pairs(configs: dict[str, dict]) -> dict[str, str]:
     pairs = {}
     for method, config in configs.items():
         counterpart = (config.get("method") or {}).get("counterpart")
-        if counterpart:
-            pairs[method] = str(counterpart)
+        if counterpart:  # under an aggregator, the counterpart trained with the same one
+            pairs[method] = counterpart_identity(str(counterpart), config)
     return pairs
 
 

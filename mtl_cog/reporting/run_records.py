@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mtl_cog.config import method_identity
 from mtl_cog.config.loader import load_yaml
 from mtl_cog.errors import ConfigError, ReportError
 from mtl_cog.evaluation.metrics import (
@@ -182,7 +183,7 @@ def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
 def load_run_record(run_dir: str | Path) -> RunRecord:
     run_dir = Path(run_dir)
     config = _read_config(run_dir)
-    method = str(config["method"]["name"])
+    method = method_identity(config)  # the aggregator (mtl.aggregator) is part of the method compared
     record = RunRecord(run_dir, str(config["data"]["task"]), method, int(config["seed"]), config)
     test_predictions = run_dir / rundir.predictions_file("test")
     if test_predictions.is_file():

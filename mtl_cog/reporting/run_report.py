@@ -30,7 +30,7 @@ from accelerate import Accelerator
 
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.evaluation.metrics import metrics_frame
-from mtl_cog.evaluation.predictions import load_predictions
+from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.io import atomic_write
 from mtl_cog.reporting import plots
@@ -38,10 +38,13 @@ from mtl_cog.reporting.shift_report import risk_coverage_figure
 from mtl_cog.runs import rundir
 
 
-def write_report_files(run_dir: Path, n_bins: int = SUMMARY_BINS) -> tuple[pd.DataFrame, Path, dict[str, Path]]:
-    """Reliability PNGs (and truth metrics where known) into the run folder -> (per-task table, PNG, other PNGs)."""
-    predictions = load_predictions(run_dir / rundir.predictions_file("test"))
-    table = pd.read_csv(run_dir / rundir.TEST_METRICS)
+def write_report_files(run_dir: Path, predictions: Predictions, table: pd.DataFrame,
+                       n_bins: int = SUMMARY_BINS) -> tuple[pd.DataFrame, Path, dict[str, Path]]:
+    """Reliability PNGs (and truth metrics where known) into the run folder -> (per-task table, PNG, other PNGs).
+
+    ``predictions`` and ``table`` are the test predictions and their ``metrics_frame`` as the run holds
+    them in memory (``mtl_cog.reporting.end_of_run``); nothing is read back from the files just written.
+    """
     if predictions.true_probs is not None:
         bins = sorted({int(c.split("@")[1]) for c in table.columns if c.startswith("ece@")} | {n_bins})
         truth = metrics_frame(truth_metrics(predictions.task_names, predictions.logits, predictions.labels,
@@ -75,10 +78,20 @@ class RunReport:
     extra: dict[str, Path] = field(default_factory=dict)  # smoothed reliability, count calibration
 
 
-def write_run_report(run_dir: Path, n_bins: int = SUMMARY_BINS) -> RunReport | None:
-    """``write_report_files``, with any failure a warning: a finished run must not fail on a figure."""
+def write_run_report(run_dir: Path, predictions: Predictions | None = None, table: pd.DataFrame | None = None,
+                     n_bins: int = SUMMARY_BINS) -> RunReport | None:
+    """``write_report_files``, with any failure a warning: a finished run must not fail on a figure.
+
+    Without ``predictions`` and ``table`` (the report of a run folder written earlier), they are read
+    from its ``predictions_test.npz`` and ``test_metrics.csv``; at the end of a run they come from memory.
+    """
     try:
-        return RunReport(*write_report_files(Path(run_dir), n_bins))
+        run_dir = Path(run_dir)
+        if predictions is None:
+            predictions = load_predictions(run_dir / rundir.predictions_file("test"))
+        if table is None:
+            table = pd.read_csv(run_dir / rundir.TEST_METRICS)
+        return RunReport(*write_report_files(run_dir, predictions, table, n_bins))
     except Exception as err:  # noqa: BLE001  (the run is finished and saved; a figure must not fail it)
         warnings.warn(f"could not write the end-of-training report into {run_dir}: {err!r}", stacklevel=2)
         return None

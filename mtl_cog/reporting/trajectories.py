@@ -1,13 +1,15 @@
 """What happened *during* training, read back from a run's ``metrics.jsonl``: the learned calibrator and convergence.
 
 Every epoch line of stage one carries ``"calibrator": {"summary": ..., "tasks": {name: {task: value}}}``
-(written by ``mtl_cog.training.calibrator_view``) and the final line ``"calibrator_at_identity"``.
+(written by ``mtl_cog.training.calibrator_view``) and the final line ``"calibrator_at_identity"``; under a
+multi-task aggregator also ``"task_weights": {task: mean weight of the backbone's gradient over the epoch}``.
 A report shows from them
 
 - ``calibrator_table``: per run and task, the learned value of each calibrator parameter
   (temperature; scale/bias per class; a matrix's diagonal) at the first and last epoch, and whether the run's
   calibrator never left the identity (``calibrator_at_identity``; for runs written before that
   flag existed, recomputed with the same tolerance from the last epoch's values);
+- ``task_weight_table``: per run and task, the aggregator's task weight at the first and last epoch;
 - ``convergence``: whether stage one settled, so that "trained long enough" is checked, not
   assumed: the best validation NLL improved by at most ``NLL_PLATEAU`` (1 %) during the final
   ``LAST_FRACTION`` (20 %) of epochs, and a calibrator made at most ``CALIBRATOR_SETTLED`` (10 %)
@@ -110,6 +112,22 @@ def calibrator_table(runs: list[tuple[str, str, int, Path]],
                          "parameter": parameter, "task": task, "first_epoch_value": values.get(first),
                          "last_epoch_value": values.get(last), "epochs": int(last),
                          "calibrator_at_identity": flag})
+    return pd.DataFrame(rows)
+
+
+def task_weight_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
+    """Per (data set, method, seed, run) and task: the backbone's mean task weight (``mtl.aggregator``) at the
+    first and the last epoch, from the ``task_weights`` of each epoch line; runs with equal weights are left out."""
+    rows = []
+    for dataset, method, seed, run_dir in runs:
+        epochs = [line for line in read_metrics_lines(run_dir)[0] if line.get("task_weights")]
+        if not epochs:
+            continue
+        first, last = epochs[0], epochs[-1]
+        for task, weight in last["task_weights"].items():
+            rows.append({"dataset": dataset, "method": method, "seed": seed, "run": str(run_dir), "task": task,
+                         "first_epoch_weight": first["task_weights"].get(task), "last_epoch_weight": weight,
+                         "epochs": int(last["epoch"])})
     return pd.DataFrame(rows)
 
 

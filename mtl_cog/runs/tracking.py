@@ -33,8 +33,9 @@ from urllib.parse import urlparse
 
 from accelerate import Accelerator
 
-from mtl_cog.io import append_jsonl, atomic_write_text
+from mtl_cog.io import atomic_write_text
 from mtl_cog.runs import rundir
+from mtl_cog.runs.metrics_log import append_line
 from mtl_cog.runs.rundir import WANDB_ID
 
 REACH_TIMEOUT_S = 5.0  # a W&B server (or proxy) that does not accept a TCP connection this fast counts as unreachable
@@ -105,22 +106,9 @@ def log_with(tracking: str) -> list[str] | None:
     return ["wandb"]
 
 
-def flatten_metrics(split: str, metrics: dict) -> dict[str, float]:
-    """{"tasks": {t: {m: v}}, "mean": {m: v}, "multitask": {m: v}, "pairs": [...]} -> W&B keys.
-
-    ``t/split/m`` and ``mean/split/m`` per task and task mean, ``multitask/split/m`` for the
-    data-set-level metrics and ``pairs/split/<a>&<b>`` for each attribute pair's joint error
-    (mtl_cog.evaluation.multitask_metrics); each prefix is its own W&B section.
-    """
-    flat = {f"{task}/{split}/{m}": v for task, values in metrics["tasks"].items() for m, v in values.items()}
-    flat.update({f"mean/{split}/{m}": v for m, v in metrics["mean"].items()})
-    flat.update({f"multitask/{split}/{m}": v for m, v in metrics.get("multitask", {}).items()})
-    flat.update({f"pairs/{split}/{p['a']}&{p['b']}": p["joint_ece"] for p in metrics.get("pairs", [])})
-    return flat
-
-
 class Tracker:
-    """Writes ``metrics.jsonl`` (one line per epoch, one final line) and forwards the numbers to W&B.
+    """Writes stage one's ``metrics.jsonl`` lines (``mtl_cog.runs.metrics_log``: one per epoch, one final
+    line) and forwards the numbers to W&B.
 
     The W&B run id is kept in the run folder, so a resumed run continues the same W&B run
     (online: the same run; offline: a new ``offline-run-*`` folder with the same id, which
@@ -185,7 +173,7 @@ class Tracker:
     def log_epoch(self, epoch: int, record: dict[str, Any], row: dict[str, float]) -> None:
         """``record`` as one ``metrics.jsonl`` line and ``row`` as the W&B history row of step ``epoch``."""
         if self.accelerator.is_main_process:
-            append_jsonl(self.run_dir / rundir.METRICS, {"epoch": epoch, **record})
+            append_line(self.run_dir / rundir.METRICS, {"epoch": epoch, **record})
         self._log_row(epoch, row)
 
     def replay(self, rows: dict[int, dict[str, float]]) -> None:
@@ -217,7 +205,7 @@ class Tracker:
         """``record`` as the last ``metrics.jsonl`` line and ``summary`` as the W&B run summary."""
         if not self.accelerator.is_main_process:
             return
-        append_jsonl(self.run_dir / rundir.METRICS, record)
+        append_line(self.run_dir / rundir.METRICS, record)
         if self.enabled:
             try:
                 self._wandb_run().summary.update(summary)

@@ -181,8 +181,36 @@ def load_training_state(
         _set_rng_state(json.loads(metadata["rng"]), tensors)
         return Progress.from_dict(json.loads(metadata["progress"]))
     except (KeyError, ValueError, TypeError, AttributeError, IndexError) as err:
-        raise CheckpointError(f"{path} is not a usable mtl_cog training state ({err}). Delete it to restart "
-                              "the run from the beginning, or resume from an intact copy.") from None
+        raise _unusable(path, err) from None
+
+
+def _unreadable(path: Path, err: Exception) -> CheckpointError:
+    return CheckpointError(f"{path} is not a valid safetensors file ({err}). It was refused unread: mtl_cog only "
+                           "loads safetensors, never pickles. Delete it to restart this run from its last intact "
+                           "state.")
+
+
+def _unusable(path: Path, err: Exception) -> CheckpointError:
+    return CheckpointError(f"{path} is not a usable mtl_cog training state ({err}). Delete it to restart "
+                           "the run from the beginning, or resume from an intact copy.")
+
+
+def read_progress(path: Path) -> Progress | None:
+    """The progress saved in a training state, read without loading a tensor or changing a file (None: no
+    state yet): what ``--resume`` checks its changed settings against before anything is written."""
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise _unreadable(path, err) from None
+    try:
+        if metadata.get("format") != FORMAT:
+            raise KeyError(f"format {metadata.get('format')!r}, expected {FORMAT!r}")
+        return Progress.from_dict(json.loads(metadata["progress"]))
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as err:
+        raise _unusable(path, err) from None
 
 
 def _check_optimizer_state(path: Path, state: dict[int, dict[str, Any]], groups: list[dict[str, Any]],
@@ -215,10 +243,7 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             metadata = handle.metadata() or {}
             tensors = {k: handle.get_tensor(k) for k in handle.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:  # RuntimeError: cut short
-        raise CheckpointError(
-            f"{path} is not a valid safetensors file ({err}). It was refused unread: mtl_cog only loads "
-            "safetensors, never pickles. Delete it to restart this run from its last intact state."
-        ) from None
+        raise _unreadable(path, err) from None
     return tensors, metadata
 
 

@@ -28,13 +28,6 @@ class CalibratorRecord:
         return "  ".join(f"{name} median {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]"
                          for name, s in self.summary.items())
 
-    def wandb_values(self) -> dict[str, float]:
-        """Scalar summaries, and per-task values where the parameter is one number per task."""
-        values = {f"calibrator/{name}_{stat}": v for name, s in self.summary.items() for stat, v in s.items()}
-        for name, per_task in self.by_task.items():
-            values.update({f"{task}/calibrator/{name}": v for task, v in per_task.items() if isinstance(v, float)})
-        return values
-
 
 def _flat(value: object) -> list[float]:
     return np.asarray(value, dtype=np.float64).ravel().tolist()
@@ -62,3 +55,10 @@ def flag_identity_calibrator(accelerator: Accelerator, model: nn.Module) -> bool
         "this run is effectively uncalibrated. Its leader learning rate (optim.leader_lr) is probably too small."
     )
     return True
+
+
+def task_weights_line(weights: list[float]) -> str:
+    """The console line of an epoch's mean task weights (``mtl.aggregator``), shown like a calibrator's values:
+    median [min, max] over tasks, and the weights' sum (the mean is 1/T per task, MGDA's sum is 1)."""
+    w = np.asarray(weights, dtype=np.float64)
+    return f"median {np.median(w):.4g} [{w.min():.4g}, {w.max():.4g}], sum {w.sum():.4g}"

@@ -3,8 +3,10 @@
 A run is: open (or resume) the run folder, load the data, build network, objective and
 optimiser, train stage one epoch by epoch (validate, log, keep the best checkpoint, save the
 resumable state), for two-stage methods (TST, V-TST) train a new head on the frozen backbone
-with the *same* epoch loop, then score the best network on validation and test, write the
-predictions, the per-task table and the reliability figure, and mark the run ``DONE``.
+with the *same* epoch loop, then hand the best network to ``mtl_cog.reporting.end_of_run.finish_run`` (assess validation
+and test, save the predictions and the per-task table, report, mark the run ``DONE``). The
+network, objective and optimiser come from ``mtl_cog.training.trainee.build_trainee``, the
+assembly the benchmarks time.
 
 Callers that need more than the run folder pass ``Hooks`` (for example
 ``scripts/calibration_drift.py`` reads the validation predictions after every epoch); nothing
@@ -15,7 +17,6 @@ at any moment; the data flow of one step and of one evaluation is in ``docs/arch
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -27,38 +28,42 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
 
-from mtl_cog.config import Config, EvalConfig, TrainConfig, load_config, save_config
+from mtl_cog.config import Config, EvalConfig, TrainConfig, method_identity, save_config
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TASKS, SplitData, TaskSpec
-from mtl_cog.errors import RunFolderError, UserError
+from mtl_cog.errors import ConfigError, RunFolderError, UserError
+from mtl_cog.evaluation.assess import AssessSettings
 from mtl_cog.evaluation.groups import check_groups
 from mtl_cog.evaluation.inference import predict_split
-from mtl_cog.evaluation.metrics import format_table, metrics_frame
-from mtl_cog.evaluation.predictions import Predictions, save_predictions
-from mtl_cog.evaluation.robustness import add_certified_accuracy
+from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
-from mtl_cog.evaluation.shift import evaluate_shift, shift_summary_scalars
-from mtl_cog.io import append_jsonl, atomic_write, atomic_write_json, atomic_write_text
-from mtl_cog.models.lipschitz import network_lipschitz
-from mtl_cog.models.network import build_network, parameter_counts
+from mtl_cog.evaluation.shift import evaluate_shift
+from mtl_cog.io import atomic_write_json, read_jsonl
+from mtl_cog.models.network import parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
-from mtl_cog.objectives import WithAuxiliaryLoss, build_objective
-from mtl_cog.reporting.run_report import publish_final_report, write_run_report
-from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
-from mtl_cog.reporting.tables import worst_tasks_line
+from mtl_cog.objectives import WithAuxiliaryLoss
+from mtl_cog.reporting.end_of_run import finish_run
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
 from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
+from mtl_cog.runs.metrics_log import append_line, epoch_line, wandb_row
 from mtl_cog.runs.task_spec import save_task_spec
-from mtl_cog.runs.tracking import Tracker, flatten_metrics, log_with
+from mtl_cog.runs.tracking import Tracker, log_with
 from mtl_cog.training import resume_settings
 from mtl_cog.training.accelerator import create_accelerator
-from mtl_cog.training.calibrator_view import CalibratorRecord, calibrator_record, flag_identity_calibrator
-from mtl_cog.training.optim import build_optimizer, build_scheduler, learning_rates
+from mtl_cog.training.aggregated_step import Aggregation
+from mtl_cog.training.calibrator_view import (
+    CalibratorRecord,
+    calibrator_record,
+    flag_identity_calibrator,
+    task_weights_line,
+)
+from mtl_cog.training.optim import learning_rates
 from mtl_cog.training.preflight import check_registered_names
-from mtl_cog.training.speed import apply_speed_options
 from mtl_cog.training.step import train_one_epoch
+from mtl_cog.training.trainee import Trainee, build_trainee
 
 
 @dataclass
@@ -105,6 +110,14 @@ class Stage:
     selection_metric: str
     files: state.StageFiles
     patience: int | None = None  # stop after this many epochs without improvement; None = never
+    aggregation: Aggregation | None = None  # mtl.aggregator (None: equal weights, plain training)
+
+    @classmethod
+    def stage_one(cls, trainee: Trainee, cfg: Config, files: state.StageFiles) -> Stage:
+        """Stage one of ``cfg`` on ``build_trainee``'s network (``fit`` and the benchmarks that time it)."""
+        return cls("stage_one", trainee.network, trainee.model, trainee.objective, trainee.optimizer,
+                   trainee.scheduler, cfg.train.epochs, cfg.seed, cfg.eval.selection_metric, files,
+                   aggregation=trainee.aggregation)
 
 
 def is_better(metric: str, value: float, best: float | None) -> bool:
@@ -121,7 +134,7 @@ def open_run_folder(cfg: Config, accelerator: Accelerator, resume_dir: Path | No
         on_main_process(accelerator, lambda: held.enter_context(rundir.open_for_resume(resume_dir)))
         return resume_dir
     # One run name for all processes (timestamps differ between them).
-    name = [cfg.run_name or rundir.default_run_name(cfg.data.task, cfg.method.name, cfg.seed)]
+    name = [cfg.run_name or rundir.default_run_name(cfg.data.task, method_identity(cfg.to_dict()), cfg.seed)]
     run_name = broadcast_object_list(name)[0] if accelerator.num_processes > 1 else name[0]
     run_dir = Path(cfg.output_dir) / run_name
     rundir.check_output_dir(Path(cfg.output_dir))
@@ -147,45 +160,55 @@ def on_main_process(accelerator: Accelerator, action: Callable[[], object]) -> N
 
 
 def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
-        hooks: Hooks | None = None) -> RunResult:
+        hooks: Hooks | None = None, saved_config: Config | None = None) -> RunResult:
     """Train, select, evaluate and save one run described by ``cfg``; see the module docstring.
 
     The run folder is locked (``mtl_cog.locks``) while ``fit`` writes into it, and unlocked
     however ``fit`` ends (a killed run leaves a stale lock, which the next ``--resume`` takes over).
+    Every check that can refuse the run (names, the run folder, the settings changed on
+    ``--resume``, the saved training state) runs before the first file is written. ``saved_config``
+    is ``resume_dir``'s ``config.yaml`` when the caller has read it already.
     """
     with ExitStack() as held:
-        return _fit(cfg, resume_dir, overwrite, hooks or Hooks(), held)
+        return _fit(cfg, resume_dir, overwrite, hooks or Hooks(), held, saved_config)
 
 
-def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, held: ExitStack) -> RunResult:
+def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, held: ExitStack,
+         saved_config: Config | None) -> RunResult:
     check_registered_names(cfg)  # a misspelt head or loss fails now, not after hours of stage one
     accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision)
     set_seed(cfg.seed)
     run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite, held)
-    saved_cfg = load_config(run_dir / rundir.CONFIG) if resume_dir is not None else None
-    if saved_cfg is not None:  # refused changes stop here, before config.yaml is rewritten
-        resume_settings.check_changes(resume_settings.changed_settings(saved_cfg, cfg))
+    # refused changes (a key that cannot change, fewer epochs than already trained) stop here, unwritten
+    plan = resume_settings.plan_resume(run_dir, cfg, saved_config) if resume_dir is not None else None
     accelerator.print(f"run folder: {run_dir}")
 
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
     spec, train, val, test = task_data.spec, *(task_data.splits[s] for s in ("train", "val", "test"))
     check_groups(cfg.eval.groups, spec.task_names)  # a misspelt group fails now, not after training
+    if cfg.eval.groups and any(bool((s.labels == MISSING_LABEL).any()) for s in (val, test)):
+        raise ConfigError("eval.groups: the subgroup metrics need every label of the validation and test splits; "
+                          "this data set has missing labels there. Leave eval.groups empty.")
     train = place_split(train, accelerator.device) if cfg.train.images_on_device else train
 
-    network = apply_speed_options(build_network(cfg.model, cfg.method, spec.layout), cfg.train)
-    counts = parameter_counts(network)
+    # partly labelled data (MISSING_LABEL): the losses look for missing labels; fully labelled: they never do
+    trainee = build_trainee(accelerator, cfg, spec.layout, partial_labels=bool((train.labels == MISSING_LABEL).any()))
+    counts = trainee.counts
     leader = "+".join(cfg.method.leader) or "none (standard training)"
     accelerator.print(f"method {cfg.method.name}: leader = {leader}; parameters {counts}")
     accelerator.print(
         f"data {spec.dataset}: {spec.num_tasks} task(s), train/val/test = {len(train)}/{len(val)}/{len(test)}"
     )
-    objective = build_objective(spec.layout, cfg.method).to(accelerator.device)
-    optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)  # + the loss's own parameters
-    scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
-    prepared, optimizer = accelerator.prepare(network, optimizer)
     if resume_dir is None:  # only now: bad data or a bad model name leave no half-made run folder
         on_main_process(accelerator, lambda: held.enter_context(rundir.create_run_folder(run_dir, overwrite)))
+    model = trainee.model
+    stage_one_best = run_dir / rundir.STAGE_ONE_MODEL
+    two_stage_started = cfg.two_stage.enabled and stage_one_best.exists()
+    stage_one = Stage.stage_one(trainee, cfg, state.StageFiles(
+        run_dir / rundir.STATE, run_dir / rundir.METRICS,
+        stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL))
+    progress = restore_stage(accelerator, stage_one)  # a damaged state is refused here, before config.yaml changes
     if accelerator.is_main_process:
         save_config(cfg, run_dir / rundir.CONFIG)
         save_task_spec(spec, run_dir / rundir.TASK_SPEC)
@@ -193,21 +216,10 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     accelerator.wait_for_everyone()
     tracker = Tracker(accelerator, run_dir, cfg.wandb_project, run_dir.name, cfg.to_dict(), group=cfg.wandb_group,
                       job_type=cfg.wandb_job_type)
-    model = accelerator.unwrap_model(prepared)
-
-    stage_one_best = run_dir / rundir.STAGE_ONE_MODEL
-    two_stage_started = cfg.two_stage.enabled and stage_one_best.exists()
-    stage_one = Stage(
-        "stage_one", prepared, model, objective, optimizer, scheduler, cfg.train.epochs, cfg.seed,
-        cfg.eval.selection_metric,
-        state.StageFiles(run_dir / rundir.STATE, run_dir / rundir.METRICS,
-                         stage_one_best if two_stage_started else run_dir / rundir.BEST_MODEL),
-    )
-    progress = restore_stage(accelerator, stage_one)
     if accelerator.is_main_process:
         replay_to_tracker(tracker, stage_one.files.metrics)
-    if saved_cfg is not None:
-        apply_resumed_settings(accelerator, saved_cfg, cfg, stage_one, progress, run_dir)
+    if plan is not None:
+        apply_resumed_settings(accelerator, plan, cfg, stage_one, progress, run_dir)
     best_epoch = run_stage(accelerator, stage_one, progress, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
 
     # The best checkpoint (validation Brier by default), on every process.
@@ -215,57 +227,31 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     load_model(stage_one.files.best_model, model)
     calibrator_at_identity = flag_identity_calibrator(accelerator, model)
     selected = f"epoch {best_epoch}, by validation {cfg.eval.selection_metric}"
+    prepared = trainee.network
     if cfg.two_stage.enabled:  # TST / V-TST: a new head on the frozen backbone, trained by the same loop
-        prepared = run_second_stage(accelerator, cfg, model, objective, spec, train, val, run_dir, hooks)
+        prepared = run_second_stage(accelerator, cfg, model, trainee.objective, spec, train, val, run_dir, hooks)
         head_epoch = read_metadata(run_dir / rundir.BEST_MODEL).get("epoch")
         selected = f"stage one epoch {best_epoch}, stage-two head epoch {head_epoch} by validation nll"
 
-    results, predicted = {}, {}
-    lipschitz = network_lipschitz(accelerator.unwrap_model(prepared))  # LiST networks only; None otherwise
-    for split_name, split in (("val", val), ("test", test)):
-        predictions = predict_split(accelerator, prepared, spec, split, cfg.train.eval_batch_size)
-        results[split_name] = score(predictions, cfg.eval.bins, cfg.eval.joint_pairs,
-                                    cfg.eval.groups if split_name == "test" else ())  # + subgroups (test only)
-        predicted[split_name] = predictions
-        if lipschitz is not None:  # certified robust accuracy from the logit margins and the bound
-            add_certified_accuracy(results[split_name], predictions, lipschitz.numpy(), cfg.method.certify_eps,
-                                   spec.std)
-        if accelerator.is_main_process:
-            save_predictions(run_dir / rundir.predictions_file(split_name), predictions)
-    groups = results["test"].get("groups")  # per-group metrics and multicalibration (eval.groups)
-    shift_table = None
-    if cfg.eval.shift:  # the test split under corruptions (mtl_cog.evaluation.shift)
-        shift_table = evaluate_shift(accelerator, prepared, TASKS.get(cfg.data.task), spec, cfg.data, cfg.eval, test,
-                                     predicted["test"], predicted["val"], cfg.eval.shift, cfg.eval.shift_severities,
-                                     cfg.eval.shift_posthoc, cfg.train.eval_batch_size)
-    # The best network's numbers: one value per key, in the W&B run summary (never a one-point
-    # chart at an invented step); metrics.jsonl keeps its final line.
-    tracker.log_final(
-        {"epoch": cfg.train.epochs + 1, "final": True, "best_epoch": best_epoch, "test": results["test"]["mean"],
-         "test_multitask": results["test"].get("multitask", {}), "calibrator_at_identity": calibrator_at_identity},
-        {**flatten_metrics("val", results["val"]), **flatten_metrics("test", results["test"]),
-         "best_epoch": best_epoch, "calibrator_at_identity": calibrator_at_identity,
-         **(shift_summary_scalars(shift_table) if shift_table is not None else {})},
-    )
-    report = None
-    if accelerator.is_main_process:
-        frame = metrics_frame(results["test"])
-        atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
-        if groups is not None:
-            write_group_files(run_dir, groups)
-        if shift_table is not None:
-            write_shift_files(run_dir, shift_table)
-        report = write_run_report(run_dir)  # reliability PNG (+ truth metrics): before DONE, so a DONE run has it
-        atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
-    publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
-    tracker.finish()
-    accelerator.print(f"\ntest metrics of the best checkpoint ({selected}):")
-    accelerator.print(format_table(results["test"]))
-    if worst := worst_tasks_line(results["test"]["tasks"], cfg.eval.bins):  # multi-task: where to look first
-        accelerator.print(worst)
+    results = finish_run(accelerator, prepared, spec, val, test, cfg.train.eval_batch_size,
+                         AssessSettings.of_run(cfg), run_dir, tracker, best_epoch, cfg.train.epochs + 1,
+                         calibrator_at_identity, selected, shift_job(accelerator, prepared, cfg, spec, test))
     accelerator.print(f"run folder: {run_dir}")
     accelerator.print(str(run_dir))
     return RunResult(run_dir, best_epoch, results)
+
+
+def shift_job(accelerator: Accelerator, network: nn.Module, cfg: Config, spec: TaskSpec, test: SplitData):
+    """eval.shift: the test split under corruptions, scored from the assessed validation and test splits
+    (post-hoc calibrators of eval.shift_posthoc fitted on the clean validation predictions); None when off."""
+    if not cfg.eval.shift:
+        return None
+
+    def run(assessed) -> object:
+        return evaluate_shift(accelerator, network, TASKS.get(cfg.data.task), spec, cfg.data, cfg.eval, test,
+                              assessed["test"].predictions, assessed["val"].predictions, cfg.eval.shift,
+                              cfg.eval.shift_severities, cfg.eval.shift_posthoc, cfg.train.eval_batch_size)
+    return run
 
 
 def restore_stage(accelerator: Accelerator, stage: Stage) -> state.Progress:
@@ -302,6 +288,7 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
             stage.seed, epoch, start=progress.within if epoch == progress.epoch else None,
             nonfinite=train_cfg.nonfinite, check_every=train_cfg.log_every_steps,
             save_every=train_cfg.save_every_steps, on_save=lambda within, epoch=epoch: save_state(epoch, within),
+            aggregation=stage.aggregation,
         )
         predictions = predict_split(accelerator, stage.network, spec, val, train_cfg.eval_batch_size)
         val_metrics = score(predictions, eval_cfg.bins, eval_cfg.joint_pairs)
@@ -328,17 +315,15 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
     return best_epoch
 
 
-def apply_resumed_settings(accelerator: Accelerator, saved: Config, cfg: Config, stage: Stage,
+def apply_resumed_settings(accelerator: Accelerator, plan: resume_settings.ResumePlan, cfg: Config, stage: Stage,
                            progress: state.Progress, run_dir: Path) -> None:
-    """Apply the settings changed on ``--resume`` to the restored optimiser and record them (see resume_settings)."""
-    changes = resume_settings.changed_settings(saved, cfg)
-    if not changes:
+    """Apply the settings changed on ``--resume`` (checked by ``plan_resume``) to the restored optimiser; log them."""
+    if not plan.changes:
         return
-    resume_settings.check_changes(changes, progress.epoch)
-    resume_settings.apply_to_optimizer(cfg, changes, stage.optimizer, stage.scheduler)
+    resume_settings.apply_to_optimizer(cfg, plan.changes, stage.optimizer, stage.scheduler)
     if accelerator.is_main_process:
-        resume_settings.record_resume(run_dir / rundir.RESUMES, progress.epoch, progress.within.step, changes)
-    accelerator.print("resumed with " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
+        resume_settings.record_resume(run_dir / rundir.RESUMES, progress.epoch, progress.within.step, plan.changes)
+    accelerator.print("resumed with " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in plan.changes.items()))
 
 
 def notify_validation_end(stage: Stage, predictions: Predictions) -> None:
@@ -357,47 +342,33 @@ def notify_validation_end(stage: Stage, predictions: Predictions) -> None:
 
 def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, epoch: int, stats: dict, lrs: dict,
               val_metrics: dict, best_epoch: int, calibrator: CalibratorRecord | None = None) -> None:
-    """One line of the stage's metrics file (stage one also to W&B) and one console line (two with a calibrator)."""
-    mean = val_metrics["mean"]
+    """One line of the stage's metrics file (one schema for both stages, ``mtl_cog.runs.metrics_log``;
+    stage one's also to W&B) and one console line (two with a calibrator)."""
+    line = epoch_line(stage.name, epoch, stats["loss"], lrs, val_metrics, best_epoch, stats["skipped"],
+                      None if calibrator is None else {"summary": calibrator.summary, "tasks": calibrator.by_task},
+                      stats.get("task_weights"))
     if tracker is not None:
-        record = {"train_loss": stats["loss"], "lr": lrs, "val": mean, "best_epoch": best_epoch,
-                  "nonfinite_skipped": stats["skipped"]}
-        if calibrator is not None:
-            record["calibrator"] = {"summary": calibrator.summary, "tasks": calibrator.by_task}
-        record["val_tasks"] = val_metrics["tasks"]
-        record["val_multitask"] = val_metrics.get("multitask", {})
-        record["val_pairs"] = val_metrics.get("pairs", [])
-        tracker.log_epoch(epoch, record, wandb_row(record))
+        tracker.log_epoch(epoch, {k: v for k, v in line.items() if k != "epoch"}, wandb_row(line))
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
     else:
         if accelerator.is_main_process:
-            append_jsonl(stage.files.metrics, {"epoch": epoch, "train_loss": stats["loss"], "val_nll": mean["nll"],
-                                               "best": best_epoch == epoch, "lr": lrs, "val": mean})
+            append_line(stage.files.metrics, line)
         prefix = f"stage two epoch {epoch:3d}/{stage.epochs}"
+    mean = val_metrics["mean"]
     accelerator.print(
         f"{prefix}  loss {stats['loss']:.4f}  val acc {mean['accuracy']:.4f}  nll {mean['nll']:.4f}"
         f"  brier {mean['brier']:.4f}  ece@15 {mean['ece@15']:.4f}{'  *' if best_epoch == epoch else ''}"
     )
     if calibrator is not None:
         accelerator.print(f"           calibrator: {calibrator.one_line()}")
-
-
-def wandb_row(record: dict) -> dict[str, float]:
-    """The W&B history row of one stage-one ``metrics.jsonl`` line: the same row live and on ``--resume``."""
-    val = {"tasks": record.get("val_tasks", {}), "mean": record["val"], "multitask": record.get("val_multitask", {}),
-           "pairs": record.get("val_pairs", [])}
-    row = {"train/loss": record["train_loss"], **{f"lr/{k}": v for k, v in record["lr"].items()},
-           **flatten_metrics("val", val)}
-    if "calibrator" in record:
-        row.update(CalibratorRecord(record["calibrator"]["tasks"], record["calibrator"]["summary"]).wandb_values())
-    return row
+    if "task_weights" in stats:
+        accelerator.print(f"           task weights: {task_weights_line(stats['task_weights'])}")
 
 
 def replay_to_tracker(tracker: Tracker, metrics_path: Path) -> None:
     """The epochs of ``metrics.jsonl`` (as repaired by ``restore_stage``) that W&B lacks, on ``--resume``."""
-    if tracker.enabled and metrics_path.exists():
-        lines = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-        tracker.replay({line["epoch"]: wandb_row(line) for line in lines if not line.get("final")})
+    if tracker.enabled:
+        tracker.replay({line["epoch"]: wandb_row(line) for line in read_jsonl(metrics_path) if not line.get("final")})
 
 
 def run_second_stage(accelerator: Accelerator, cfg: Config, network: nn.Module, objective: nn.Module,

@@ -19,6 +19,7 @@ from mtl_cog.evaluation.posthoc import POSTHOC_METHODS
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
 from mtl_cog.objectives import OBJECTIVES
+from mtl_cog.objectives.aggregators import AGGREGATORS, EQUAL
 from mtl_cog.registry import Registry
 
 
@@ -32,11 +33,14 @@ def check_registered_names(cfg: Config) -> None:
         ("method.loss", cfg.method.loss, OBJECTIVES),
         ("two_stage.head", cfg.two_stage.head, HEADS),
     ]
+    if cfg.mtl.aggregator != EQUAL:  # equal weights is plain training: no registered object
+        checks.append(("mtl.aggregator", cfg.mtl.aggregator, AGGREGATORS))
     for key, name, registry in checks:
         try:
             registry.get(name)
         except UnknownNameError as err:  # its message suggests close matches and lists the options
-            raise ConfigError(f"{key}: {err}") from None
+            extra = f" Or {EQUAL} (the mean of the task losses)." if key == "mtl.aggregator" else ""
+            raise ConfigError(f"{key}: {err}{extra}") from None
     for name in cfg.eval.shift_posthoc:  # fitted on the clean validation predictions, applied under shift
         if name not in POSTHOC_METHODS:
             raise ConfigError(f"eval.shift_posthoc: unknown post-hoc method {name!r}. "

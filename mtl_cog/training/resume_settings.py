@@ -8,17 +8,26 @@ each group's rate becomes the new configured rate (when that rate changed), the 
 continues with the new ``lr_step_epochs`` / ``lr_gamma`` from the epoch reached, and
 ``resumes.jsonl`` in the run folder records when which keys changed (old -> new), so the run
 folder says what ran: ``config.yaml`` holds the latest values, ``resumes.jsonl`` the history.
+
+``plan_resume`` works this out once per resume (the saved config read once, the changes computed
+once, the epochs already trained read from the saved state without loading it) and refuses
+*before* anything is written: a refused ``--resume`` leaves ``config.yaml`` and every other file of
+the run as they were, so the next plain ``--resume`` continues the run as if it had not been tried.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from mtl_cog.config import Config
+from mtl_cog.config import Config, load_config
 from mtl_cog.errors import ConfigError
 from mtl_cog.io import append_jsonl
+from mtl_cog.runs import rundir
+from mtl_cog.runs.training_state import read_progress
 
 # Keys whose change on --resume is applied exactly (the optimiser/scheduler ones by
 # ``apply_to_optimizer``, the others are read from the config as the run continues).
@@ -80,3 +89,25 @@ def apply_to_optimizer(cfg: Config, changes: dict[str, tuple[object, object]], o
 def record_resume(path, epoch: int, step: int, changes: dict[str, tuple[object, object]]) -> None:
     append_jsonl(path, {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "epoch": epoch, "step": step,
                         "changed": {k: {"old": old, "new": new} for k, (old, new) in changes.items()}})
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a ``--resume`` changes, checked: the saved config, the changed keys, the epoch it continues at."""
+
+    saved: Config
+    changes: dict[str, tuple[object, object]]
+    next_epoch: int  # stage one's epoch to run (or continue) next, from the saved state (1: none yet)
+
+
+def plan_resume(run_dir: Path, cfg: Config, saved: Config | None = None) -> ResumePlan:
+    """Every check a resume with ``cfg`` can fail, done before anything is written (see the module docstring).
+
+    ``saved`` is the run's ``config.yaml`` when the caller has read it already (``mtl-cog train --resume``).
+    """
+    saved = saved if saved is not None else load_config(run_dir / rundir.CONFIG)
+    changes = changed_settings(saved, cfg)
+    progress = read_progress(run_dir / rundir.STATE)
+    next_epoch = progress.epoch if progress is not None else 1
+    check_changes(changes, next_epoch)
+    return ResumePlan(saved, changes, next_epoch)

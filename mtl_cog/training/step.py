@@ -18,6 +18,7 @@ from mtl_cog.data.batches import BatchTransform, train_batch_indices
 from mtl_cog.data.task_api import SplitData
 from mtl_cog.errors import NonFiniteLossError
 from mtl_cog.runs.training_state import EpochProgress
+from mtl_cog.training.aggregated_step import Aggregation, aggregated_loss
 from mtl_cog.training.optim import OBJECTIVE_GROUP
 
 
@@ -71,8 +72,15 @@ def train_one_epoch(
     check_every: int = 50,
     save_every: int = 0,
     on_save: Callable[[EpochProgress], None] | None = None,
+    aggregation: Aggregation | None = None,
 ) -> dict[str, float]:
     """One pass over ``split``: ``batch_loss`` then ``apply_update`` per step.
+
+    With an ``aggregation`` (``mtl.aggregator`` other than ``equal``) the step is
+    ``aggregated_step.aggregated_loss`` instead of ``batch_loss`` (the backbone follows the
+    aggregated gradient, the heads and the leader the mean loss's), and the epoch also returns
+    ``task_weights``: the backbone's mean task weights over the epoch's steps (since the resume,
+    for an epoch continued from a mid-epoch save).
 
     Resumable: ``start`` continues an epoch after its first ``start.step`` batches, and every
     ``save_every`` steps ``on_save(progress)`` is called (on every process) to save the state.
@@ -97,6 +105,10 @@ def train_one_epoch(
     total = torch.tensor(start_sum, device=device)
     trained, skipped = done.trained, done.skipped
     bad_step = torch.tensor(NO_BAD_STEP, device=device)
+    weight_sum = None
+    if aggregation is not None:
+        weight_sum = torch.zeros(aggregation.aggregator.num_tasks, dtype=torch.float64, device=device)
+        shared = [p for p in accelerator.unwrap_model(network).backbone.parameters() if p.requires_grad]
 
     def check_finite() -> None:
         first_bad = -int(accelerator.reduce(-bad_step, reduction="max").item())  # min over processes
@@ -114,16 +126,23 @@ def train_one_epoch(
         generator.manual_seed(seed * 7919 + epoch * 104_729 + step * 1_000_003 + rank)
         images = transform(split.images[idx].to(device, non_blocking=True), generator)
         labels = split.labels[idx].to(device, non_blocking=True)
-        loss = batch_loss(network, objective, images, labels)
-        finite = torch.isfinite(loss)
+        if aggregation is None:
+            loss = to_backward = batch_loss(network, objective, images, labels)
+            finite = torch.isfinite(loss)
+        else:
+            step_loss = aggregated_loss(accelerator, network, objective, aggregation, images, labels, shared)
+            loss, to_backward = step_loss.loss, step_loss.backward
+            finite = torch.isfinite(to_backward) & torch.isfinite(step_loss.weights).all()
         if nonfinite == "skip":
             if accelerator.reduce(finite.float(), reduction="sum").item() < world:  # any process bad: all skip
                 skipped += 1
                 continue
         else:
             bad_step = torch.where(finite | (bad_step != NO_BAD_STEP), bad_step, step)
-        apply_update(accelerator, optimizer, loss)
+        apply_update(accelerator, optimizer, to_backward)
         total += loss.detach()
+        if weight_sum is not None:
+            weight_sum += step_loss.weights
         trained += 1
         if nonfinite == "stop" and (step + 1) % check_every == 0:
             check_finite()
@@ -134,4 +153,8 @@ def train_one_epoch(
     if nonfinite == "stop":
         check_finite()
     mean_loss = accelerator.reduce(total, reduction="mean").item() / max(trained, 1)
-    return {"loss": mean_loss, "steps": trained, "skipped": skipped}
+    stats = {"loss": mean_loss, "steps": trained, "skipped": skipped}
+    if weight_sum is not None:
+        steps_here = max(trained - done.trained, 1)
+        stats["task_weights"] = (weight_sum / steps_here).tolist()
+    return stats

@@ -1,0 +1,85 @@
+"""The aggregator contract: how the per-task losses of one minibatch become the shared backbone's gradient.
+
+Multi-task training with a shared backbone and one head per task has T per-task gradients for the
+backbone; *equal weights* (the COG paper's CelebA setup) follows their mean. An aggregator instead
+returns task weights w (T,) from the T x T Gramian of those gradients (UPGrad, MGDA, PCGrad, IMTL-G,
+Aligned-MTL: the ``torchjd`` library's weightings) or from the losses themselves (uncertainty
+weighting), and the backbone follows sum_t w_t grad L_t. Which gradient every parameter group gets,
+and why the COG leader is untouched, is in ``docs/mtl.md`` and ``mtl_cog.training.aggregated_step``.
+
+Every aggregator here is a *weighting* (the update is a non-negative combination of the task
+gradients), so it can be computed from the Gramian on the shared representation alone (Sener &
+Koltun's MGDA-UB bound) and then applied with one backward pass through the backbone. Aggregators
+that are not a weighting (GradDrop, ConFIG: they edit the gradient coordinate by coordinate) need
+the full parameter Jacobian and would change the heads' gradients too; they are not offered.
+
+To add one: a module in this folder with a ``TaskAggregator`` subclass registered by
+``@AGGREGATORS.register(name)``, imported in ``__init__.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mtl_cog.config.schema import EQUAL_WEIGHTS
+from mtl_cog.registry import Registry
+
+AGGREGATORS: Registry[type[nn.Module]] = Registry("aggregator")
+EQUAL = EQUAL_WEIGHTS  # the mean of the per-task losses: plain training, no aggregator object at all
+
+
+class TaskAggregator(nn.Module):
+    """Base: ``weights(gramian, losses) -> (T,)`` non-negative task weights of the backbone's gradient.
+
+    ``gramian`` is the (T, T) Gramian of the per-task gradients (w.r.t. the shared features or the
+    shared parameters, ``mtl.aggregate_on``) of the tasks labelled in the batch, or None when
+    ``needs_gramian`` is False; ``losses`` are those tasks' (T,) losses (detached). ``penalty`` is a
+    term added to the backward pass for the aggregator's own learned parameters (0 for most).
+    """
+
+    needs_gramian: bool = True
+
+    def __init__(self, num_tasks: int) -> None:
+        super().__init__()
+        self.num_tasks = num_tasks
+
+    def weights(self, gramian: torch.Tensor | None, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """(T,) weights; ``present`` (T,) bool marks the tasks with a labelled sample in the batch (others get 0)."""
+        raise NotImplementedError
+
+    def penalty(self, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor | float:
+        return 0.0
+
+
+class GramianWeighting(TaskAggregator):
+    """A ``torchjd`` weighting of the Gramian (``torchjd.aggregation.*Weighting``), on the present tasks only.
+
+    A task without a labelled sample in the batch has a zero gradient; left in, it would make MGDA
+    pick the zero vector (the min-norm point of the hull) and stop training, so it is left out and
+    weighted 0. The Gramian is solved in float64 (quadprog, as torchjd does) whatever the training
+    precision: bf16 Gramians are too coarse for the dual-cone projections.
+    """
+
+    def __init__(self, num_tasks: int, weighting: nn.Module) -> None:
+        super().__init__(num_tasks)
+        self.weighting = weighting
+
+    def weights(self, gramian: torch.Tensor | None, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        assert gramian is not None
+        out = torch.zeros(self.num_tasks, dtype=torch.float64, device=gramian.device)
+        index = present.nonzero().squeeze(1)
+        if len(index):
+            sub = gramian.to(torch.float64)[index][:, index]
+            # a non-finite loss makes the Gramian NaN, which the solvers refuse: NaN weights instead, so the
+            # step's non-finite policy (train.nonfinite) sees it like a NaN loss
+            finite = bool(torch.isfinite(sub).all())
+            out[index] = self.weighting(sub).to(torch.float64) if finite else torch.nan
+        return out
+
+
+def build_aggregator(name: str, num_tasks: int) -> TaskAggregator | None:
+    """The registered aggregator ``name`` for ``num_tasks`` tasks; None for ``equal`` (plain training)."""
+    if name == EQUAL:
+        return None
+    return AGGREGATORS.get(name)(num_tasks)
