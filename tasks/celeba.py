@@ -91,6 +91,10 @@ def read_attributes(path: Path) -> tuple[list[str], list[str], np.ndarray]:
         attr_names = second.split()
         if not attr_names:
             raise _error(f"{path}, line 2: expected the attribute names, found none.")
+        twice = sorted({a for a in attr_names if attr_names.count(a) > 1})
+        if twice:  # two columns under one name: one attribute's metrics would be reported under the other's
+            raise _error(f"{path}, line 2: attribute name(s) {twice} appear more than once; each column needs "
+                         "its own name.")
         values = np.zeros((max(count, 0), len(attr_names)), dtype=np.int8)
         names: list[str] = []
         for number, line in enumerate(handle, start=3):

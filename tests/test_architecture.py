@@ -133,7 +133,7 @@ def module_list() -> list[str]:
     lines = []
     for path in sorted((REPO / "mtl_cog").rglob("*.py")):
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        lines.append(f"{str(path.relative_to(REPO)):<44}{doc.splitlines()[0] if doc else ''}".rstrip())
+        lines.append(f"{str(path.relative_to(REPO)):<43} {doc.splitlines()[0] if doc else ''}".rstrip())
     return lines
 
 

@@ -33,6 +33,7 @@ from mtl_cog.cli import train as train_cli
 from mtl_cog.config import DataConfig, SyntheticConfig
 from mtl_cog.data import cache, cache_writer, task_api
 from mtl_cog.data.cache import cache_dir, file_checksum, inspect_cache, load_cached
+from mtl_cog.data.cache_writer import META_CHECKSUM, meta_checksum
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TASKS, TaskData
 from mtl_cog.errors import CacheError, DataError, run_cli
@@ -251,11 +252,32 @@ def test_labels_out_of_range_under_a_matching_checksum_are_refused(tmp_path):
     damage_labels(folder)
     meta = json.loads((folder / "meta.json").read_text())
     meta["files"]["train.labels.npy"]["xxh3_128"] = file_checksum(folder / "train.labels.npy")
+    meta[META_CHECKSUM] = meta_checksum(meta)
     (folder / "meta.json").write_text(json.dumps(meta))
     data, problem = inspect_cache(folder, None)
     assert data is None
     assert problem.startswith("damaged") and "train.labels.npy" in problem and "label 5 at row 0" in problem
     assert "0..1" in problem
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda m: m["spec"]["mean"].__setitem__(0, m["spec"]["mean"][0] + 0.1), "its own checksum"),
+    (lambda m: m["spec"]["task_names"].reverse(), "its own checksum"),
+    (lambda m: m.pop(META_CHECKSUM), "stale: written before meta.json was checksummed"),
+])
+def test_meta_json_is_covered_by_its_own_checksum(tmp_path, edit, reason):
+    """One changed value of meta.json (the normalisation mean, the order of the task names) flows into
+    training and task_spec.json; the cache's file checksums sit in meta.json and did not cover it."""
+    write_celeba(tmp_path, n=20)
+    cfg = celeba_cfg(tmp_path)
+    load_cached(CountingTask("celeba"), cfg, show_progress=False)
+    folder = cache_dir(cfg)
+    assert inspect_cache(folder, None)[1] == ""
+    meta = json.loads((folder / "meta.json").read_text())
+    edit(meta)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    data, problem = inspect_cache(folder, None)
+    assert data is None and reason in problem
 
 
 def truncate_an_image(fx) -> Path:

@@ -311,3 +311,23 @@ def test_test_metrics_csv_with_multitask_and_partial_columns_reads_back_and_dama
         damaged.to_csv(path, index=False)
         with pytest.raises(ReportError, match="empty cells"):
             _read_metrics_csv(path, names)
+
+
+def test_perfectly_calibrated_heads_of_a_copied_label_score_about_a_sixth_on_pair_joint_ece():
+    """pair_joint_ece measures the joint implied by independent heads, not the heads' calibration.
+
+    Head a predicts p (uniform), y_a ~ Bernoulli(p); head b predicts p too and y_b = y_a: both heads
+    are perfectly calibrated, yet p_a p_b = p^2 against P(a and b) = p, E|p - p^2| = 1/6.
+    """
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.001, 0.999, 50_000)
+    y = (rng.uniform(size=p.size) < p).astype(np.int64)
+    scores = compute_metrics(["a", "b"], [logit(p), logit(p)], [y, y], [15], pairs=1)
+    assert scores["tasks"]["a"]["ece@15"] < 0.01 and scores["tasks"]["b"]["ece@15"] < 0.01
+    assert scores["multitask"]["pair_joint_ece"] == pytest.approx(1 / 6, abs=0.015)
+
+
+def test_ranks_never_use_the_joint_metrics():
+    from mtl_cog.reporting.tables import RANK_METRICS
+
+    assert RANK_METRICS == ("accuracy", "nll", "brier")

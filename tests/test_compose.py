@@ -23,7 +23,7 @@ from mtl_cog.config.compose import (
     problems,
     write_combinations,
 )
-from mtl_cog.errors import ConfigError
+from mtl_cog.errors import ConfigError, UserError
 
 REPO = Path(__file__).resolve().parents[1]
 COMBINATIONS = [(d, m) for d in available(CONFIGS, DATASETS) for m in available(CONFIGS, METHODS)]
@@ -79,6 +79,10 @@ def test_the_generator_writes_checks_and_keeps_tuned_files(tmp_path):
     (root / "digits" / "focal.yaml").write_text(base_line("digits", "focal"))  # its method is gone
     assert [p.name for p in write_combinations(root)] == ["baseline.yaml", "cog_ts.yaml"]
     assert problems(root) == [f"{root}/digits/focal.yaml combines no existing data set and method"]
+    (root / "digits" / "focal.yaml").unlink()
+    (root / "digits" / "baseline_mgda.yaml").write_text("_base_: baseline.yaml\n# another aggregator\nseed: 1\n")
+    (root / "digits" / "cog_ts_x.yaml").write_text("_base_: baseline.yaml\nseed: 1\n")  # says nothing: an orphan
+    assert problems(root) == [f"{root}/digits/cog_ts_x.yaml combines no existing data set and method"]
 
 
 def test_without_a_combination_file_the_parts_are_composed(tmp_path):
@@ -107,7 +111,7 @@ def test_config_files_and_overrides_are_merged_in_order(tmp_path):
     assert load_config(resolve_files(train.parse_args([]))) == load_config(CONFIGS / "synthetic" / "cog_fc.yaml")
     only_method = load_config(resolve_files(train.parse_args(["--method", "baseline"])))
     assert only_method == load_config(CONFIGS / "synthetic" / "baseline.yaml")
-    with pytest.raises(SystemExit):  # calibration_drift has no default: it must be told what to train
+    with pytest.raises(UserError, match="give --config, or --data and --method"):  # no default: it must be told
         calibration_drift.parse_args([])
     drift = calibration_drift.parse_args(["--data", "digits", "--method", "ls"])
     assert load_config(resolve_files(drift, default=False)) == load_config(CONFIGS / "digits" / "ls.yaml")

@@ -35,6 +35,7 @@ from mtl_cog.errors import PeerLostError, run_cli
 from mtl_cog.io import append_jsonl, atomic_write_text, is_temp_file_name
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
+from mtl_cog.runs.digests import record_digests
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -352,6 +353,12 @@ STATE_DAMAGE = {
     "optimiser tensor of the wrong shape": (
         lambda t, m: t.update({"optimizer/0/exp_avg": torch.zeros(3, 3)}),
         "optimiser state 'exp_avg' of parameter 0 has shape (3, 3), but the parameter has shape"),
+    "RNG tensor cut short": (lambda t, m: t.update({"rng/torch": t["rng/torch"][:100].clone()}),
+                             "RNG state 'rng/torch' is torch.uint8 (100,)"),
+    "RNG tensor of another dtype": (lambda t, m: t.update({"rng/torch": t["rng/torch"].float()}),
+                                    "RNG state 'rng/torch' is torch.float32"),
+    "RNG tensor with damaged content": (lambda t, m: t["rng/torch"].zero_(), "'rng/torch' is damaged"),
+    "numpy RNG keys out of range": (lambda t, m: t["rng/numpy_keys"].fill_(-7), "outside numpy's uint32 keys"),
     "NaN weights": (lambda t, m: t["model/heads.linear.weight" if "model/heads.linear.weight" in t else
                                    next(k for k in t if k.startswith("model/") and t[k].is_floating_point())]
                     .fill_(float("nan")), "holds NaN or infinite values"),
@@ -375,6 +382,7 @@ def test_nan_weights_in_the_best_checkpoint_are_refused_by_evaluate(finished, tm
     name = next(k for k in tensors if k.startswith("heads") and tensors[k].is_floating_point())
     tensors[name][0] = float("inf")
     save_file(tensors, str(run / rundir.BEST_MODEL), metadata=metadata)
+    record_digests(run)  # as if the run had written it: the loader's own check must refuse it
     err = user_error("evaluate", ["--run", str(run), "--out", str(tmp_path / "m.json")], capsys)
     assert f"{run / rundir.BEST_MODEL} holds NaN or infinite values in 1 tensor(s) ({name})" in err
     assert not (tmp_path / "m.json").exists()
@@ -428,6 +436,7 @@ def _run_without_predictions(finished: Path, tmp_path: Path) -> Path:
     run = copy_run(finished, tmp_path)
     for split in ("val", "test"):
         (run / rundir.predictions_file(split)).unlink()  # compare then reads test_metrics.csv
+    (run / rundir.DIGESTS).unlink()  # as runs from before prediction files (and digests) were
     return run
 
 
@@ -454,6 +463,9 @@ def test_compare_refuses_a_yaml_alias_bomb_in_a_run_config(finished, tmp_path, c
     run = copy_run(finished, tmp_path)
     bomb = "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}" if i else "x"] * 9) + "]\n" for i in range(9))
     (run / rundir.CONFIG).write_text(bomb + (run / rundir.CONFIG).read_text())
+    err = user_error("compare", [str(run), "--out", str(tmp_path / "report")], capsys)
+    assert "config.yaml is not the file this run wrote" in err  # the digest sees the edit first
+    record_digests(run)  # as if the run had written it: the YAML loader's own limit refuses it
     err = user_error("compare", [str(run), "--out", str(tmp_path / "report")], capsys)
     assert "expands to more than 100000 YAML nodes" in err and str(run / rundir.CONFIG) in err
 

@@ -1,4 +1,8 @@
-"""``fashion_mnist`` and ``fashion_mosaic``: IDX files written by tasks/fixtures.py, hostile files, the real release."""
+"""``fashion_mnist`` and ``fashion_mosaic``: IDX files written by tasks/fixtures.py, hostile files, the real release.
+
+It stays one file over 450 lines because the mosaic is built from Fashion-MNIST's images: both data
+sets' cases read the same IDX fixtures and the same release, which a split would duplicate.
+"""
 
 from __future__ import annotations
 
@@ -513,3 +517,23 @@ def test_heterogeneous_mosaic_trains_calibrates_and_reports_end_to_end(tmp_path)
     report = compare.main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
     per_task = pd.read_csv(Path(report) / "per_task.csv")
     assert {"tile_top_left_item", "holds_top"} <= set(per_task["task"])
+
+
+def test_the_input_blind_predictor_scores_as_computed_by_hand():
+    from mtl_cog.data.task_api import SplitData, TaskData, TaskSpec
+    from mtl_cog.reporting.data_description import prior_predictor_scores
+
+    train = torch.tensor([[1, 0], [1, 1], [1, 2], [0, 2]])  # binary shares (1.5, 3.5)/5; 3 classes (1.5, 1.5, 2.5)/5.5
+    test = torch.tensor([[1, 2], [0, 0]])
+    spec = TaskSpec("toy", ("b", "k"), (2, 3), (0.5,) * 3, (0.2,) * 3)
+    image = torch.zeros((4, 3, 4, 4), dtype=torch.uint8)
+    data = TaskData(spec, {"train": SplitData(image, train), "test": SplitData(image[:2], test)})
+    scores = prior_predictor_scores(data)
+    p, q = 3.5 / 5, np.array([1.5, 1.5, 2.5]) / 5.5
+    nll_b = -(np.log(p) + np.log(1 - p)) / 2
+    nll_k = -(np.log(q[2]) + np.log(q[0])) / 2
+    brier_b = (2 * (1 - p) ** 2 + 2 * p**2) / 2  # summed over both classes, as every binary Brier here
+    brier_k = (((q - [0, 0, 1]) ** 2).sum() + ((q - [1, 0, 0]) ** 2).sum()) / 2
+    assert scores["accuracy"] == pytest.approx((0.5 + 0.5) / 2)  # majority 1 and class 2: one right of two each
+    assert scores["nll"] == pytest.approx((nll_b + nll_k) / 2)
+    assert scores["brier"] == pytest.approx((brier_b + brier_k) / 2)

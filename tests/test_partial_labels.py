@@ -11,10 +11,11 @@ from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.loading import hide_labels, load_task
 from mtl_cog.data.task_api import LogitLayout, TaskSpec, check_labels
 from mtl_cog.errors import ConfigError, DataError, PredictionFileError
-from mtl_cog.evaluation.metrics import compute_metrics, task_metrics
+from mtl_cog.evaluation.metrics import compute_metrics, metrics_frame, task_metrics
 from mtl_cog.evaluation.posthoc import calibrate as posthoc_calibrate
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.objectives import build_objective, set_partial_labels
+from mtl_cog.reporting.run_report import write_run_report
 
 LAYOUT = LogitLayout((2, 2, 2, 4))  # three binary tasks and one 4-class task
 LOSSES = ["ce", "ls", "focal", "mbls", "margin_ce"]
@@ -135,3 +136,11 @@ def test_hide_labels_is_seeded_and_hides_about_the_fraction():
         assert torch.equal(once.splits[name].labels[kept], data.splits[name].labels[kept])
     with pytest.raises(ConfigError, match="data.hide_labels"):
         DataConfig(hide_labels=1.0).validate()
+
+
+def test_the_run_report_draws_partly_labelled_predictions(tmp_path):
+    """Reliability figures use each task's labelled rows; nothing fails on the -100 entries."""
+    logits, labels = prediction_lists()
+    table = metrics_frame(compute_metrics(["a", "b", "c"], logits, labels, [15]))
+    report = write_run_report(tmp_path, Predictions(["a", "b", "c"], logits, labels), table)
+    assert report is not None and report.png.is_file()

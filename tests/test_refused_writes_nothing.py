@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mtl_cog.cli import evaluate, train
+from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import load_config
 from mtl_cog.errors import CheckpointError, ConfigError, PosthocError
 from mtl_cog.evaluation import posthoc
@@ -44,7 +45,8 @@ def _kill_at(epoch: int):
 @pytest.fixture
 def killed_run(tiny_overrides, tmp_path):
     """A 4-epoch run stopped in epoch 3 (its state says: continue at epoch 3)."""
-    cfg = load_config(train.DEFAULT_CONFIG, [*tiny_overrides, f"train.epochs={EPOCHS}", "run_name=killed"])
+    cfg = load_config(CONFIGS / "synthetic" / "cog_fc.yaml",  # what train.main uses without --config
+                      [*tiny_overrides, f"train.epochs={EPOCHS}", "run_name=killed"])
     with pytest.raises(Killed):
         fit(cfg, hooks=_kill_at(KILLED_AT))
     return Path(cfg.output_dir) / "killed"

@@ -160,7 +160,8 @@ def test_pickled_training_state_is_refused_and_never_runs(reference, tmp_path):
     assert "is not a valid safetensors file" in result.stderr and "refused unread" in result.stderr
     torch.save({"model": Payload()}, run / rundir.BEST_MODEL)  # torch's zip format: a pickle inside
     (run / rundir.STATE).unlink()
-    evaluate = [sys.executable, str(REPO / "scripts" / "evaluate.py"), "--run", str(run), "--out", str(tmp_path / "m")]
+    evaluate = [sys.executable, str(REPO / "scripts" / "evaluate.py"), "--run", str(run), "--out", str(tmp_path / "m"),
+                "--unfinished"]  # the run is unfinished: score its checkpoint anyway, so the loader sees the pickle
     result = subprocess.run(evaluate, cwd=REPO, capture_output=True, text=True, env=ENV)
     assert result.returncode == 2 and "refused unread" in result.stderr and "Traceback" not in result.stderr
     assert not marker.exists()  # ... but mtl_cog never ran it

@@ -188,6 +188,9 @@ TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "attribute file: value not +-1": (
         lambda t: celeba(t, lambda fx: _edit_line(fx.attr_file, 3, lambda s: s[:-2] + " 0")),
         ["list_attr_celeba.txt, line 4: attribute 'Young' has value '0'", "must be 1 or -1"]),
+    "attribute file: an attribute named twice": (
+        lambda t: celeba(t, lambda fx: _edit_line(fx.attr_file, 1, lambda s: s.replace("Young", "Smiling"))),
+        ["list_attr_celeba.txt, line 2: attribute name(s) ['Smiling'] appear more than once"]),
     "partition file disagrees": (
         lambda t: celeba(t, lambda fx: _edit_line(fx.partition_file, 2, lambda s: "999999.jpg 0")),
         ["list_eval_partition.txt lists '999999.jpg'", "disagree"]),
@@ -434,6 +437,7 @@ class _AsModule(torch.nn.Module):
 def test_wandb_failure_falls_back_to_offline(tmp_path, monkeypatch):
     from accelerate import Accelerator
 
+    from mtl_cog.runs import tracking
     from mtl_cog.runs.tracking import Tracker
 
     calls = []
@@ -447,6 +451,7 @@ def test_wandb_failure_falls_back_to_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(accelerator, "log_with", ["wandb"])
     monkeypatch.setattr(accelerator, "init_trackers", init_trackers)
     monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setattr(tracking, "offline_reason", lambda: None)  # the server answered the reachability check
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tracker = Tracker(accelerator, tmp_path, "p", "r", {})

@@ -224,3 +224,21 @@ def test_a_killed_run_resumed_offline_has_every_epoch_in_its_history(tmp_path):
         assert row["_step"] == line["epoch"]
         expected = wandb_row(line)
         assert {k: row[k] for k in expected} == pytest.approx(expected)  # the same numbers as metrics.jsonl
+
+
+def test_the_reachability_check_is_bounded_whole_name_resolution_included(monkeypatch):
+    """No network: a resolver without an answer can take longer than the connect timeout; the check cannot."""
+    from mtl_cog.runs import tracking
+
+    monkeypatch.setattr(tracking, "unreachable_reason", lambda url, timeout: time.sleep(30))
+    start = time.monotonic()
+    why = tracking.reachable_within("https://api.wandb.ai", timeout=0.5)
+    assert time.monotonic() - start < 2 and "no answer within 0.5 s" in why
+
+
+def test_wandb_mode_online_gets_the_same_check(tmp_path):
+    """WANDB_MODE=online asks for online, not for W&B's 90 s of retries before the same offline fallback."""
+    out = _run_tracker(tmp_path / "run", _online_env(f"http://127.0.0.1:{_closed_port()}", WANDB_INIT_TIMEOUT="600",
+                                                     WANDB_MODE="online"))
+    assert out["enabled"] and "cannot be reached" in out["stdout"]
+    _assert_one_complete_offline_run(tmp_path / "run")

@@ -47,6 +47,7 @@ from mtl_cog.benchmarks.loader import MIN_JPEG_IMAGES, measure_loader
 from mtl_cog.benchmarks.step_ratio import DEFAULT_METHODS, measure_step_ratios, methods_to_time, ratio_key
 from mtl_cog.benchmarks.throughput import measure_throughput
 from mtl_cog.cli.paths import CONFIGS
+from mtl_cog.config.arguments import Parser, real_number, whole_number
 from mtl_cog.errors import ConfigError, run_cli
 from mtl_cog.io import atomic_write_json
 from mtl_cog.models.network import check_backbone
@@ -82,24 +83,8 @@ FULL = Sizes(backbone="cog_cnn_small", batch_size=128, steps=40, warmup=5, throu
              eval_samples=20_000, cache_images=sum(CELEBA_SPLITS.values()))
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
+positive_int = whole_number(1, None, "a positive integer")
+positive_float = real_number(0, None, low_open=True, what="a positive number")
 
 
 def names(text: str) -> list[str]:
@@ -107,7 +92,7 @@ def names(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that everything runs (seconds)")
     parser.add_argument("--epoch-check", action="store_true", help="only the one-epoch throughput check")
@@ -123,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--steps", type=positive_int, default=None, help="timed steps per method")
-    parser.add_argument("--profile", type=int, default=0,
+    parser.add_argument("--profile", type=whole_number(0, None, "steps >= 0"), default=0,
                         help="profile this many steps of COG-TS (or of the last --methods name) with torch.profiler")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--throughput-backbones", type=names, default=None,

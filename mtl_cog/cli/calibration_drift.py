@@ -38,11 +38,12 @@ from scipy.stats import spearmanr
 
 from mtl_cog.cli.config_args import add_config_arguments, given, resolve_files
 from mtl_cog.config import load_config
+from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import LogitLayout
-from mtl_cog.errors import UserError, run_cli
+from mtl_cog.errors import run_cli
 from mtl_cog.evaluation.predictions import layout_of
 from mtl_cog.evaluation.sharpness import hutchinson_trace, margin_quantiles, top_eigenvalue
 from mtl_cog.io import atomic_write_text
@@ -62,13 +63,17 @@ def drift_line(end: EpochEnd, layout: LogitLayout) -> dict:
     """One JSON-able line: validation metrics, fitted temperatures, logit magnitudes, margin quantiles."""
     predictions, mean, multitask = end.val_predictions, end.val["mean"], end.val.get("multitask", {})
     flat = layout.join(predictions.logits)
-    temperatures = fit_temperatures(layout, predictions.logits, predictions.labels).numpy()
+    temperatures = fit_temperatures(layout, predictions.logits, predictions.labels, predictions.task_names,
+                                    what=f"calibration drift, epoch {end.epoch}").numpy()
+    fitted = temperatures[np.isfinite(temperatures)]  # NaN: no validation errors, so no optimal T
     ece = f"ece@{SUMMARY_BINS}" if f"ece@{SUMMARY_BINS}" in mean else next(k for k in mean if k.startswith("ece@"))
     line = {"epoch": end.epoch, "train_loss": _round(end.train_loss, 4),
             **{f"val_{m}": _round(mean[m], 4) for m in ("accuracy", "nll", "brier", ece, "smece")},
             **{f"val_{m}": _round(multitask[m], 4) for m in (f"pooled_{ece}", "count_ece") if m in multitask},
-            "fitted_T_median": _round(float(np.median(temperatures)), 3),
-            "tasks_with_T_above_1": int((temperatures > 1).sum()), "tasks": len(predictions.task_names),
+            "fitted_T_median": _round(float(np.median(fitted)) if fitted.size else None, 3),
+            "tasks_with_T_above_1": int((fitted > 1).sum()),
+            "tasks_without_T_optimum": int((~np.isfinite(temperatures)).sum()),
+            "tasks": len(predictions.task_names),
             "mean_abs_logit": _round(float(np.abs(flat).mean()), 3)}
     if predictions.true_probs is not None:
         p = np.clip(np.stack(predictions.true_probs, axis=1), 1e-7, 1 - 1e-7)
@@ -103,22 +108,20 @@ def ece_curvature_correlation(lines: list[dict], ece_key: str) -> dict[str, floa
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser, default=False)
-    parser.add_argument("--every", type=int, default=5, help="report every N epochs (and the last)")
+    parser.add_argument("--every", type=whole_number(1, None, "epochs >= 1"), default=5,
+                        help="report every N epochs (and the last)")
     parser.add_argument("--curvature", choices=CURVATURE, default="top_eigenvalue",
                         help="GGN summary of the training NLL on a fixed batch (default top_eigenvalue)")
-    parser.add_argument("--curvature-batch", type=int, default=256,
+    parser.add_argument("--curvature-batch", type=whole_number(1, None, "images >= 1"), default=256,
                         help="the first N training images form the fixed batch (default 256)")
-    parser.add_argument("--curvature-iterations", type=int, default=20,
+    parser.add_argument("--curvature-iterations", type=whole_number(1, None, "iterations >= 1"), default=20,
                         help="power-iteration steps (at most) or Hutchinson samples (default 20)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     if not given(args):
         parser.error("give --config, or --data and --method")
-    for name in ("every", "curvature_batch", "curvature_iterations"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1. Got {getattr(args, name)}.")
     return args
 
 

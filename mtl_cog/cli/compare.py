@@ -14,8 +14,8 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
                                rank spread over seeds, learned calibrators, convergence
   summary.tex                  summary.md's tables in LaTeX (booktabs)
   paired_differences.csv       each COG variant minus its counterpart (method.counterpart): mean
-                               difference in NLL, Brier, ECE@15, accuracy, 95% bootstrap interval
-                               over seeds × tasks (mtl_cog/reporting/paired.py)
+                               difference in NLL, Brier, ECE@15, accuracy, 95% t interval over
+                               seeds (task-averaged; mtl_cog/reporting/paired.py)
   rank_spread.csv              each method's average rank per seed: mean, std, range
   calibrator.csv               learned per-task calibrator values (first/last epoch) from metrics.jsonl,
                                and whether the calibrator never left the identity
@@ -39,7 +39,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mtl_cog.config.schema import check_bins
+from mtl_cog.config.arguments import Parser, whole_number
+from mtl_cog.config.schema import MAX_BINS, check_bins
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.errors import run_cli
 from mtl_cog.io import check_writable
@@ -47,12 +48,13 @@ from mtl_cog.reporting.comparison import write_comparison
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders, or folders that hold run folders")
     parser.add_argument("--out", type=Path, required=True, help="report folder (created)")
-    parser.add_argument("--bins", type=int, nargs="+", default=list(DEFAULT_BINS),
+    parser.add_argument("--bins", type=whole_number(1, MAX_BINS, "a bin count"), nargs="+",
+                        default=list(DEFAULT_BINS),
                         help="bin counts of calibration errors")
-    parser.add_argument("--summary-bins", type=int, default=SUMMARY_BINS,
+    parser.add_argument("--summary-bins", type=whole_number(1, MAX_BINS, "a bin count"), default=SUMMARY_BINS,
                         help="bin count shown in summary.md and the figures")
     return parser.parse_args(argv)
 

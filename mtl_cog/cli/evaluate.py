@@ -1,7 +1,7 @@
 """Score predictions: any prediction file, or a run's best checkpoint re-evaluated.
 
     python scripts/evaluate.py --predictions FILE.npz [--bins 5 10 15 20 50] --out metrics.json
-    accelerate launch scripts/evaluate.py --run RUN_DIR [--split test] --out metrics.json
+    accelerate launch scripts/evaluate.py --run RUN_DIR [--split test] --out metrics.json [--unfinished]
     python scripts/evaluate.py --run RUN_DIR --posthoc ts vs ms svs sms isotonic histogram
 
 With ``--posthoc``, each named calibrator is fitted (one per task) on the run's
@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.config.schema import check_bins, check_corruptions, check_severities
 from mtl_cog.constants import DEFAULT_BINS
 from mtl_cog.data.loading import load_task
@@ -52,19 +53,22 @@ from mtl_cog.io import atomic_write_json, check_writable
 from mtl_cog.reporting.posthoc_run import fit_posthoc_run, posthoc_method_names
 from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
 from mtl_cog.runs import rundir
-from mtl_cog.runs.trained import load_network
+from mtl_cog.runs.trained import check_same_spec, load_network, open_finished_run, run_task_spec
 from mtl_cog.training.accelerator import create_accelerator
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--predictions", type=Path,
                         help="a prediction file (.npz, see mtl_cog/evaluation/predictions.py)")
     source.add_argument("--run", type=Path, help="a run folder: re-evaluate its best checkpoint")
     parser.add_argument("--split", choices=["train", "val", "test"], default="test", help="with --run")
+    parser.add_argument("--unfinished", action="store_true",
+                        help="with --run: score the last best checkpoint of a run that has not finished (no DONE); "
+                        "without it such a run is refused, since its checkpoint is not the run's result")
     parser.add_argument("--bins", type=int, nargs="+", default=None, help=f"bin counts (default {list(DEFAULT_BINS)})")
-    parser.add_argument("--pairs", type=int, default=None,
+    parser.add_argument("--pairs", type=whole_number(0, None, "a pair count >= 0"), default=None,
                         help="attribute pairs scored by pair_joint_ece (default: the run's eval.joint_pairs, "
                         f"else {DEFAULT_PAIRS}; 0 = none)")
     parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
@@ -98,8 +102,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.bins is not None:
         check_bins(args.bins, "--bins")
-    if args.pairs is not None and args.pairs < 0:
-        raise UserError(f"--pairs must be >= 0. Got {args.pairs}.")
     if args.out is not None:
         check_writable(args.out, "--out")  # before the work, not after it
     if args.shift is not None:
@@ -126,10 +128,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(args.out)
         return metrics
 
+    cfg = open_finished_run(args.run, args.unfinished, "--unfinished")  # DONE + the files it wrote
     accelerator = create_accelerator()
-    cfg = rundir.load_run_config(args.run)
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
+    check_same_spec(run_task_spec(cfg, args.run), task_data.spec, args.run)
     check_groups(args.groups or [], task_data.spec.task_names, "--groups")  # before the network runs
     network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
     # the sequence fit ends with (mtl_cog.evaluation.assess): predict, score, certify and any other add-on

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from mtl_cog.config.arguments import Parser, real_number
 from mtl_cog.errors import ReportError, UserError, run_cli
 from mtl_cog.evaluation.assess import AssessSettings, assess
+from mtl_cog.evaluation.metrics import BINNED_FAMILIES
 from mtl_cog.evaluation.predictions import load_predictions
 from mtl_cog.evaluation.robustness import metric_name
 from mtl_cog.io import atomic_write
@@ -28,14 +30,28 @@ from mtl_cog.reporting import plots
 from mtl_cog.runs import rundir
 from mtl_cog.runs.trained import load_run
 
+UNBINNED_ERRORS = ("smece", "count_ece", "pair_joint_ece")
+
+
+def calibration_error_name(text: str) -> str:
+    """A calibration-error column of test_metrics.csv: ``<family>@<bins>`` of a binned ECE family, or smece."""
+    family, _, bins = text.partition("@")
+    if text in UNBINNED_ERRORS or (family in BINNED_FAMILIES and bins.isdigit() and int(bins) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"expected a calibration error such as ece@15 or smece "
+                                     f"({', '.join(f + '@B' for f in BINNED_FAMILIES)}, "
+                                     f"{', '.join(UNBINNED_ERRORS)}), got {text!r}")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders, or folders that hold run folders")
     parser.add_argument("--out", type=Path, required=True, help="report folder (created)")
-    parser.add_argument("--eps", type=float, default=36 / 255,
+    parser.add_argument("--eps", type=real_number(0, None, low_open=True, what="a radius > 0"),
+                        default=36 / 255,
                         help="l2 radius (pixels in [0, 1]) of the certified accuracy shown (default 36/255)")
-    parser.add_argument("--ece", default="ece@15", help="calibration error shown (a test_metrics.csv column)")
+    parser.add_argument("--ece", type=calibration_error_name, default="ece@15",
+                        help="calibration error shown (a test_metrics.csv column)")
     return parser.parse_args(argv)
 
 
@@ -79,8 +95,6 @@ def front_table(runs: list[Path], eps: float, ece: str) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
-    if args.eps <= 0:
-        raise UserError(f"--eps must be a positive radius. Got {args.eps}.")
     certified = metric_name(args.eps)
     table = front_table(lipschitz_runs(args.runs), args.eps, args.ece)
     args.out.mkdir(parents=True, exist_ok=True)

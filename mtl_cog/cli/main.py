@@ -18,6 +18,8 @@ from mtl_cog.cli import (
     compare,
     evaluate,
     generate_configs,
+    launch,
+    leader_curve,
     list_front,
     parameter_counts,
     prepare_data,
@@ -32,6 +34,7 @@ COMMANDS = {
     "evaluate": evaluate,
     "compare": compare,
     "sweep": sweep,
+    "leader-curve": leader_curve,
     "reproduce": reproduce,
     "prepare-data": prepare_data,
     "benchmark": benchmark,
@@ -39,6 +42,7 @@ COMMANDS = {
     "calibration-drift": calibration_drift,
     "list-front": list_front,
     "generate-configs": generate_configs,
+    "launch": launch,
 }
 
 

@@ -19,25 +19,34 @@ import torch
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import load_config
+from mtl_cog.config.arguments import Parser
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.io import atomic_write_text
 from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 
+MAX_TASKS = 10_000  # CelebA has 40
+MAX_LOGITS = 100_000  # ImageNet-21k has 21,841 classes
+MAX_MATRIX_ENTRIES = 10**8  # matrix scaling holds K^2 per task: 400 MB of float32 at this bound
+
 
 def parse_classes(text: str) -> tuple[int, ...]:
     """``2x40`` -> (2,)*40; ``2,2,10`` -> (2, 2, 10)."""
     try:
-        classes: list[int] = []
-        for part in text.split(","):
-            k, _, times = part.partition("x")
-            classes += [int(k)] * int(times or 1)
+        parts = [(int(k), int(times or 1)) for k, _, times in (part.partition("x") for part in text.split(","))]
     except ValueError:
         raise UserError(f"--classes must look like 2x40, 10 or 2,2,10. Got {text!r}.") from None
-    if not classes or min(classes) < 2:
-        raise UserError(f"--classes: every task needs at least 2 classes. Got {text!r}.")
-    return tuple(classes)
+    if any(k < 2 or times < 1 for k, times in parts):
+        raise UserError(f"--classes: every task needs at least 2 classes (and a count >= 1). Got {text!r}.")
+    # sized before anything is allocated: 2x100000000 would build a 10^8-task network first
+    tasks, columns, squares = (sum(t for _, t in parts), sum(k * t for k, t in parts),
+                               sum(k * k * t for k, t in parts))
+    if tasks > MAX_TASKS or columns > MAX_LOGITS or squares > MAX_MATRIX_ENTRIES:
+        raise UserError(f"--classes {text!r}: {tasks:,} tasks, {columns:,} logits, {squares:,} matrix-calibrator "
+                        f"entries; at most {MAX_TASKS:,} tasks, {MAX_LOGITS:,} logits and {MAX_MATRIX_ENTRIES:,} "
+                        "entries are counted (the networks are built to count them).")
+    return tuple(k for k, times in parts for _ in range(times))
 
 
 def table(dataset: str, layout: LogitLayout) -> str:
@@ -69,7 +78,7 @@ def table(dataset: str, layout: LogitLayout) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True, help="a folder of configs/, e.g. celeba")
     parser.add_argument("--classes", required=True, help="classes per task: 2x40, 10, 2,2,10")
     parser.add_argument("--out", type=Path, help="also write the table to this file")

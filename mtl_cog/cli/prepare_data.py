@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from mtl_cog.config import load_config
+from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.data.cache import cache_dir, load_cached, rebuild
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UnknownNameError, run_cli
@@ -28,11 +29,11 @@ from mtl_cog.reporting.data_description import describe_markdown
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, help="experiment YAML whose data section to use")
     parser.add_argument("--task", help="data.task (e.g. celeba)")
     parser.add_argument("--data-root", help="data.root: the folder holding the official files")
-    parser.add_argument("--image-size", type=int, help="data.image_size")
+    parser.add_argument("--image-size", type=whole_number(1, None, "a size in pixels >= 1"), help="data.image_size")
     parser.add_argument("--cache-dir", help="data.cache_dir (default <data.root>/.mtl_cog_cache)")
     parser.add_argument("--rebuild", action="store_true", help="decode and write the cache again even if it is valid")
     parser.add_argument("--describe", type=int, metavar="K", help="also print the prevalence of every task and "

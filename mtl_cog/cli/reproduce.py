@@ -1,6 +1,6 @@
 """The paper's comparison in one command: every method config × seeds, then the report.
 
-    python scripts/reproduce.py --protocol fair [--budget 4] [--seeds 0 1 2] --dry-run   # the plan and its time
+    python scripts/reproduce.py --protocol fair [--budget 4] [--seeds 0 1 2 3 4] --dry-run   # the plan and its time
     python scripts/reproduce.py --protocol fair                  # CPU scale: digits + synthetic, ~1-2 h on 2 cores
     python scripts/reproduce.py                                  # --protocol configs: the shipped settings as they are
     python scripts/reproduce.py --scale paper --dry-run          # the paper's full grid and its GPU time
@@ -9,10 +9,12 @@
 Every ``configs/<dataset>/*.yaml`` is a method (new method configs are picked up without changing
 this script). Two protocols:
 
-- ``fair`` (docs/protocol.md): per data set and method, ``--budget`` tuning runs on validation NLL
-  over the same knobs for everyone (the follower learning rate for every method, baseline
-  included; the leader rate for COG variants; label smoothing epsilon, focal gamma), then
-  ``--seeds`` runs of the chosen setting. The chosen settings are written to
+- ``fair`` (docs/protocol.md): per data set and method, an Optuna study of ``--budget`` trials on
+  validation NLL over the same knobs for everyone (the follower learning rate for every method,
+  baseline included; the leader/follower ratio for COG variants; label smoothing epsilon, focal
+  gamma, ...; ``--prune``: successive halving, the same for all), then ``--seeds`` runs of the
+  chosen setting. The studies live in OUT/tuning/optuna.db (``optuna-dashboard
+  sqlite:///OUT/tuning/optuna.db``); the chosen settings are written to
   OUT/report/chosen_settings.{csv,md}, every trial to OUT/tuning/<dataset>-<method>/trials.csv.
 - ``configs``: each config as shipped. Not an equal-budget comparison (at CPU scale the
   head-leader COG variants use learning rates tuned for them, the others none); the report says so.
@@ -32,17 +34,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from mtl_cog.cli import fair_tuning
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
-from mtl_cog.config.schema import check_seed
+from mtl_cog.config.arguments import Parser, distinct, whole_number
+from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.experiments import gpu_time, launcher, protocol
+from mtl_cog.experiments import gpu_time, launcher, protocol, tuning
 from mtl_cog.experiments.launcher import (
     RunJob,
     add_launcher_arguments,
@@ -69,6 +73,11 @@ CPU_SCALE = {
     "digits": ["data.image_size=16", "train.batch_size=64", "train.epochs=100"],
     "synthetic": ["data.image_size=16", "train.batch_size=64", "train.epochs=40",
                   "data.synthetic.train_size=1000", "data.synthetic.val_size=200", "data.synthetic.test_size=1000"],
+    # Real images at CPU scale (docs/protocol.md, "Real images"): the first 2,000 images of each
+    # split (Fashion-MNIST's files are in no class order), 16 px, the tiny CNN, 10 epochs: sized for
+    # a 2-core machine shared by other jobs (a 20-epoch run of 3,000 images took ~18 min there).
+    "fashion_mnist": ["data.image_size=16", "train.batch_size=64", "train.epochs=10", "data.max_samples=2000"],
+    "fashion_mosaic": ["data.image_size=32", "train.batch_size=64", "train.epochs=10", "data.max_samples=2000"],
 }
 # The CPU-scale backbone is the tiny counterpart of the config's: a LiST network stays Lipschitz.
 TINY_BACKBONES = {"cog_lipschitz_small": "cog_lipschitz_tiny"}  # any other backbone -> cog_cnn_tiny
@@ -91,26 +100,28 @@ class Job:
     config: Path
     run_dir: Path
     overrides: tuple[str, ...] = ()  # on top of the scale's (the fair protocol's tuned values)
-    phase: str = "final"  # "tune" | "final"
-
-
-@dataclass
-class Plan:
-    tuning: dict[tuple[str, str], list[Job]] = field(default_factory=dict)  # (dataset, method) -> trials
-    final: list[Job] = field(default_factory=list)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="OUT/runs, OUT/tuning, OUT/report")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="configs", help="fair: equal tuning budget")
     parser.add_argument("--scale", choices=SCALES, default="cpu", help="cpu: tiny runs; paper: the configs as set")
     parser.add_argument("--datasets", nargs="+", default=None, help="default: digits synthetic (cpu), "
                         "celeba svhn cifar10 cifar100 (paper)")
     parser.add_argument("--methods", nargs="+", default=None, help="only these configs (default: all in configs/<ds>/)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=None, help="override every run's train.epochs")
-    parser.add_argument("--budget", type=int, default=3, help="fair: tuning runs per method and data set (default 3)")
+    # 5 seeds, the paper's count: the paired t interval (reporting/paired.py) of 3 seeds has t = 4.30
+    parser.add_argument("--seeds", type=whole_number(0, MAX_SEED, "a seed"), nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--epochs", type=whole_number(1, None, "an epoch count"), default=None,
+                        help="override every run's train.epochs")
+    parser.add_argument("--budget", type=whole_number(1, protocol.MAX_BUDGET, "a number of tuning trials"), default=3,
+                        help="fair: tuning trials per method and data set (default 3)")
+    parser.add_argument("--prune", action="store_true",
+                        help="fair: successive halving of the tuning trials (the same rungs for every method)")
+    parser.add_argument("--tune-workers", type=whole_number(1, 4096, "workers >= 1"), default=None, metavar="N",
+                        help="fair: Optuna workers per study (default: --jobs locally, 4 on slurm); they share it")
+    parser.add_argument("--study-storage", default=None, metavar="URL",
+                        help="fair: Optuna storage URL (default sqlite:///OUT/tuning/optuna.db)")
     parser.add_argument("--posthoc-on", nargs="+", default=["baseline"], metavar="METHOD",
                         help="methods whose runs get the post-hoc calibrators (default: baseline, as the paper)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the estimated time, run nothing")
@@ -120,12 +131,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser, parallel_flag="--jobs")
     args = parser.parse_args(argv)
+    for flag, values in (("--seeds", args.seeds), ("--datasets", args.datasets), ("--methods", args.methods)):
+        distinct(values, flag)  # one folder per (dataset, method, seed): a repeat would race two jobs on it
     args.datasets = args.datasets or list(DATASETS[args.scale])
     if args.scale == "cpu" and set(args.datasets) - set(CPU_SCALE):
         raise UserError(f"--scale cpu has sizes for {', '.join(CPU_SCALE)} only; use --scale paper for "
                         f"{', '.join(sorted(set(args.datasets) - set(CPU_SCALE)))}.")
-    if (args.parallel is not None and args.parallel < 1) or (args.epochs is not None and args.epochs < 1):
-        raise UserError(f"--jobs and --epochs must be >= 1. Got {args.parallel} and {args.epochs}.")
     return args
 
 
@@ -180,21 +191,22 @@ def resolved_config(job: Job, args: argparse.Namespace) -> Config:
     return load_config(job.config, run_overrides(job, args))
 
 
-def fair_tuning(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, str], list[Job]]:
-    """(dataset, method) -> its ``--budget`` tuning runs (protocol.trial_settings), seed protocol.TUNE_SEED."""
-    tuning = {}
+def study_specs(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, str], tuning.StudySpec]:
+    """(dataset, method) -> its Optuna study of ``--budget`` trials (seed protocol.TUNE_SEED)."""
+    if args.budget < 1:
+        raise UserError(f"--budget must be >= 1. Got {args.budget}.")
+    studies = {}
     for dataset in args.datasets:
         base_rate = dataset_follower_lr(dataset, args)
         for config in method_configs(dataset, args.methods):
-            probe = Job(dataset, config.stem, protocol.TUNE_SEED, config, tuning_dir / "probe")
-            space = protocol.search_space(resolved_config(probe, args), base_rate)
-            settings = protocol.trial_settings(space, args.budget)
             folder = tuning_dir / f"{dataset}-{config.stem}"
-            tuning[(dataset, config.stem)] = [
-                Job(dataset, config.stem, protocol.TUNE_SEED, config, folder / f"trial_{i:02d}",
-                    tuple(protocol.as_overrides(setting)), "tune")
-                for i, setting in enumerate(settings)]
-    return tuning
+            probe = Job(dataset, config.stem, protocol.TUNE_SEED, config, folder / "trial")
+            cfg = resolved_config(probe, args)
+            overrides = [o for o in run_overrides(probe, args) if not o.startswith("run_name=")]
+            studies[(dataset, config.stem)] = tuning.StudySpec(
+                dataset, config.stem, config, tuple(overrides), base_rate,
+                tuple(protocol.search_space(cfg, base_rate)), cfg.train.epochs, folder)
+    return studies
 
 
 def dataset_follower_lr(dataset: str, args: argparse.Namespace) -> float:
@@ -214,7 +226,7 @@ def jobs_to_run(jobs: list[Job], args: argparse.Namespace) -> tuple[list[RunJob]
         state = run_state(job.run_dir, resolved_config(job, args))
         if state == DONE:
             continue
-        name = f"{job.dataset}/{job.method}/" + (job.run_dir.name if job.phase == "tune" else f"seed{job.seed}")
+        name = f"{job.dataset}/{job.method}/seed{job.seed}"
         log = job.run_dir.parent / f"{job.run_dir.name}.log"
         run_jobs.append(RunJob(name, tuple(train_command(job, args, state)), log, env=env))
         todo.append(job)
@@ -235,48 +247,23 @@ def launch(jobs: list[Job], args: argparse.Namespace, runner, what: str) -> list
     return [job for job, code in zip(todo, codes) if code != 0]
 
 
-def choose_settings(tuning: dict[tuple[str, str], list[Job]], args: argparse.Namespace) -> pd.DataFrame:
-    """Per (dataset, method): every trial's validation NLL and the chosen one (tuning must be complete)."""
-    rows = []
-    for (dataset, method), trials in tuning.items():
-        bins = resolved_config(trials[0], args).eval.bins
-        choice = protocol.choose([t.run_dir for t in trials], bins)
-        trial_rows = [{"trial": t.run_dir.name, **dict(o.split("=", 1) for o in t.overrides), "val_nll": nll,
-                       "chosen": "*" if i == choice.index else ""}
-                      for i, (t, nll) in enumerate(zip(trials, choice.nlls))]
-        table = pd.DataFrame(trial_rows)
-        atomic_write(trials[0].run_dir.parent / "trials.csv", lambda tmp, table=table: table.to_csv(tmp, index=False))
-        chosen = trials[choice.index]
-        tried = [{k: float(v) for k, v in (o.split("=", 1) for o in t.overrides)} for t in trials]
-        edges = " ".join(protocol.edge_knobs(tried, choice.index))
-        rows.append({"dataset": dataset, "method": method, "settings": " ".join(chosen.overrides),
-                     "val_nll": choice.nlls[choice.index], "at_edge": edges, "trials": len(trials),
-                     "tuning_seed": protocol.TUNE_SEED, "trial": chosen.run_dir.name})
-    return pd.DataFrame(rows)
-
-
 def final_jobs(chosen: pd.DataFrame, args: argparse.Namespace, runs_dir: Path) -> list[Job]:
     settings = {(r.dataset, r.method): tuple(r.settings.split()) for r in chosen.itertuples()}
     return [Job(j.dataset, j.method, j.seed, j.config, j.run_dir, settings[(j.dataset, j.method)])
             for j in plan(args.datasets, args.methods, args.seeds, runs_dir)]
 
 
-def print_plan(args: argparse.Namespace, tuning: dict, final: list[Job], measured) -> None:
-    """The runs (grouped), the knobs tuned, and the estimated time of what is still to run."""
-    seconds, sources = 0.0, set()
-    for phase, jobs in (("tuning", [j for trials in tuning.values() for j in trials]), ("final", final)):
-        if not jobs:
-            continue
-        todo = [j for j in jobs if run_state(j.run_dir, resolved_config(j, args)) != DONE]
+def print_plan(args: argparse.Namespace, studies: dict, final: list[Job], measured) -> None:
+    """The runs (grouped), the knobs tuned, and the estimated time of what is still to run (tuning: with and
+    without successive halving)."""
+    seconds, sources = fair_tuning.print_plan(studies, args, measured) if studies else (0.0, set())
+    if final:
+        todo = [j for j in final if run_state(j.run_dir, resolved_config(j, args)) != DONE]
         estimates = [gpu_time.estimate_run(resolved_config(j, args), measured) for j in todo]
-        phase_seconds = sum(e.seconds for e in estimates)
-        seconds += phase_seconds
+        seconds += sum(e.seconds for e in estimates)
         sources |= {e.source for e in estimates}
-        print(f"{phase}: {len(jobs)} runs ({len(jobs) - len(todo)} finished), "
-              f"~{gpu_time.format_duration(phase_seconds)} of device time still to run")
-    for (dataset, method), trials in tuning.items():
-        print(f"  tune {dataset}/{method}: {len(trials)} trials of " +
-              ", ".join(sorted({o.split('=')[0] for t in trials for o in t.overrides})))
+        print(f"final: {len(final)} runs ({len(final) - len(todo)} finished), "
+              f"~{gpu_time.format_duration(sum(e.seconds for e in estimates))} of device time still to run")
     for dataset in args.datasets:
         mine = [j for j in final if j.dataset == dataset]
         if not mine:
@@ -316,28 +303,25 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     check_writable(args.out, "--out", folder=True)
     runs_dir, report_dir, tuning_dir = args.out / "runs", args.out / "report", args.out / "tuning"
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
-    tuning = fair_tuning(args, tuning_dir) if args.protocol == "fair" else {}
+    studies = study_specs(args, tuning_dir) if args.protocol == "fair" else {}
     final = plan(args.datasets, args.methods, args.seeds, runs_dir)
     print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.datasets)} × "
           f"{len({j.method for j in final})} methods × {len(args.seeds)} seeds"
-          + (f", after {args.budget} tuning runs per method" if tuning else "")
+          + (f", after {args.budget} tuning trials per method" if studies else "")
           + f"; post-hoc calibrators on {', '.join(args.posthoc_on)}")
     if args.dry_run:
-        print_plan(args, tuning, final, measured)
-        if tuning:
+        launcher.check_launcher(args, executor)  # what the real command would refuse, a dry run refuses too
+        print_plan(args, studies, final, measured)
+        if studies:
             print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them)")
         return report_dir
 
     # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before any run or log is written
     runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     chosen = None
-    if tuning:
-        failed = launch([j for trials in tuning.values() for j in trials], args, runner, "tuning")
-        if failed:
-            raise UserError(f"{len(failed)} tuning run(s) failed ({', '.join(str(j.run_dir) for j in failed)}; see "
-                            "their .log files): every method must get its whole budget, so nothing was chosen. "
-                            "Fix the cause and run the same command again: it continues from there.")
-        chosen = choose_settings(tuning, args)
+    if studies:
+        fair_tuning.run(studies, args, runner)
+        chosen = fair_tuning.choose_settings(studies, args)
         final = final_jobs(chosen, args, runs_dir)
     failed = launch(final, args, runner, "final runs")
     failed += fit_posthoc(final, args.posthoc_on)
@@ -362,13 +346,25 @@ def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.D
     else:
         atomic_write(report_dir / f"{CHOSEN}.csv", lambda tmp: chosen.to_csv(tmp, index=False))
         atomic_write_text(report_dir / f"{CHOSEN}.md", markdown_table(chosen))
-        lines += [f"Every method had {args.budget} tuning runs (seed {protocol.TUNE_SEED}) on validation NLL; "
+        lines += [f"Every method had an Optuna study of {args.budget} trials (seed {protocol.TUNE_SEED}; "
+                  f"{tuning.start_count(args.budget)} Halton start points, then TPE"
+                  + (", successive halving" if args.prune else "") + ") on validation NLL; "
                   "the chosen settings (chosen_settings.csv) were then run with seeds "
                   f"{' '.join(map(str, args.seeds))}. See docs/protocol.md.", "", markdown_table(chosen)]
+        if args.prune:
+            share = (chosen["epoch_share"] * chosen["trials"]).sum() / chosen["trials"].sum()
+            lines += ["", f"Pruning: {int(chosen['pruned'].sum())} of {int(chosen['trials'].sum())} trials stopped "
+                      f"early; the tuning trained {share:.0%} of the epochs it would have without pruning."]
+        in_sample = chosen[chosen["val_in_sample"]]
+        if len(in_sample):
+            lines += ["", f"`val_in_sample`: {', '.join(sorted(set(in_sample['method'])))} fit part of the network on "
+                      "the validation split while training (LiST's L), so their validation NLL, which chose their "
+                      "setting and checkpoint, is in-sample and optimistic; their test metrics are not."]
         edges = chosen[chosen["at_edge"] != ""]
         if len(edges):
-            lines += ["", f"**{len(edges)} of {len(chosen)} choices lie at the edge of what was tried** (`at_edge`): "
-                      "their best setting may lie outside the search range (mtl_cog/experiments/protocol.py)."]
+            lines += ["", f"**{len(edges)} of {len(chosen)} choices lie at the edge of their search range** "
+                      f"(`at_edge`: in its outer {protocol.EDGE_SHARE:.0%}; a leader ratio at its top, 1, means no "
+                      "hierarchy): their best setting may lie outside it (mtl_cog/experiments/protocol.py)."]
     atomic_write_text(report_dir / "protocol.md", "\n".join(lines) + "\n")
     print(report_dir / "protocol.md")
 

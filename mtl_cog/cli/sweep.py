@@ -33,11 +33,13 @@ import yaml
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
+from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import ConfigError, UserError, run_cli
 from mtl_cog.experiments import gpu_time
 from mtl_cog.experiments.launcher import (
     RunJob,
     add_launcher_arguments,
+    check_launcher,
     make_launcher,
     processes_per_run,
     train_command,
@@ -51,15 +53,33 @@ from mtl_cog.experiments.sweep import (
     run_state,
     validation_scores,
 )
-from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, make_folder
+from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, check_writable, make_folder
 from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.runs import rundir
 
 SWEEP_ARGS = "sweep_args.json"  # what the sweep was asked: --resume re-reads it
 
 
+def read_sweep_args(path: Path) -> dict:
+    """The saved --config, --grid and overrides of a sweep; a damaged or incomplete file is one error line."""
+    try:
+        spec = json.loads(path.read_text())
+        if not isinstance(spec, dict):
+            raise ValueError(f"expected a JSON object, got {type(spec).__name__}")
+        strings = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
+        if not isinstance(spec.get("config"), str) or not strings(spec.get("grid")) or not spec["grid"] \
+                or not strings(spec.get("overrides")):
+            raise ValueError('needs "config" (a path), "grid" (a non-empty list of KEY=V1,V2) and "overrides" '
+                             "(a list of KEY=VALUE)")
+    except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
+        raise UserError(f"--resume: {path} is damaged or incomplete ({err}). Restore it, or give the sweep's "
+                        f"--config, --grid and overrides again with --out {path.parent} (its finished runs are "
+                        "reused).") from None
+    return spec
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None, help="YAML experiment config")
     parser.add_argument("--grid", nargs="+", default=None, metavar="KEY=V1,V2", help="values to sweep")
     parser.add_argument("--out", type=Path, default=None, help="sweep folder (default runs/sweep-<config>-<time>)")
@@ -77,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         saved = args.resume / SWEEP_ARGS
         if not saved.is_file():
             raise UserError(f"--resume {args.resume}: no {SWEEP_ARGS} there; is it a sweep folder?")
-        spec = json.loads(saved.read_text())
+        spec = read_sweep_args(saved)
         args.config, args.grid, args.overrides, args.out = Path(spec["config"]), spec["grid"], spec["overrides"], \
             args.resume
     elif args.config is None or args.grid is None:
@@ -136,6 +156,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     combos, configs, states = plan_runs(args, out)
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
     print(f"sweep of {len(combos)} runs in {out}", flush=True)
+    check_writable(out, "--out", folder=True)  # what the real sweep would refuse, a dry run refuses too
+    check_launcher(args, executor)
     if args.dry_run:
         print_plan(combos, configs, states, measured)
         return out / "best_config.yaml"

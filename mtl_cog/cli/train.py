@@ -23,16 +23,17 @@ from pathlib import Path
 from mtl_cog.cli.config_args import add_config_arguments, given, resolve_files
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config, method_identity
+from mtl_cog.config.arguments import Parser
 from mtl_cog.config.loader import with_overrides
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.experiments import gpu_time
 from mtl_cog.runs import rundir
 from mtl_cog.training import fit
-from mtl_cog.training.resume_settings import plan_resume
+from mtl_cog.training.preflight import check_before_writing
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser)
     parser.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last saved state (overrides apply on top)")
@@ -58,8 +59,7 @@ def main(argv: list[str] | None = None) -> Path:
     else:
         saved, cfg = None, load_config(resolve_files(args), args.overrides)
     if args.dry_run:
-        if saved is not None:  # the checks the real resume runs first (fit runs them itself, under the run's lock)
-            plan_resume(args.resume, cfg, saved)
+        check_before_writing(cfg, args.resume, args.overwrite, saved)  # the real run's checks: both refuse alike
         return dry_run(cfg, args.gpu_check)
     return fit(cfg, resume_dir=args.resume, overwrite=args.overwrite, saved_config=saved).run_dir
 

@@ -8,7 +8,9 @@ files the same way). The combination files stay on disk, generated rather than h
 them from ``datasets/*.yaml`` x ``methods/*.yaml``; ``tests/test_compose.py`` fails when one is
 missing, stale or an orphan. A combination may carry settings tuned for it below its ``_base_``
 line (``configs/synthetic/cog_fc.yaml``: learning rates from a sweep); such a file must say why in a
-``#`` comment right after that line, and the generator leaves it alone.
+``#`` comment right after that line, and the generator leaves it alone. A data set's folder may
+also hold documented variants of a combination (``_base_: baseline.yaml`` then a ``#`` comment and
+the changed settings, e.g. ``configs/fashion_mosaic/baseline_mgda.yaml``); they are written by hand.
 
 Without a combination file (a data set or method a user just added), the two parts are composed
 directly, with the same result.
@@ -17,6 +19,7 @@ directly, with the same result.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 
 from mtl_cog.errors import ConfigError
@@ -74,11 +77,24 @@ def combination_problem(path: Path, dataset: str, method: str) -> str | None:
     return None
 
 
+def is_variant(path: Path) -> bool:
+    """A documented variant of a combination beside it: ``_base_: <method>.yaml``, then a ``#`` comment.
+
+    E.g. ``configs/fashion_mosaic/baseline_mgda.yaml``: the baseline with another multi-task
+    aggregator, compared as a method of its own.
+    """
+    lines = path.read_text().splitlines()
+    match = re.fullmatch(r"_base_: *(\w+)\.yaml", lines[0].strip()) if lines else None
+    return (match is not None and (path.parent / f"{match.group(1)}.yaml").is_file() and len(lines) > 1
+            and lines[1].startswith("#"))
+
+
 def orphans(root: Path) -> list[Path]:
-    """Files in a data set's folder that are not a combination of an existing data set and method."""
+    """Files in a data set's folder that are neither a combination of an existing data set and method
+    nor a documented variant of one (``is_variant``)."""
     datasets, methods = available(root, DATASETS), available(root, METHODS)
     found = [path for name in datasets if (root / name).is_dir() for path in sorted((root / name).glob("*.yaml"))
-             if path.stem not in methods]
+             if path.stem not in methods and not is_variant(path)]
     parts = {DATASETS, METHODS}
     return found + [path for folder in sorted(root.iterdir()) if folder.is_dir() and folder.name not in parts
                     and folder.name not in datasets and any(_is_combination(p) for p in folder.glob("*.yaml"))

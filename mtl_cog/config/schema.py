@@ -6,7 +6,9 @@ tasks) are checked by ``mtl_cog.training.preflight`` before anything trains, sin
 registries live in higher layers.
 
 Functions elsewhere take the sub-config they need (``DataConfig``, ``OptimConfig`` ...), never
-the whole ``Config``.
+the whole ``Config``. The schema stays one file over 450 lines because it is the one place a
+reader sees every key of a run's YAML, section by section in the file's own order, with its
+default and its check; the loader walks it from the one root ``Config``.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 import xxhash
 
-from mtl_cog.data.cache_writer import CHECKSUM, FORMAT_VERSION, META, write_source
+from mtl_cog.data.cache_writer import CHECKSUM, FORMAT_VERSION, META, META_CHECKSUM, meta_checksum, write_source
 from mtl_cog.data.task_api import SplitData, Task, TaskData, TaskSpec, check_labels
 from mtl_cog.errors import CacheError, DataError
 from mtl_cog.io import remove_folder_leftovers
@@ -185,6 +185,10 @@ def inspect_cache(folder: Path, expected_fingerprint: dict[str, Any] | None) -> 
         return None, f"damaged: {META} is unreadable ({err})"
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         return None, "stale: written by another version of the cache format"
+    if META_CHECKSUM not in meta:
+        return None, f"stale: written before {META} was checksummed itself"
+    if meta_checksum(meta) != meta[META_CHECKSUM]:  # the spec (normalisation, task names) flows into training
+        return None, f"damaged: {META} does not match its own checksum (its content changed after it was written)"
     if expected_fingerprint is not None and meta.get("fingerprint") != expected_fingerprint:
         return None, "stale: its source files, reader code or data options changed"
     try:

@@ -38,6 +38,7 @@ META = "meta.json"
 
 
 CHECKSUM = "xxh3_128"
+META_CHECKSUM = "meta_xxh3_128"  # meta.json's checksum of its own other keys
 
 
 @dataclasses.dataclass
@@ -81,6 +82,13 @@ def _plan(source: TaskSource) -> tuple[list[_ArrayFile], dict[str, dict[str, str
     return files, splits
 
 
+def meta_checksum(meta: dict[str, Any]) -> str:
+    """xxh3-128 of ``meta`` without its own checksum, as canonical JSON: the files' checksums sit in
+    meta.json, so without this one byte of meta.json (the spec's mean, a task name) went unchecked."""
+    body = {k: v for k, v in meta.items() if k != META_CHECKSUM}
+    return xxhash.xxh3_128(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def write_source(folder: Path, source: TaskSource, fp: dict[str, Any], show_progress: bool = True) -> None:
     """Stream ``source`` into a new cache at ``folder`` (temporary sibling folder, then rename).
 
@@ -110,6 +118,7 @@ def write_source(folder: Path, source: TaskSource, fp: dict[str, Any], show_prog
             "splits": splits,
             "files": checksums,
         }
+        meta[META_CHECKSUM] = meta_checksum(meta)
         with _disk_errors(folder, needed):
             (tmp / META).write_text(json.dumps(meta, indent=1))
             publish_folder(tmp, folder)

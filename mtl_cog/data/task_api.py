@@ -19,6 +19,7 @@ single logit z, p = sigmoid(z)); a K-class task owns K columns.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -45,10 +46,37 @@ class TaskSpec:
     hflip: bool = False  # train augmentation: random horizontal flip
 
     def __post_init__(self) -> None:
-        if len(self.task_names) != len(self.num_classes):
-            raise ValueError("task_names and num_classes must have the same length.")
-        if any(k < 2 for k in self.num_classes):
-            raise ValueError(f"every task needs at least 2 classes, got {self.num_classes}.")
+        """Types, ranges and uniqueness, whoever builds the spec (a task's reader, a cache, ``task_spec.json``).
+
+        Every field flows into numbers: a task named twice reports one task's metrics under
+        another's name (and a dict keyed by name silently drops one), a std of 0, negative or NaN
+        makes every input inf/NaN, a mean outside [0, 1] (the scale images are divided to) shifts
+        every probability. So each is refused here with a ``DataError`` naming the field.
+        """
+        where = f"task spec of data set {self.dataset!r}"
+        if not isinstance(self.task_names, tuple) or not self.task_names:
+            raise DataError(f"{where}: task_names must be a non-empty list of names, got {self.task_names!r}.")
+        bad = [n for n in self.task_names if not isinstance(n, str) or not n.strip()]
+        if bad:
+            raise DataError(f"{where}: every task name must be a non-empty string, got {bad[:3]!r}.")
+        twice = sorted({n for n in self.task_names if self.task_names.count(n) > 1})
+        if twice:
+            raise DataError(f"{where}: task name(s) {twice} appear more than once; each task needs its own name.")
+        if not isinstance(self.num_classes, tuple) or len(self.task_names) != len(self.num_classes):
+            raise DataError(f"{where}: task_names and num_classes must have the same length.")
+        if any(isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 2 for k in self.num_classes):
+            raise DataError(f"{where}: every task needs an integer number of classes >= 2, got {self.num_classes}.")
+        for name, values, low in (("mean", self.mean, None), ("std", self.std, 0.0)):
+            ok = isinstance(values, tuple) and len(values) == 3 and all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) for v in values)
+            if not ok or (min(values) <= low if low is not None else not 0 <= min(values) <= max(values) <= 1):
+                rule = "> 0" if low is not None else "in [0, 1]"
+                raise DataError(f"{where}: {name} must be 3 finite per-channel values {rule} (images are on the "
+                                f"[0, 1] scale), got {values!r}.")
+        if isinstance(self.pad_crop, bool) or not isinstance(self.pad_crop, numbers.Integral) or self.pad_crop < 0:
+            raise DataError(f"{where}: pad_crop must be an integer >= 0, got {self.pad_crop!r}.")
+        if not isinstance(self.hflip, (bool, np.bool_)):
+            raise DataError(f"{where}: hflip must be true or false, got {self.hflip!r}.")
 
     @property
     def num_tasks(self) -> int:

@@ -89,7 +89,8 @@ class LearnedScaling(PosthocCalibrator):
     def fit(self, val: Predictions, images: torch.Tensor | None = None) -> LearnedScaling:
         self.layout = layout_of(val)
         self.module = CALIBRATORS.get(self.calibrator)(self.layout).double()
-        fit_calibrator(self.module, *flat_tensors(val, self.layout), self.layout)
+        fit_calibrator(self.module, *flat_tensors(val, self.layout), self.layout, task_names=val.task_names,
+                       what=f"post-hoc {self.calibrator} scaling")
         return self
 
     def apply(self, predictions: Predictions, images: torch.Tensor | None = None) -> Predictions:

@@ -52,6 +52,21 @@ def labelled_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, n
     return np.asarray(logits)[known], labels[known]
 
 
+def labelled_only(predictions: Predictions, every_task: bool = False) -> Predictions:
+    """``predictions`` without unlabelled rows: per task (ragged: each task keeps its own labelled rows), or,
+    with ``every_task``, the rows labelled in every task (aligned, for what pairs tasks up: counts, joints).
+    ``predictions`` itself when every label is known."""
+    known = [np.asarray(y) != MISSING_LABEL for y in predictions.labels]
+    if all(k.all() for k in known):
+        return predictions
+    rows = np.logical_and.reduce(known) if every_task else None
+    keep = [rows if every_task else k for k in known]
+    return Predictions(list(predictions.task_names), [np.asarray(z)[m] for z, m in zip(predictions.logits, keep)],
+                       [np.asarray(y)[m] for y, m in zip(predictions.labels, keep)],
+                       None if predictions.true_probs is None
+                       else [np.asarray(p)[m] for p, m in zip(predictions.true_probs, keep)])
+
+
 def layout_of(predictions: Predictions) -> LogitLayout:
     """The flat logit layout of per-task predictions (a binary task's (N,) logits: one column)."""
     return LogitLayout(tuple(2 if np.ndim(z) == 1 else z.shape[1] for z in predictions.logits))
@@ -76,7 +91,24 @@ def as_stored(predictions: Predictions) -> Predictions:
     )
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_float32_range(values: np.ndarray, what: str) -> None:
+    """Refuse finite values that float32, the dtype logits are stored and scored in, cannot hold.
+
+    ``astype(np.float32)`` turns 1e39 into inf without a word, after the finite check passed,
+    and every metric of that task becomes NaN.
+    """
+    if values.dtype.itemsize > 4 and values.size and float(np.abs(values).max()) > FLOAT32_MAX:
+        raise PredictionFileError(f"{what} exceed float32's range (largest |value| {float(np.abs(values).max()):.3g} "
+                                  f"> {FLOAT32_MAX:.3g}); they would become infinite. Logits that large are not "
+                                  "a network's output: check how the file was made.")
+
+
 def save_predictions(path: str | Path, predictions: Predictions) -> None:
+    for t, name in enumerate(predictions.task_names):  # before the cast to float32 would make them inf
+        check_float32_range(np.asarray(predictions.logits[t]), f"{path}: task {name!r}: logits")
     stored = as_stored(predictions)
     arrays: dict[str, np.ndarray] = {"task_names": np.array(stored.task_names, dtype=str)}
     for t, name in enumerate(stored.task_names):
@@ -128,9 +160,10 @@ def load_predictions(path: str | Path) -> Predictions:
             labels.append(y.astype(np.int64))
             if has_probs:
                 p = _array(path, data, f"true_probs/{name}")
-                if p.shape != z.shape or not np.issubdtype(p.dtype, np.number) or not np.all(np.isfinite(p)):
-                    raise PredictionFileError(f"{path}: 'true_probs/{name}' must be finite numbers shaped like its "
-                                              f"logits {z.shape}; got {p.shape}, dtype {p.dtype}.")
+                if p.shape != z.shape or not np.issubdtype(p.dtype, np.number) or not np.all(np.isfinite(p)) \
+                        or (p.size and not 0 <= p.min() <= p.max() <= 1):
+                    raise PredictionFileError(f"{path}: 'true_probs/{name}' must be probabilities in [0, 1] shaped "
+                                              f"like its logits {z.shape}; got {p.shape}, dtype {p.dtype}.")
                 probs.append(p.astype(np.float32))
     lengths = {len(y) for y in labels}
     if len(lengths) > 1:
@@ -209,6 +242,7 @@ def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
         raise PredictionFileError(f"{path}: task {name!r}: {len(z)} logits but {len(y)} labels.")
     if not np.all(np.isfinite(z)):
         raise PredictionFileError(f"{path}: task {name!r}: logits contain NaN or infinite values.")
+    check_float32_range(z, f"{path}: task {name!r}: logits")
     num_classes = 2 if z.ndim == 1 else z.shape[1]
     known = y[y != MISSING_LABEL]  # partly labelled data keeps its unlabelled rows, marked MISSING_LABEL
     if len(known) and (known.min() < 0 or known.max() >= num_classes):

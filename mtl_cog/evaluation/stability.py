@@ -125,7 +125,8 @@ def fit_stability(network: nn.Module, transform, val_images: torch.Tensor, val: 
     val_logits, val_labels = flat_tensors(val, layout)
     calibrator.instability = torch.as_tensor(1 - stability(network, transform, val_images, layout, perturbations,
                                                             seed), dtype=torch.float64)
-    fit_calibrator(calibrator, val_logits, val_labels, layout)
+    fit_calibrator(calibrator, val_logits, val_labels, layout, task_names=val.task_names,
+                   what="post-hoc stability scaling")
     return calibrator
 
 

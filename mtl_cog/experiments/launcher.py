@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from mtl_cog.config.arguments import whole_number
 from mtl_cog.errors import UserError
 
 # The folder holding the mtl_cog package (the clone, or site-packages): on every run's PYTHONPATH.
@@ -177,8 +179,15 @@ class SubmititLauncher:
             return []
         for job in jobs:
             job.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.executor.batch():  # one Slurm job array
-            handles = [self.executor.submit(subprocess.call, shell_command(job)) for job in jobs]
+        try:
+            with self.executor.batch():  # one Slurm job array
+                handles = [self.executor.submit(subprocess.call, shell_command(job)) for job in jobs]
+        except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError,
+                subprocess.CalledProcessError, OSError) as err:  # sbatch refused the array (partition, account...)
+            said = [line for line in str(err).strip().splitlines() if line.strip()]
+            raise UserError(f"Slurm refused the {len(jobs)} job(s): {said[-1] if said else type(err).__name__}. "
+                            "Check --partition, --time-limit, --gpus-per-run, --mem-per-run and --slurm-args "
+                            "against the cluster's limits; nothing was submitted.") from None
         index = {id(h): i for i, h in enumerate(handles)}
         start = time.monotonic()
         for i, (job, handle) in enumerate(zip(jobs, handles)):
@@ -208,20 +217,30 @@ class SubmititLauncher:
 # Command-line options shared by sweep.py and reproduce.py
 
 
+def slurm_memory(text: str) -> str:
+    """sbatch's --mem: a positive whole number with an optional unit K, M, G or T (and B), e.g. 16GB, 4000M."""
+    match = re.fullmatch(r"([0-9]+)([KMGT]B?)?", text.strip(), flags=re.IGNORECASE)
+    if match is None or int(match.group(1)) < 1:
+        raise argparse.ArgumentTypeError(f"expected a memory size such as 16GB or 4000M, got {text!r}")
+    return text.strip()
+
+
 def add_launcher_arguments(parser: argparse.ArgumentParser, parallel_flag: str = "--parallel") -> None:
     group = parser.add_argument_group("where the runs execute")
     group.add_argument("--launcher", choices=LAUNCHERS, default="local",
                        help="local: subprocesses here (default); slurm: one Slurm job per run through submitit")
-    group.add_argument(parallel_flag, dest="parallel", type=int, default=None,
-                       help="local: runs at a time (default 1 for sweeps, 2 for reproduce)")
-    group.add_argument("--gpus-per-run", type=int, default=None,
+    group.add_argument(parallel_flag, dest="parallel", type=whole_number(1, 4096, "runs at a time >= 1"),
+                       default=None, help="local: runs at a time (default 1 for sweeps, 2 for reproduce)")
+    group.add_argument("--gpus-per-run", type=whole_number(1, 1024, "a GPU count >= 1"), default=None,
                        help="GPUs (= accelerate processes) per run; default 1 on slurm, and locally 1 when "
                             "there are GPUs")
     group.add_argument("--partition", default=None, help="slurm: the partition")
-    group.add_argument("--time-limit", type=int, default=24 * 60, metavar="MINUTES",
-                       help="slurm: time limit of each run's job (default 1440)")
-    group.add_argument("--cpus-per-run", type=int, default=6, help="slurm: CPU cores per run (default 6, as the paper)")
-    group.add_argument("--mem-per-run", default="16GB", help="slurm: memory per run (default 16GB, as the paper)")
+    group.add_argument("--time-limit", type=whole_number(1, 366 * 24 * 60, "minutes >= 1"), default=24 * 60,
+                       metavar="MINUTES", help="slurm: time limit of each run's job (default 1440)")
+    group.add_argument("--cpus-per-run", type=whole_number(1, 4096, "a CPU count >= 1"), default=6,
+                       help="slurm: CPU cores per run (default 6, as the paper)")
+    group.add_argument("--mem-per-run", type=slurm_memory, default="16GB",
+                       help="slurm: memory per run (default 16GB, as the paper)")
     group.add_argument("--slurm-setup", nargs="*", default=[], metavar="LINE",
                        help="slurm: shell lines run before each job, e.g. 'module load cuda'")
     group.add_argument("--slurm-args", nargs="*", default=[], metavar="KEY=VALUE",
@@ -244,11 +263,16 @@ def make_launcher(args: argparse.Namespace, log_folder: Path, default_parallel: 
     return SubmititLauncher(executor)
 
 
+def check_launcher(args: argparse.Namespace, executor=None) -> None:
+    """What ``make_launcher`` would refuse, without starting anything (dry runs call it too)."""
+    if args.launcher == "slurm" and executor is None and shutil.which("sbatch") is None:
+        raise UserError("--launcher slurm needs Slurm's sbatch on PATH (run this on the cluster's login node).")
+
+
 def slurm_executor(args: argparse.Namespace, log_folder: Path):
     import submitit
 
-    if shutil.which("sbatch") is None:
-        raise UserError("--launcher slurm needs Slurm's sbatch on PATH (run this on the cluster's login node).")
+    check_launcher(args)
     extra = {}
     for item in args.slurm_args:
         if "=" not in item:

@@ -4,13 +4,15 @@ Why: a comparison in which one method's learning rates were tuned and its compet
 measures the tuning, not the method (issue: COG-FC once got 4x the baseline's follower rate).
 So, per data set and method (``scripts/reproduce.py --protocol fair``):
 
-1. **Tune** with ``budget`` runs (seed ``TUNE_SEED``, never one of the evaluation seeds, so the
+1. **Tune** with ``budget`` trials (seed ``TUNE_SEED``, never one of the evaluation seeds, so the
    chosen setting is not also the lucky seed it was chosen on). The knobs are
    - ``optim.follower_lr`` for *every* method, baseline included, log-uniform in
-     [f0 / 2, 4 f0] around the data set's configured follower rate f0 (the same range for all);
-   - for methods with a Stackelberg leader (COG variants) also ``optim.leader_lr``, drawn as a
-     ratio of the follower's, log-uniform in [1/30, 1/2], so the leader stays slower (the
-     hierarchy COG needs) and a calibrator leader can move (1e-4 left temperatures at ~1.00);
+     [f0 / 10, 10 f0] around the data set's configured follower rate f0 (the same range for all);
+   - for methods with a Stackelberg leader (COG variants) also the leader/follower ratio,
+     log-uniform in [1e-3, 1] (``leader_ratio``; ``optim.leader_lr`` = ratio x follower). Ratio 1
+     is no hierarchy (COG-FC: the baseline, step for step): it is inside the range so that a method
+     whose best setting is "no hierarchy" says so instead of sitting at the range's edge. (The
+     former range [1/30, 1/2] and [f0/2, 4 f0]: every head-leader variant chose the top of both.)
    - the method's own knob, by loss (``LOSS_KNOBS``): label smoothing epsilon in [0.02, 0.2] (LS,
      COG+LS), focal gamma in [1, 4] (focal), MbLS margin m in [2, 20] (MbLS, COG+MbLS), FedLAS
      alpha in [0.01, 0.2] (FedLAS, FedLAS+, COG+FedLAS), the margin-aware weight lambda in
@@ -21,13 +23,14 @@ So, per data set and method (``scripts/reproduce.py --protocol fair``):
      falling linearly at epoch 40 (validation NLL 2.30 -> 0.99, baseline's 0.014): without this
      knob TST would be judged unfinished. Their first stage is tuned like the baseline's.
 
-   The ``budget`` settings are the first points of a scrambled Halton sequence
-   (``scipy.stats.qmc``, fixed seed): evenly spread for any budget and dimension, and the first
-   coordinate, the follower rate, takes the *same* values for every method.
-   Values are rounded to two significant digits (readable in configs and tables).
+   The trials are an Optuna study (``mtl_cog/experiments/tuning.py``): its first ones are the
+   first points of a scrambled Halton sequence (``trial_settings``; ``scipy.stats.qmc``, fixed
+   seed), evenly spread for any budget and dimension, whose first coordinate, the follower rate,
+   takes the *same* values for every method; then TPE (seeded) proposes the rest.
+   Start values are rounded to two significant digits (readable in configs and tables).
 2. **Select** the setting with the lowest validation NLL (mean over tasks) of its best
    checkpoint, the COG paper's criterion (App. B).
-3. **Evaluate**: ``seeds`` runs (default 0, 1, 2) of the chosen setting; post-hoc calibrators are
+3. **Evaluate**: ``seeds`` runs (default 0-4, the paper's five) of the chosen setting; post-hoc calibrators are
    fitted on the baseline runs; ``scripts/compare.py`` writes the report, which pairs each COG
    variant with its counterpart (``method.counterpart``) and says which runs did not converge
    (``mtl_cog.reporting.trajectories.convergence``).
@@ -37,18 +40,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from scipy.stats import qmc
 
 from mtl_cog.config import Config
 from mtl_cog.errors import UserError
-from mtl_cog.experiments.sweep import best_index, validation_scores
+from mtl_cog.models.calibrators import CALIBRATORS
 
 TUNE_SEED = 1000
 SAMPLER_SEED = 0
-FOLLOWER_RANGE = (0.5, 4.0)  # x the data set's configured follower rate (a sweep of COG-FC once chose 4x)
-LEADER_RATIO = (1 / 30, 1 / 2)  # leader_lr = ratio x follower_lr
+FOLLOWER_RANGE = (0.1, 10.0)  # x the data set's configured follower rate (the former 0.5-4x bound: issue 19)
+LEADER_RATIO = (1e-3, 1.0)  # leader_lr = ratio x follower_lr; 1 = no hierarchy
+LEADER_RATIO_KEY = "leader_ratio"  # the knob's name in a study (resolved into optim.leader_lr)
+ALLOW_EQUAL = "optim.allow_leader_lr_geq_follower"  # the schema refuses leader >= follower without it
+EDGE_SHARE = 0.05  # a choice in the outer 5 % of a knob's range (in its own scale) is "at the edge"
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ def search_space(cfg: Config, base_follower_lr: float) -> list[Knob]:
     knobs = [Knob("optim.follower_lr", base_follower_lr * FOLLOWER_RANGE[0], base_follower_lr * FOLLOWER_RANGE[1],
                   log=True)]
     if cfg.method.leader:
-        knobs.append(Knob("leader_ratio", *LEADER_RATIO, log=True))
+        knobs.append(Knob(LEADER_RATIO_KEY, *LEADER_RATIO, log=True))
     if cfg.method.loss in LOSS_KNOBS:
         knobs.append(LOSS_KNOBS[cfg.method.loss])
     if cfg.two_stage.enabled:
@@ -95,10 +100,20 @@ def round_significant(value: float, digits: int = 2) -> float:
     return float(f"{value:.{digits - 1}e}")
 
 
+# Tuning runs per (data set, method): each is a whole training run, so thousands are already
+# weeks of compute; the bound keeps a typo (1e9) from allocating the points before anything says so.
+MAX_BUDGET = 10_000
+
+
 def trial_settings(knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> list[dict[str, float]]:
     """``budget`` settings: scrambled Halton points mapped onto the knobs' ranges, leader ratio resolved."""
-    if budget < 1:
-        raise UserError(f"--budget must be >= 1. Got {budget}.")
+    return [resolve(point) for point in start_points(knobs, budget, seed)]
+
+
+def start_points(knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> list[dict[str, float]]:
+    """``budget`` scrambled Halton points on the knobs' ranges, {knob key: value}, the ratio unresolved."""
+    if not 1 <= budget <= MAX_BUDGET:  # before the points are drawn: 1e9 of them is a MemoryError
+        raise UserError(f"--budget must be in [1, {MAX_BUDGET}]. Got {budget}.")
     points = qmc.Halton(len(knobs), scramble=True, seed=seed).random(budget)
     settings = []
     for point in points:
@@ -108,38 +123,56 @@ def trial_settings(knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> 
                 value = math.exp(math.log(knob.low) + u * (math.log(knob.high) - math.log(knob.low)))
             else:
                 value = knob.low + u * (knob.high - knob.low)
-            values[knob.key] = round_significant(value)
-        if "leader_ratio" in values:
-            values["optim.leader_lr"] = round_significant(values.pop("leader_ratio") * values["optim.follower_lr"])
+            values[knob.key] = min(max(round_significant(value), knob.low), knob.high)
         settings.append(values)
     return settings
 
 
+def resolve(values: dict[str, float]) -> dict[str, float]:
+    """Knob values -> config values: the leader ratio becomes ``optim.leader_lr`` (ratio x follower)."""
+    values = dict(values)
+    if LEADER_RATIO_KEY in values:
+        ratio = values.pop(LEADER_RATIO_KEY)
+        follower = values["optim.follower_lr"]
+        values["optim.leader_lr"] = follower if ratio >= 1 else round_significant(ratio * follower)
+    return values
+
+
 def as_overrides(setting: dict[str, float]) -> list[str]:
-    return [f"{key}={value:g}" for key, value in setting.items()]
+    """Config overrides of a resolved setting; a leader as fast as its follower (ratio 1) is allowed explicitly."""
+    overrides = [f"{key}={value:g}" for key, value in setting.items()]
+    if setting.get("optim.leader_lr", 0.0) >= setting.get("optim.follower_lr", math.inf):
+        overrides.append(f"{ALLOW_EQUAL}=true")
+    return overrides
 
 
-@dataclass
-class Choice:
-    index: int | None  # the chosen trial; None when no trial finished
-    nlls: list[float]  # validation NLL of every trial (NaN: not finished)
-
-
-def edge_knobs(settings: list[dict[str, float]], chosen: int) -> list[str]:
-    """The knobs whose chosen value is the lowest or highest one tried, e.g. ``["optim.follower_lr=highest"]``.
+def range_edges(knobs: list[Knob], values: dict[str, float], share: float = EDGE_SHARE) -> list[str]:
+    """The knobs whose value lies in the outer ``share`` of their range, e.g. ``["optim.follower_lr=highest"]``.
 
     The optimum may then lie outside the range: a comparison should say so rather than present
-    the choice as tuned (the range is in ``search_space``; widen it there).
+    the choice as tuned (widen the range in ``search_space``). The position is measured in the
+    knob's own scale (log for rates). The leader ratio's top, 1, is no hierarchy: a choice there
+    is flagged too, since it says the method did best without the leader being slower.
     """
     edges = []
-    for key, value in settings[chosen].items():
-        tried = {s[key] for s in settings if key in s}
-        if len(tried) > 1 and value in (min(tried), max(tried)):
-            edges.append(f"{key}={'lowest' if value == min(tried) else 'highest'}")
+    for knob in knobs:
+        if knob.key not in values:
+            continue
+        scale = math.log if knob.log else (lambda v: v)
+        position = (scale(values[knob.key]) - scale(knob.low)) / (scale(knob.high) - scale(knob.low))
+        if position <= share:
+            edges.append(f"{knob.key}=lowest")
+        elif position >= 1 - share:
+            edges.append(f"{knob.key}=highest")
     return edges
 
 
-def choose(trial_dirs: list[Path], bins: list[int]) -> Choice:
-    """The trial with the lowest validation NLL (first on ties) among finished runs."""
-    nlls = [validation_scores(d, bins)["nll"] for d in trial_dirs]
-    return Choice(best_index(nlls), nlls)
+def fits_on_validation(cfg: Config) -> bool:
+    """Whether training fits part of the network on the validation split (LiST's L: ``on_validation_end``).
+
+    Such a method's validation metrics are in-sample: its tuning value and its checkpoint choice
+    are optimistic next to the other methods' (its test metrics are not affected). The report
+    marks them (``val_in_sample``) rather than hiding the method.
+    """
+    return cfg.method.calibrator in CALIBRATORS and hasattr(CALIBRATORS.get(cfg.method.calibrator),
+                                                            "on_validation_end")

@@ -17,6 +17,8 @@ from mtl_cog.errors import ConfigError, UserError
 from mtl_cog.evaluation.predictions import load_predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.runs import rundir
+from mtl_cog.runs.digests import verify_digests
+from mtl_cog.training import resume_settings
 
 
 @dataclass
@@ -64,6 +66,7 @@ def validation_scores(run_dir: Path, bins: list[int]) -> dict[str, float]:
     """Mean-over-tasks validation metrics of a finished run's best checkpoint (predictions_val.npz)."""
     if not (run_dir / rundir.DONE).exists():
         return {"nll": math.nan}
+    verify_digests(run_dir, (rundir.predictions_file("val"),))  # tuning picks by these numbers
     return score(load_predictions(run_dir / rundir.predictions_file("val")), bins)["mean"]
 
 
@@ -77,10 +80,13 @@ DONE, UNFINISHED, NEW = "done", "unfinished", "new"
 
 
 TRACKING_KEYS = ("tracking", "wandb_project", "wandb_group", "wandb_job_type")  # where a run reports, not what it is
+# Where the run folder lies is no setting either: a sweep or reproduction folder that was moved
+# (or reached by another path) holds the same runs, and its runs resume from wherever they are.
+LOCATION_KEYS = ("output_dir",)
 
 
 def _settings(cfg: Config) -> dict:
-    return {k: v for k, v in cfg.to_dict().items() if k not in TRACKING_KEYS}
+    return {k: v for k, v in cfg.to_dict().items() if k not in (*TRACKING_KEYS, *LOCATION_KEYS)}
 
 
 def run_state(run_dir: Path, resolved: Config) -> str:
@@ -94,6 +100,8 @@ def run_state(run_dir: Path, resolved: Config) -> str:
     if not (run_dir / rundir.CONFIG).is_file():
         return NEW
     if _settings(rundir.load_run_config(run_dir)) != _settings(resolved):
-        raise UserError(f"{run_dir} holds a run with other settings than this one's; choose another --out "
-                        "(or delete that folder).")
+        changes = resume_settings.changed_settings(rundir.load_run_config(run_dir), resolved)
+        changed = sorted(k for k in changes if k not in (*TRACKING_KEYS, *LOCATION_KEYS))
+        raise UserError(f"{run_dir} holds a run with other settings than this one's ({', '.join(changed[:5])}); "
+                        "choose another --out, or run with the settings that folder was made with.")
     return DONE if (run_dir / rundir.DONE).exists() else UNFINISHED

@@ -9,6 +9,8 @@ To add a calibrator: one class here (or in its own module) with ``@CALIBRATORS.r
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -52,7 +54,14 @@ class IdentityCalibrator(nn.Module):
 
 @CALIBRATORS.register("temperature")
 class TemperatureCalibrator(nn.Module):
-    """One temperature per task (Guo et al., 2017): z / T_t, with T_t = exp(log_t) > 0."""
+    """One temperature per task (Guo et al., 2017): z / T_t, with T_t = exp(log_t) > 0.
+
+    The parameter is log T, not T (T stays positive without a constraint). So COG-TS's leader
+    step is a step in log T: Adam moves log T by about ``leader_lr`` per step, i.e. T by a
+    *relative* amount, and its step in T scales with T (dT ~ T d log T). A leader rate means a
+    relative rate here, and the same rate moves a large temperature further in absolute terms
+    than a small one; the COG paper does not say how it parametrises T.
+    """
 
     def __init__(self, layout: LogitLayout) -> None:
         super().__init__()
@@ -176,29 +185,104 @@ def task_nll(logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout) ->
     return loss
 
 
+def separated_tasks(logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout) -> list[int]:
+    """Tasks whose (N, L) ``logits`` classify every labelled sample correctly with no tie (sign for a
+    binary task, a unique argmax for a K-class one): no errors at all. Rows labelled ``MISSING_LABEL``
+    do not count; a task without labelled rows is not separated (it has nothing to fit)."""
+    out = []
+    for t in range(layout.num_tasks):
+        known = labels[:, t] != MISSING_LABEL
+        if not bool(known.any()):
+            continue
+        block, y = logits[known][:, layout.task_slice(t)], labels[known, t]
+        if block.shape[1] == 1:
+            correct = torch.where(y == 1, block[:, 0] > 0, block[:, 0] < 0)
+        else:
+            top2 = block.topk(2, dim=1)
+            correct = (top2.indices[:, 0] == y) & (top2.values[:, 0] > top2.values[:, 1])
+        if bool(correct.all()):
+            out.append(t)
+    return out
+
+
 def fit_calibrator(calibrator: nn.Module, logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout,
-                   max_iter: int = 200) -> nn.Module:
+                   max_iter: int = 200, task_names: list[str] | tuple[str, ...] | None = None,
+                   what: str = "calibrator") -> list[int]:
     """Fit ``calibrator`` (flat logits (N, L) -> (N, L)) to minimise the NLL by L-BFGS (exact optimum).
 
     ``labels`` is (N, T). The objective is the sum of the per-task NLLs: each task's parameters
     only see their own task's loss, so this is one independent fit per task, done at once.
+
+    **Fits with no optimum.** Every calibrator fitted here can multiply its output logits by any
+    c > 1 (TS: a smaller T; VS, MS: all parameters times c; stability scaling: a smaller base
+    temperature). If the fitted calibrator classifies every validation sample of a task correctly,
+    doing so lowers that task's NLL further, forever: the NLL has no minimum and the fit runs to
+    the edge of its domain (T -> 0: ever more confident; on digits a T of 0.02 made the test NLL
+    35 times worse). This is the separation of logistic regression, under which the maximum-
+    likelihood estimate does not exist (Albert & Anderson, 1984, Biometrika 71(1)); conversely,
+    when some sample is misclassified by every member of the family, a finite optimum exists. Such
+    a task keeps the calibrator's parameters from before the fit (the identity for a fresh
+    calibrator, i.e. its uncalibrated logits): its validation set holds no errors to calibrate on,
+    and a warning names it. The other tasks are then refitted without it, so its divergence
+    cannot stop their fit early. Returns the indices of those tasks.
     """
+    before = {k: v.detach().clone() for k, v in calibrator.state_dict().items()}
+    excluded: list[int] = []
+    for _ in range(layout.num_tasks + 1):  # each round excludes at least one more task, or ends
+        calibrator.load_state_dict(before)
+        _lbfgs(calibrator, logits, labels, layout, max_iter, excluded)
+        with torch.no_grad():
+            separated = [t for t in separated_tasks(calibrator(logits), labels, layout) if t not in excluded]
+        if not separated:
+            break
+        excluded = sorted([*excluded, *separated])
+    if excluded:
+        names = [task_names[t] if task_names is not None else f"#{t}" for t in excluded]
+        warnings.warn(
+            f"{what}: the validation predictions of task(s) {', '.join(map(str, names))} have no errors, so the fit "
+            "has no optimum (the NLL keeps falling as the logits are scaled up: T -> 0). Those tasks keep the "
+            "parameters they had before the fit (post-hoc: their uncalibrated logits; LiST: L unchanged).",
+            stacklevel=2,
+        )
+    return excluded
+
+
+def _lbfgs(calibrator: nn.Module, logits: torch.Tensor, labels: torch.Tensor, layout: LogitLayout, max_iter: int,
+           excluded: list[int]) -> None:
+    """L-BFGS with a strong-Wolfe line search on the summed NLL of the tasks not ``excluded``.
+
+    An excluded task's parameters get no gradient, so they stay where they are.
+    """
+    kept = [t for t in range(layout.num_tasks) if t not in excluded]
+    if not kept:
+        return
+    sub_layout = LogitLayout(tuple(layout.num_classes[t] for t in kept))
+    columns = torch.cat([torch.arange(layout.task_slice(t).start, layout.task_slice(t).stop) for t in kept])
+    sub_labels = labels[:, kept]
     optimizer = torch.optim.LBFGS(calibrator.parameters(), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
                                   tolerance_grad=1e-9, tolerance_change=1e-12)
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        loss = task_nll(calibrator(logits), labels, layout)
+        loss = task_nll(calibrator(logits)[:, columns.to(logits.device)], sub_labels, sub_layout)
         loss.backward()
         return loss
 
     optimizer.step(closure)
-    return calibrator
 
 
-def fit_temperatures(layout: LogitLayout, logits: list[np.ndarray], labels: list[np.ndarray]) -> torch.Tensor:
-    """(T,) per-task temperatures of post-hoc temperature scaling on these per-task logits and labels."""
+def fit_temperatures(layout: LogitLayout, logits: list[np.ndarray], labels: list[np.ndarray],
+                     task_names: list[str] | tuple[str, ...] | None = None,
+                     what: str = "temperature scaling") -> torch.Tensor:
+    """(T,) per-task temperatures of post-hoc temperature scaling on these per-task logits and labels.
+
+    NaN for a task whose fit has no optimum (no validation errors, see ``fit_calibrator``): there
+    is no temperature to report, and a caller must not act on one.
+    """
     calibrator = TemperatureCalibrator(layout).double()
     flat = torch.as_tensor(layout.join(logits), dtype=torch.float64)
-    fit_calibrator(calibrator, flat, torch.as_tensor(np.stack(labels, axis=1), dtype=torch.long), layout)
-    return calibrator.temperature.detach()
+    excluded = fit_calibrator(calibrator, flat, torch.as_tensor(np.stack(labels, axis=1), dtype=torch.long), layout,
+                              task_names=task_names, what=what)
+    temperatures = calibrator.temperature.detach().clone()
+    temperatures[excluded] = float("nan")
+    return temperatures

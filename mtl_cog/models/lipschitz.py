@@ -239,8 +239,13 @@ class ListScale(LipschitzScale):
     Since L_t * h / T_t = (L_t / T_t) * h, L_t / T_t is the scale at which this network is
     calibrated on validation (the L* of LiST); ``rate`` = 1 jumps there, smaller values move
     geometrically part of the way (the network keeps changing while it trains). A fitted T outside
-    [e^-3, e^3] (a separable or constant validation task) is clipped so one epoch moves L by at
-    most a factor e^3 * rate; a non-finite fit leaves L unchanged.
+    [e^-3, e^3] (a nearly constant validation task) is clipped so one epoch moves L by at most a
+    factor e^3 * rate. A task without validation errors has no optimal T (``fit_calibrator``:
+    the fit would run to T -> 0) and gets NaN, which, like any non-finite fit, leaves its L unchanged.
+
+    L is thus fitted on the validation split: LiST's validation metrics (the epoch lines, the
+    checkpoint choice, the fair protocol's tuning value) are in-sample, and the protocol's report
+    marks them (``val_in_sample``, ``mtl_cog.experiments.protocol.fits_on_validation``).
     """
 
     learned = False
@@ -248,7 +253,8 @@ class ListScale(LipschitzScale):
     def on_validation_end(self, predictions) -> None:
         if self.rate == 0:
             return
-        temperatures = fit_temperatures(self.layout, predictions.logits, predictions.labels)
+        temperatures = fit_temperatures(self.layout, predictions.logits, predictions.labels, predictions.task_names,
+                                        what="LiST's scale update")  # NaN: no optimum, L stays
         log_t = temperatures.log().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).clamp(-3.0, 3.0)
         self.log_lipschitz.sub_(self.rate * log_t.to(self.log_lipschitz))
 

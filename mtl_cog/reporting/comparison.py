@@ -100,8 +100,9 @@ def extra_sections(notes: list[str], paired: pd.DataFrame, spread: pd.DataFrame,
         lines += [f"- {note}" for note in notes] + [""]
     if not paired.empty:
         lines += ["## COG variants against their counterparts (paired)", "",
-                  "Mean difference variant − counterpart over seeds × tasks, 95% bootstrap interval over seeds and "
-                  "tasks (mtl_cog/reporting/paired.py); *better*: the side the interval excludes zero for.", "",
+                  "Mean difference variant − counterpart over seeds × tasks, 95% t interval over seeds of the "
+                  "task-averaged differences (mtl_cog/reporting/paired.py); *better*: the side the interval "
+                  "excludes zero for, *inconclusive* when it contains zero or a single seed gives no interval.", "",
                   "| data set | variant | counterpart | metric | difference [95% interval] | seeds × tasks | better |",
                   "|---|---|---|---|---|---|---|"]
         for row in paired.itertuples():

@@ -13,6 +13,10 @@ import numpy as np
 
 from mtl_cog.data.task_api import TaskData
 from mtl_cog.evaluation.multitask_metrics import select_pairs
+from mtl_cog.evaluation.predictions import Predictions
+from mtl_cog.evaluation.scoring import score
+
+PRIOR_METRICS = ("accuracy", "nll", "brier", "ece@15")
 
 
 def prevalence_rows(data: TaskData) -> list[tuple[str, str, dict[str, float]]]:
@@ -44,6 +48,24 @@ def positives_per_sample(data: TaskData, split: str = "train") -> np.ndarray | N
     return data.splits[split].labels[:, binary].numpy().sum(axis=1) if len(binary) >= 2 else None
 
 
+def prior_predictor_scores(data: TaskData, fit: str = "train", scored: str = "test") -> dict[str, float]:
+    """Task-mean scores on ``scored`` of the input-blind predictor: every task's class shares on ``fit``.
+
+    The floor a trained model must beat (accuracy of always answering the majority class, NLL and
+    Brier of the prevalence), scored by the same ``compute_metrics`` as a run's test metrics.
+    """
+    logits, labels = [], []
+    for t, k in enumerate(data.spec.num_classes):
+        counts = np.bincount(data.splits[fit].labels[:, t].numpy(), minlength=k) + 0.5  # no share of exactly 0
+        shares = counts / counts.sum()
+        column = data.splits[scored].labels[:, t].numpy()
+        n = len(column)
+        logits.append(np.full(n, np.log(shares[1] / shares[0])) if k == 2 else np.tile(np.log(shares), (n, 1)))
+        labels.append(column)
+    mean = score(Predictions(list(data.spec.task_names), logits, labels), [15], pairs=0)["mean"]
+    return {name: float(mean[name]) for name in PRIOR_METRICS}
+
+
 def describe_markdown(data: TaskData, k: int) -> str:
     """The prevalence table (every split), positives per sample and the ``k`` most correlated pairs (training split)."""
     splits = list(data.splits)
@@ -56,6 +78,10 @@ def describe_markdown(data: TaskData, k: int) -> str:
         low, high = np.percentile(counts, [5, 95])
         lines += ["", f"Positive binary labels per sample (training split): mean {counts.mean():.2f}, 5th-95th "
                   f"percentile {low:.0f}-{high:.0f}, range {counts.min()}-{counts.max()}."]
+    if "train" in data.splits and "test" in data.splits:
+        prior = prior_predictor_scores(data)
+        lines += ["", "Input-blind predictor (each task's training class shares), task mean on the test split: "
+                  + ", ".join(f"{name} {value:.4f}" for name, value in prior.items()) + "."]
     pairs = correlated_pairs(data, k)
     if pairs:
         lines += ["", f"The {len(pairs)} most correlated task pairs (Pearson correlation of the labels, "

@@ -31,6 +31,7 @@ from mtl_cog.reporting.run_report import publish_final_report, write_run_report
 from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
 from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
+from mtl_cog.runs.digests import record_digests
 from mtl_cog.runs.metrics_log import final_record
 from mtl_cog.runs.tracking import Tracker
 
@@ -77,6 +78,7 @@ def finish_run(accelerator: Accelerator, network: nn.Module, spec: TaskSpec, val
         if shift_table is not None:
             write_shift_files(run_dir, shift_table)
         report = write_run_report(run_dir, as_stored(assessed["test"].predictions), frame)
+        record_digests(run_dir)  # what readers check the run's files against (mtl_cog.runs.digests)
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")
     publish_final_report(accelerator, report, tracker.enabled)  # the same table and figure to W&B
     tracker.finish()

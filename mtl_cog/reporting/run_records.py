@@ -35,6 +35,7 @@ from mtl_cog.evaluation.metrics import (
 from mtl_cog.evaluation.multitask_metrics import is_multitask_metric
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.runs import rundir
+from mtl_cog.runs.digests import verify_digests
 from mtl_cog.runs.task_spec import load_task_spec
 
 POSTHOC_PREFIX = rundir.posthoc_predictions_file("test", "")[: -len(".npz")]  # "predictions_test_"
@@ -180,8 +181,12 @@ def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
     return list(variants.values())
 
 
+READ_FOR_TABLES = (rundir.CONFIG, rundir.TASK_SPEC, rundir.TEST_METRICS, rundir.predictions_file("test"))
+
+
 def load_run_record(run_dir: str | Path) -> RunRecord:
     run_dir = Path(run_dir)
+    verify_digests(run_dir, READ_FOR_TABLES)  # the files below are the ones the run wrote
     config = _read_config(run_dir)
     method = method_identity(config)  # the aggregator (mtl.aggregator) is part of the method compared
     record = RunRecord(run_dir, str(config["data"]["task"]), method, int(config["seed"]), config)

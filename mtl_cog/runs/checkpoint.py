@@ -62,6 +62,14 @@ def load_weights(path: str | Path, model: torch.nn.Module, state: dict[str, torc
             f"{path} does not match the model of this config: missing {missing[:5]}, unexpected {unexpected[:5]}, "
             f"other shape (saved vs model) {reshaped[:5]}. Was the config (backbone, head, tasks) changed?"
         )
+    # load_state_dict casts silently: int8 weights of the right shapes would load as rounded floats.
+    # Training saves each tensor in its parameter's dtype, so any other dtype is a foreign file.
+    retyped = [f"{k} {state[k].dtype} vs {v.dtype}" for k, v in own.items() if state[k].dtype != v.dtype]
+    if retyped:
+        raise CheckpointError(
+            f"{path} holds tensors of another dtype than the model's (saved vs model: {', '.join(retyped[:5])}); "
+            "training never writes such a file. Retrain, or restore the run folder from a copy."
+        )
     check_finite(path, state)
     model.load_state_dict(state)
 

@@ -24,6 +24,7 @@ import netrc
 import os
 import shutil
 import socket
+import threading
 import urllib.request
 import uuid
 import warnings
@@ -83,14 +84,33 @@ def unreachable_reason(url: str, timeout: float = REACH_TIMEOUT_S) -> str | None
         return f"{host}:{port}: {err}"
 
 
+def reachable_within(url: str, timeout: float = REACH_TIMEOUT_S) -> str | None:
+    """``unreachable_reason`` with ``timeout`` bounding the whole check, name resolution included.
+
+    ``socket.create_connection``'s timeout covers the connect only; a resolver that gets no answer
+    (no network, a firewalled DNS server) can take its own retries first. The check runs in a
+    daemon thread that is left behind if it has not answered in time.
+    """
+    answer: list[str | None] = []
+    worker = threading.Thread(target=lambda: answer.append(unreachable_reason(url, timeout)), daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return answer[0] if answer else f"no answer within {timeout:g} s (name resolution or connect)"
+
+
 def offline_reason() -> str | None:
-    """Why W&B must run offline in this process, or None to let W&B decide (WANDB_MODE, or online)."""
-    if os.environ.get("WANDB_MODE"):  # the user chose; W&B follows it
+    """Why W&B must run offline in this process, or None to let W&B decide.
+
+    WANDB_MODE=offline/disabled is followed by W&B itself. Online (WANDB_MODE unset or "online")
+    needs credentials and a server that answers within ``REACH_TIMEOUT_S``; W&B alone would retry
+    for its 90 s ``init_timeout`` first, in every run.
+    """
+    if os.environ.get("WANDB_MODE", "online") != "online":  # the user chose offline/disabled; W&B follows it
         return None
     base_url = wandb_base_url()
     if not wandb_has_credentials(base_url):
         return "no W&B credentials (WANDB_API_KEY or ~/.netrc)"
-    why = unreachable_reason(base_url)
+    why = reachable_within(base_url)
     return None if why is None else f"the W&B server {base_url} cannot be reached ({why})"
 
 

@@ -17,6 +17,7 @@ the spec from the data set under ``data.root``.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from mtl_cog.models.network import build_network
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.runs import rundir
 from mtl_cog.runs.checkpoint import load_model
+from mtl_cog.runs.digests import verify_digests
 from mtl_cog.runs.task_spec import load_task_spec
 
 ImageBatch = np.ndarray | torch.Tensor | Image.Image | Sequence[Image.Image]
@@ -56,6 +58,17 @@ def load_network(cfg: Config, spec: TaskSpec, run_dir: Path) -> torch.nn.Module:
 def run_task_spec(cfg: Config, run_dir: Path) -> TaskSpec:
     path = run_dir / rundir.TASK_SPEC
     return load_task_spec(path) if path.exists() else load_task(cfg.data).spec
+
+
+def check_same_spec(saved: TaskSpec, current: TaskSpec, run_dir: Path) -> None:
+    """Refuse to re-evaluate a run on data whose spec (tasks, classes, normalisation) differs from its own."""
+    if saved != current:
+        raise RunFolderError(
+            f"{run_dir}: the data set under data.root no longer matches the run's {rundir.TASK_SPEC} (saved "
+            f"{saved.task_names[:3]}..., classes {saved.num_classes[:3]}..., mean {saved.mean}, std {saved.std}; now "
+            f"{current.task_names[:3]}..., {current.num_classes[:3]}..., {current.mean}, {current.std}). Its network "
+            "was trained on the saved spec; point data.root at that data set."
+        )
 
 
 class TrainedRun:
@@ -81,7 +94,8 @@ class TrainedRun:
                 raise UserError("predict_proba takes PIL images, or one uint8 array/tensor of shape (N, 3, S, S).")
             arrays = [resize_center_crop(img, size) for img in images]
             images = np.stack(arrays).transpose(0, 3, 1, 2) if arrays else np.zeros((0, 3, size, size), np.uint8)
-        batch = torch.as_tensor(np.asarray(images)) if isinstance(images, np.ndarray) else images
+        # a view such as imgs[:, ::-1] has negative strides, which torch cannot wrap: copy it once
+        batch = torch.as_tensor(np.ascontiguousarray(images)) if isinstance(images, np.ndarray) else images
         if not isinstance(batch, torch.Tensor) or batch.dtype != torch.uint8 or batch.dim() != 4 \
                 or tuple(batch.shape[1:]) != (3, size, size):
             shape = tuple(batch.shape) if hasattr(batch, "shape") else type(batch).__name__
@@ -95,8 +109,12 @@ class TrainedRun:
     @torch.no_grad()
     def predict_logits(self, images: ImageBatch, batch_size: int | None = None) -> np.ndarray:
         """Flat calibrated logits (N, L) in float32, as ``predictions_*.npz`` stores them per task."""
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
+                                       or batch_size < 1):
+            raise UserError(f"predict_proba: batch_size must be a whole number >= 1 (or None for the run's "
+                            f"train.eval_batch_size); got {batch_size!r}.")
         batch = self.as_uint8_batch(images)
-        step = batch_size or self.config.train.eval_batch_size
+        step = int(batch_size or self.config.train.eval_batch_size)
         outputs = [self.network(self.transform(batch[i:i + step].to(self.device))).float().cpu()
                    for i in range(0, len(batch), step)]
         return torch.cat(outputs).numpy() if outputs else np.zeros((0, self.spec.layout.total), np.float32)
@@ -112,12 +130,32 @@ class TrainedRun:
         return self.network.calibrator.by_task(self.task_names)
 
 
+# What predicting with a run's network reads: each is checked against the run's digests first.
+NETWORK_FILES = (rundir.CONFIG, rundir.TASK_SPEC, rundir.BEST_MODEL)
+
+
+def open_finished_run(run_dir: Path, allow_unfinished: bool = False, unfinished_option: str = "") -> Config:
+    """The config of a finished run whose network files are the ones it wrote; else a ``RunFolderError``.
+
+    A run without ``DONE`` is refused: its best checkpoint may still change, and a checkpoint of a
+    run killed mid-way is not the run's result. ``allow_unfinished`` (an explicit option of the
+    caller, named by ``unfinished_option`` in the message) opens it anyway; such a run has no
+    digests yet, so only the type and range checks of the loaders apply.
+    """
+    cfg = rundir.load_run_config(run_dir)  # first: a folder that is no run, or a broken config, says so
+    finished = (run_dir / rundir.DONE).exists()
+    if not finished and not allow_unfinished:
+        hint = f", or pass {unfinished_option} to score its last best checkpoint anyway" if unfinished_option else ""
+        raise RunFolderError(f"{run_dir} has not finished ({rundir.DONE} is missing): its best checkpoint may "
+                             f"still change. Finish it with --resume {run_dir}{hint}.")
+    if finished:
+        verify_digests(run_dir, NETWORK_FILES)
+    return cfg
+
+
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> TrainedRun:
     """Open a finished run folder (``DONE`` present) for prediction on ``device``."""
     run_dir = Path(run_dir)
-    cfg = rundir.load_run_config(run_dir)
-    if not (run_dir / rundir.DONE).exists():
-        raise RunFolderError(f"{run_dir} has not finished ({rundir.DONE} is missing): its best checkpoint may "
-                             f"still change. Finish it with --resume {run_dir}.")
+    cfg = open_finished_run(run_dir)
     spec = run_task_spec(cfg, run_dir)
     return TrainedRun(run_dir, cfg, spec, load_network(cfg, spec, run_dir), torch.device(device))

@@ -247,14 +247,32 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, metadata
 
 
+def _check_rng_tensor(name: str, value: torch.Tensor, like: torch.Tensor) -> None:
+    """A saved generator state must have the dtype and size of a live one: torch's setters raise a
+    bare RuntimeError on anything else, and numpy would silently wrap out-of-range keys."""
+    if value.dtype != like.dtype or value.shape != like.shape:
+        raise ValueError(f"RNG state {name!r} is {value.dtype} {tuple(value.shape)}, a generator state is "
+                         f"{like.dtype} {tuple(like.shape)}")
+
+
 def _set_rng_state(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
     version, mt_state, gauss = meta["python"]
     random.setstate((version, tuple(mt_state), gauss))
     kind, pos, has_gauss, cached = meta["numpy"]
-    np.random.set_state((kind, tensors["rng/numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(tensors["rng/torch"])
+    keys = tensors["rng/numpy_keys"]
+    _check_rng_tensor("rng/numpy_keys", keys, torch.zeros(624, dtype=torch.int64))
+    if int(keys.min()) < 0 or int(keys.max()) > np.iinfo(np.uint32).max:
+        raise ValueError("RNG state 'rng/numpy_keys' holds values outside numpy's uint32 keys")
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    _check_rng_tensor("rng/torch", tensors["rng/torch"], torch.get_rng_state())
+    try:
+        torch.set_rng_state(tensors["rng/torch"])
+    except RuntimeError as err:  # right size, damaged content: "Invalid mt19937 state"
+        raise ValueError(f"RNG state 'rng/torch' is damaged ({err})") from None
     cuda = [tensors[f"rng/cuda/{i}"] for i in range(len([k for k in tensors if k.startswith("rng/cuda/")]))]
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        for i, (value, live) in enumerate(zip(cuda, torch.cuda.get_rng_state_all())):
+            _check_rng_tensor(f"rng/cuda/{i}", value, live)
         torch.cuda.set_rng_state_all(cuda)  # a different GPU count: keep the fresh states
 
 

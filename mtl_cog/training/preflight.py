@@ -12,15 +12,20 @@ one-stage ``model.head``: the run would silently drop the KL term and evaluate s
 
 from __future__ import annotations
 
-from mtl_cog.config import Config
+from pathlib import Path
+
+from mtl_cog.config import Config, method_identity
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UnknownNameError
 from mtl_cog.evaluation.posthoc import POSTHOC_METHODS
+from mtl_cog.io import check_writable
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
 from mtl_cog.objectives import OBJECTIVES
 from mtl_cog.objectives.aggregators import AGGREGATORS, EQUAL
 from mtl_cog.registry import Registry
+from mtl_cog.runs import rundir
+from mtl_cog.training import resume_settings
 
 
 def check_registered_names(cfg: Config) -> None:
@@ -55,3 +60,25 @@ def check_registered_names(cfg: Config) -> None:
             f"two_stage.enabled=true (as configs/<dataset>/vtst.yaml does) and keep model.head=linear, "
             f"or a one-stage head (model.head=linear or mlp)."
         )
+
+
+def check_before_writing(cfg: Config, resume_dir: Path | None, overwrite: bool, saved: Config | None = None) -> Path:
+    """Every check of ``fit`` that needs no data and no network, for the run ``cfg`` describes; -> its folder.
+
+    What ``train --dry-run`` runs, so that a dry run approves only what the real command would
+    start: registered names, a writable ``output_dir`` and a free (or ``--overwrite``-able) run
+    folder for a new run; for ``--resume``, a resumable folder with a writable ``config.yaml`` and
+    the resume plan's checks (``resume_settings.plan_resume``: only changes the resume applies,
+    ``train.epochs`` not below the epochs already trained, a readable state). Reads only.
+    """
+    check_registered_names(cfg)
+    if resume_dir is None:
+        name = cfg.run_name or rundir.default_run_name(cfg.data.task, method_identity(cfg.to_dict()), cfg.seed)
+        run_dir = Path(cfg.output_dir) / name
+        rundir.check_output_dir(Path(cfg.output_dir))
+        rundir.check_new_run(run_dir, overwrite)
+        return run_dir
+    rundir.check_resumable(resume_dir)
+    check_writable(resume_dir / rundir.CONFIG, f"--resume {resume_dir}")
+    resume_settings.plan_resume(resume_dir, cfg, saved)
+    return resume_dir

@@ -1,4 +1,6 @@
-"""Aligned-MTL (Senushkin et al., 2023, "Independent Component Alignment for Multi-Task Learning"):
+"""Aligned-MTL (Senushkin et al., 2023): torchjd's weighting, applied to the shared backbone only.
+
+Aligned-MTL (Senushkin et al., 2023, "Independent Component Alignment for Multi-Task Learning"):
 the task gradients rotated to an orthogonal, equally scaled system (from the Gramian's
 eigendecomposition), so no direction dominates.
 """

@@ -1,4 +1,6 @@
-"""IMTL-G (Liu et al., 2021, "Towards Impartial Multi-task Learning"):
+"""IMTL-G (Liu et al., 2021): torchjd's weighting, applied to the shared backbone only.
+
+IMTL-G (Liu et al., 2021, "Towards Impartial Multi-task Learning"):
 the combination whose projections onto every unit task gradient are equal. Weights sum to 1.
 """
 

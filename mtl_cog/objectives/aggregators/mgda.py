@@ -1,4 +1,6 @@
-"""MGDA (Désidéri, 2012; for deep multi-task learning and CelebA-40:
+"""MGDA (Désidéri, 2012; Sener & Koltun, 2018): torchjd's weighting, applied to the shared backbone only.
+
+MGDA (Désidéri, 2012; for deep multi-task learning and CelebA-40:
 Sener & Koltun, 2018): the minimum-norm point of the convex hull of the task gradients, a common
 descent direction (a Pareto-stationary point gives 0). Weights sum to 1.
 """

@@ -1,4 +1,6 @@
-"""PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning"):
+"""PCGrad (Yu et al., 2020): torchjd's weighting, applied to the shared backbone only.
+
+PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning"):
 each task gradient is projected off the normal plane of every conflicting one, then summed.
 torchjd's deterministic form (every pair, fixed order); the sum makes the step about T times the
 mean's, which Adam normalises away.

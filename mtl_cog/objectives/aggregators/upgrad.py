@@ -1,4 +1,6 @@
-"""UPGrad (Quinton & Rey, 2024, "Jacobian Descent for Multi-Objective Optimization"):
+"""UPGrad (Quinton & Rey, 2024): torchjd's weighting, applied to the shared backbone only.
+
+UPGrad (Quinton & Rey, 2024, "Jacobian Descent for Multi-Objective Optimization"):
 the mean of the task gradients, each first projected onto the dual cone of all of them, so no task's
 loss increases to first order. With no conflict it is the mean.
 """

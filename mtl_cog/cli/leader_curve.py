@@ -1,0 +1,241 @@
+"""Leader-rate curve: one COG method at a fixed follower rate, the leader/follower ratio from 1e-3 to 1.
+
+    mtl-cog leader-curve --config configs/digits/cog_fc.yaml --follower-lr 2e-3 --seeds 0 1 2
+    mtl-cog leader-curve --config configs/fashion_mnist/cog_ls.yaml --protocol-dir runs/fair   # tuned settings
+    mtl-cog leader-curve ... --ratios 0.01 0.1 1 --launcher slurm --partition gpu    # one Slurm job per run
+    mtl-cog leader-curve ... --dry-run                                               # the runs and their time
+    mtl-cog leader-curve ... --report-only                       # the curve of the runs finished so far
+
+Every run keeps the follower rate and all other settings fixed and sets the leader's rate to
+ratio x follower (ratio 1: no hierarchy, allowed here; for COG-FC it is the baseline, step for
+step). The follower rate and the other settings come from ``--protocol-dir`` (the fair protocol's
+final run of this data set and method: its tuned settings, scale and epochs), else from
+``--follower-lr`` and the config. Reference runs, drawn as horizontal bands: the baseline
+(tuned, from the protocol folder, else the config's sibling ``baseline.yaml`` with the same
+overrides and follower rate), post-hoc TS fitted on its validation predictions (``baseline+ts``),
+and the method's own counterpart when it is another trained method (``method.counterpart``,
+e.g. LS for COG+LS).
+
+Written to ``--out`` (default ``runs/leader-curve-<dataset>-<method>``): ``runs/`` (one folder per
+run), ``curve.csv`` (arm, ratio, metric: mean over seeds of the task mean, 95 % t interval over
+seeds), ``paired.csv`` (the method minus its counterpart per ratio, paired by seed, with a
+verdict), ``curve.md`` (both, and the best ratio on validation NLL), ``curve.png``. The same
+command again reuses finished runs and resumes unfinished ones (``train --resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from mtl_cog.cli.paths import CONFIGS
+from mtl_cog.config import Config, load_config
+from mtl_cog.config.arguments import Parser, distinct, real_number, whole_number
+from mtl_cog.config.schema import MAX_LEARNING_RATE, MAX_SEED
+from mtl_cog.errors import UserError, run_cli
+from mtl_cog.evaluation.posthoc import calibrate
+from mtl_cog.evaluation.predictions import load_predictions
+from mtl_cog.evaluation.scoring import score
+from mtl_cog.experiments import gpu_time
+from mtl_cog.experiments import leader_curve as curve
+from mtl_cog.experiments.launcher import (
+    RunJob,
+    add_launcher_arguments,
+    make_launcher,
+    processes_per_run,
+    train_command,
+)
+from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state
+from mtl_cog.io import atomic_write, atomic_write_text, check_writable
+from mtl_cog.reporting import plots
+from mtl_cog.reporting.leader_curve import CURVE_METRICS, best_ratio, curve_figure, curve_table, paired_to_reference
+from mtl_cog.reporting.tables import markdown_table
+from mtl_cog.runs import rundir
+
+BASELINE, TS = "baseline", "ts"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, required=True, help="a COG method config (configs/<ds>/cog_fc.yaml)")
+    parser.add_argument("--ratios", type=real_number(0, 1, low_open=True, what="a leader/follower ratio"),
+                        nargs="+", default=list(curve.RATIOS),
+                        help="leader/follower ratios in (0, 1] (default: 1e-3 3e-3 ... 0.3 1)")
+    parser.add_argument("--seeds", type=whole_number(0, MAX_SEED, "a seed"), nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--follower-lr", type=real_number(0, MAX_LEARNING_RATE, low_open=True, what="a learning rate"),
+                        default=None, help="the fixed follower rate (default: the "
+                        "protocol's tuned one with --protocol-dir, else the config's)")
+    parser.add_argument("--protocol-dir", type=Path, default=None,
+                        help="a fair-protocol folder (reproduce --protocol fair --out DIR): tuned settings from there")
+    parser.add_argument("--out", type=Path, default=None, help="default runs/leader-curve-<dataset>-<method>")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and their estimated time; run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the curve from the runs finished so far (e.g. while another process trains)")
+    parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
+                        help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
+    add_launcher_arguments(parser)
+    parser.add_argument("overrides", nargs="*", help="overrides for every run, e.g. train.epochs=10")
+    args = parser.parse_args(argv)
+    args.ratios = curve.check_ratios(args.ratios)
+    distinct(args.seeds, "--seeds")  # one folder per (ratio, seed)
+    return args
+
+
+def references(args: argparse.Namespace, cfg: Config, dataset: str) -> dict[str, Path]:
+    """{name: config} of the reference arms: the baseline, and the method's trained counterpart if another."""
+    names = [BASELINE]
+    counterpart = (cfg.method.counterpart or "").split("+")[0]
+    if counterpart and counterpart not in names:
+        names.append(counterpart)
+    if args.protocol_dir is not None:
+        return {name: curve.protocol_run_config(args.protocol_dir, dataset, name) for name in names}
+    paths = {name: args.config.parent / f"{name}.yaml" for name in names}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise UserError(f"the reference config(s) {', '.join(missing)} are missing (they sit next to --config).")
+    return paths
+
+
+def run_overrides(run: curve.CurveRun) -> list[str]:
+    return [*run.overrides, f"output_dir={run.run_dir.parent}", f"run_name={run.run_dir.name}", f"seed={run.seed}",
+            "tracking=none"]
+
+
+def build_plan(args: argparse.Namespace) -> tuple[list[curve.CurveRun], str, str, Path]:
+    """(runs, method, dataset, out) with every run's config resolved once (bad settings fail before anything runs)."""
+    cfg = load_config(args.config, args.overrides)
+    method, dataset = cfg.method.name, args.config.parent.name
+    if not cfg.method.leader:
+        raise UserError(f"{args.config}: method {method!r} has no leader (method.leader is empty): a leader-rate "
+                        "curve needs a COG method.")
+    base, extra = args.config, list(args.overrides)
+    if args.protocol_dir is not None:
+        base = curve.protocol_run_config(args.protocol_dir, dataset, args.config.stem)
+        cfg = load_config(base, extra)
+    follower = args.follower_lr or cfg.optim.follower_lr
+    out = args.out or Path("runs") / f"leader-curve-{dataset}-{method}"
+    refs = references(args, cfg, dataset)
+    runs = curve.plan(method, base, refs, follower, args.ratios, args.seeds, out / "runs", extra)
+    if args.protocol_dir is None and args.follower_lr is not None:  # the references share the given rate
+        same_rate = f"optim.follower_lr={follower:g}"
+        runs = [r if r.ratio is not None else replace(r, overrides=(*r.overrides, same_rate)) for r in runs]
+    return runs, method, dataset, out
+
+
+def resolved(run: curve.CurveRun) -> Config:
+    return load_config(run.config, run_overrides(run))
+
+
+def launch(runs: list[curve.CurveRun], configs: list[Config], args: argparse.Namespace, out: Path,
+           executor) -> list[curve.CurveRun]:
+    """Train the runs not yet finished (unfinished ones resume); -> the failed runs."""
+    jobs, todo = [], []
+    env = () if torch.cuda.is_available() else (("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"))
+    for run, cfg in zip(runs, configs):
+        state = run_state(run.run_dir, cfg)
+        if state == DONE:
+            continue
+        command = train_command(run.run_dir, run.config, run_overrides(run), state == UNFINISHED,
+                                processes_per_run(args))
+        jobs.append(RunJob(run.run_dir.name, tuple(command), run.run_dir.parent / f"{run.run_dir.name}.log", env=env))
+        todo.append(run)
+    print(f"leader curve: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run", flush=True)
+    if not todo:
+        return []
+    runner = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)
+    try:
+        codes = runner.run(jobs)
+    except KeyboardInterrupt:
+        print("interrupted: the same command continues where it stopped.", file=sys.stderr)
+        raise SystemExit(130) from None
+    return [run for run, code in zip(todo, codes) if code != 0]
+
+
+def score_runs(runs: list[curve.CurveRun], bins: list[int]) -> pd.DataFrame:
+    """One row per (arm, ratio, seed, split, task) of every finished run; the baseline also as baseline+ts."""
+    frames = []
+    for run in runs:
+        if not (run.run_dir / rundir.DONE).is_file():
+            continue
+        val = load_predictions(run.run_dir / rundir.predictions_file("val"))
+        test = load_predictions(run.run_dir / rundir.predictions_file("test"))
+        arms = [(run.arm, "val", val), (run.arm, "test", test)]
+        if run.arm == BASELINE:
+            arms.append((f"{BASELINE}+{TS}", "test", calibrate(TS, val, test)))
+        for arm, split, predictions in arms:
+            tasks = score(predictions, bins)["tasks"]
+            frames.append(pd.DataFrame([{"arm": arm, "ratio": run.ratio, "seed": run.seed, "split": split,
+                                         "task": task, **{m: values[m] for m in CURVE_METRICS}}
+                                        for task, values in tasks.items()]))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: list[float], dataset: str, out: Path,
+                  edges: str, partial: str = "") -> Path:
+    table = curve_table(scores)
+    paired = paired_to_reference(scores, method, counterpart, ratios)
+    best, val_nll = best_ratio(scores, method)
+    atomic_write(out / "curve.csv", lambda tmp: table.to_csv(tmp, index=False))
+    atomic_write(out / "paired.csv", lambda tmp: paired.to_csv(tmp, index=False))
+    lines = [f"# Leader-rate curve: {dataset} / {method}", "",
+             "Mean over seeds of the task-averaged test metric, 95% t interval over seeds "
+             "(mtl_cog/reporting/leader_curve.py). Ratio = leader / follower learning rate; 1 = no hierarchy.", ""]
+    lines += [partial, ""] if partial else []
+    if best is not None:
+        lines += [f"**Best ratio on validation NLL: {best:g}** (validation NLL per ratio: "
+                  + ", ".join(f"{r:g}: {v:.4f}" for r, v in val_nll.items()) + ").", ""]
+    if edges:
+        lines += [f"The fair protocol's choice for {method} sat at the edge of its range: {edges}.", ""]
+    wide = table.assign(value=[f"{m:.4f}" + ("" if pd.isna(lo) else f" [{lo:.4f}, {hi:.4f}]")
+                               for m, lo, hi in zip(table["mean"], table["ci_low"], table["ci_high"])],
+                        ratio=["reference" if pd.isna(r) else f"{r:g}" for r in table["ratio"]])
+    wide = wide.pivot(index=["arm", "ratio"], columns="metric", values="value")[list(CURVE_METRICS)]
+    lines += [markdown_table(wide.reset_index()), "", f"## {method} minus {counterpart}, paired by seed", "",
+              markdown_table(paired), ""]
+    atomic_write_text(out / "curve.md", "\n".join(lines))
+    plots.save_figure(curve_figure(table, method, f"{dataset} / {method}"), out / "curve.png")
+    print("\n".join(lines))
+    return out / "curve.md"
+
+
+def main(argv: list[str] | None = None, executor=None) -> Path:
+    """``executor``: a submitit executor to use instead of Slurm's (the tests pass the local one)."""
+    args = parse_args(argv)
+    runs, method, dataset, out = build_plan(args)
+    configs = [resolved(run) for run in runs]
+    print(f"leader curve of {dataset}/{method}: ratios {' '.join(f'{r:g}' for r in args.ratios)} × "
+          f"{len(args.seeds)} seeds, plus {', '.join(dict.fromkeys(r.arm for r in runs if r.ratio is None))}; "
+          f"follower rate {configs[0].optim.follower_lr:g}; in {out}", flush=True)
+    if args.dry_run:
+        measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
+        todo = [c for r, c in zip(runs, configs) if run_state(r.run_dir, c) != DONE]
+        seconds = sum(gpu_time.estimate_run(c, measured).seconds for c in todo)
+        print(f"{len(todo)} of {len(runs)} runs to do, ~{gpu_time.format_duration(seconds)} on one device")
+        return out / "curve.md"
+    check_writable(out, "--out", folder=True)
+    failed = [] if args.report_only else launch(runs, configs, args, out, executor)
+    scores = score_runs(runs, [15])
+    if scores.empty:
+        raise UserError(f"no run of the curve finished; see the .log files in {out / 'runs'}.")
+    counterpart = load_config(runs[0].config, run_overrides(runs[0])).method.counterpart or BASELINE
+    edges = curve.chosen_edges(args.protocol_dir, dataset, args.config.stem) if args.protocol_dir else ""
+    finished = sum((r.run_dir / rundir.DONE).is_file() for r in runs)
+    path = write_results(scores, method, counterpart, args.ratios, dataset, out, edges,
+                         "" if finished == len(runs) else f"**Partial: {finished} of {len(runs)} runs finished.**")
+    if failed:
+        raise UserError(f"{len(failed)} run(s) failed, so the curve lacks them: "
+                        + ", ".join(str(r.run_dir) for r in failed) + ". Run the same command again to continue.")
+    return path
+
+
+def cli() -> None:
+    run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,98 @@
+"""The leader-rate curve: one COG method at a fixed follower rate, its leader/follower ratio on a log grid.
+
+COG adds exactly one hyperparameter, the leader's learning rate (paper Sec. 3: the leader, slower,
+is the calibrator or the classification layer). Under the fair protocol every head-leader COG
+variant chose the highest ratio tried (1/2) and the highest follower rate: the search range
+bound, and a ratio of 1 means *no* hierarchy (for COG-FC: the baseline, step for step, since
+Adam is elementwise and both groups then share one rate). The curve looks at the whole range,
+1e-3 up to and including 1, with the follower rate and every other setting held fixed, so that
+"does the hierarchy help, and at which ratio" has an answer with intervals
+(``mtl_cog/reporting/leader_curve.py``; ``scripts/leader_curve.py`` runs it).
+
+This module holds the plan: the grid, the run folders, each run's overrides.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtl_cog.errors import UserError
+
+# log grid 1e-3 .. 1 (1, 3 per decade); 1 = no hierarchy, allowed here without the usual refusal
+RATIOS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+LEADER_KEY, FOLLOWER_KEY = "optim.leader_lr", "optim.follower_lr"
+ALLOW_EQUAL = "optim.allow_leader_lr_geq_follower=true"  # the schema refuses leader >= follower otherwise
+
+
+@dataclass(frozen=True)
+class CurveRun:
+    arm: str  # the COG method, or a reference method (its band)
+    ratio: float | None  # None: a reference run (no leader grid)
+    seed: int
+    config: Path  # the method config (or a protocol run's config.yaml) the run starts from
+    run_dir: Path
+    overrides: tuple[str, ...]
+
+
+def check_ratios(ratios: list[float]) -> list[float]:
+    """Sorted, distinct ratios in (0, 1]; a leader faster than its follower inverts COG's hierarchy."""
+    bad = [r for r in ratios if not (math.isfinite(r) and 0 < r <= 1)]
+    if bad or not ratios:
+        raise UserError(f"--ratios must be numbers in (0, 1] (leader rate / follower rate). Got {bad or 'none'}.")
+    return sorted(set(ratios))
+
+
+def ratio_label(ratio: float) -> str:
+    """``r0.001``, ``r1``: a folder-safe name that reads back as the same number."""
+    return f"r{ratio:g}"
+
+
+def curve_overrides(follower_lr: float, ratio: float) -> list[str]:
+    """Follower fixed, leader = ratio x follower (exactly the follower's rate at ratio 1)."""
+    leader = follower_lr if ratio == 1 else ratio * follower_lr
+    return [f"{FOLLOWER_KEY}={follower_lr:.6g}", f"{LEADER_KEY}={leader:.6g}", *([ALLOW_EQUAL] if ratio >= 1 else [])]
+
+
+def protocol_run_config(protocol_dir: Path, dataset: str, method: str) -> Path:
+    """The resolved config.yaml of the fair protocol's final run of (dataset, method): its tuned settings.
+
+    Every final run of a method in ``<protocol_dir>/runs`` has the same settings but its seed,
+    so the first one found stands for all.
+    """
+    runs = sorted((protocol_dir / "runs").glob(f"{dataset}-{method}-seed*/config.yaml"))
+    if not runs:
+        chosen = protocol_dir / "report" / "chosen_settings.csv"
+        hint = f" ({chosen} exists: its final runs have not started)" if chosen.is_file() else ""
+        raise UserError(f"--protocol-dir {protocol_dir}: no final run of {dataset}/{method} "
+                        f"(runs/{dataset}-{method}-seed*/config.yaml){hint}; finish `reproduce --protocol fair` "
+                        "for it first, or give --follower-lr instead.")
+    return runs[0]
+
+
+def chosen_edges(protocol_dir: Path, dataset: str, method: str) -> str:
+    """The protocol's ``at_edge`` note for (dataset, method), '' when none or no report yet."""
+    path = protocol_dir / "report" / "chosen_settings.csv"
+    if not path.is_file():
+        return ""
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            if row.get("dataset") == dataset and row.get("method") == method:
+                return row.get("at_edge") or ""
+    return ""
+
+
+def plan(method: str, config: Path, references: dict[str, Path], follower_lr: float, ratios: list[float],
+         seeds: list[int], runs_dir: Path, extra: list[str]) -> list[CurveRun]:
+    """Every run of the curve: ``method`` at each ratio x seed, each reference method x seed.
+
+    ``extra``: the user's overrides, applied to every run before the curve's own (which win).
+    """
+    runs = [CurveRun(method, ratio, seed, config, runs_dir / f"{method}-{ratio_label(ratio)}-seed{seed}",
+                     (*extra, *curve_overrides(follower_lr, ratio)))
+            for ratio in ratios for seed in seeds]
+    runs += [CurveRun(name, None, seed, path, runs_dir / f"{name}-seed{seed}", tuple(extra))
+             for name, path in references.items() for seed in seeds]
+    return runs

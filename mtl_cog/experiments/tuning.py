@@ -1,0 +1,245 @@
+"""The fair protocol's tuning stage as an Optuna study on disk: the same number of trials for every method.
+
+Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as follows.
+
+- **Study on disk.** One SQLite file per protocol folder, ``OUT/tuning/optuna.db``, one study per
+  (data set, method) named ``<dataset>-<method>``. ``optuna-dashboard sqlite:///OUT/tuning/optuna.db``
+  opens it. Several workers (local processes, Slurm tasks) share a study through that file;
+  SQLite needs a file system with working locks (a local disk, most cluster file systems; if
+  yours has none, pass a database URL with ``--study-storage``).
+- **Space-filling start, then adaptive.** The first ``start_count(budget)`` trials are the
+  scrambled Halton points of ``protocol.start_points`` (enqueued once, when the study is new):
+  their first coordinate, the follower rate, takes the same values for every method. After them
+  ``optuna.samplers.TPESampler`` (Bergstra et al., NeurIPS 2011; seeded, multivariate, with
+  the constant liar for parallel workers) proposes the rest.
+- **Equal budget.** A study has exactly ``budget`` counted trials: the first ``budget`` trials in
+  number order that did not fail. Parallel workers can start a trial or two more than that when
+  they ask at the same moment; such extras are recorded (``extra``) but never chosen.
+- **Resume.** Every trial trains a run folder ``OUT/tuning/<study>/trial_NN`` that saves its
+  state each epoch. A worker that dies stops its heartbeat; the next worker to start marks the
+  trial failed and retries it with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the
+  retry continues the same run folder (``trial_NN`` is the first attempt's number).
+- **Pruning (optional, ``--prune``).** Successive halving (``optuna.pruners.SuccessiveHalvingPruner``,
+  Jamieson & Talwalkar 2016; asynchronous, Li et al. 2020) on the per-epoch validation NLL, with
+  the same rungs for every method (``pruner``). A pruned trial counts toward the budget and is
+  never chosen. ``expected_epoch_share`` gives the dry run's estimate; the report states the
+  measured share of epochs trained.
+
+A trial's value is the validation NLL (mean over tasks) of its run's best checkpoint, the COG
+paper's tuning criterion (App. B); the setting with the lowest value is chosen.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from mtl_cog.errors import UserError
+from mtl_cog.experiments.protocol import SAMPLER_SEED, Knob, start_points
+
+STUDY_FILE = "optuna.db"
+HEARTBEAT_SECONDS = 20  # a live trial's worker writes its heartbeat this often (a thread, whatever the epoch length)
+GRACE_SECONDS = 90  # a trial silent for this long is dead (a worker killed, a node lost): it is retried
+MAX_RETRIES = 3
+REDUCTION = 3  # successive halving keeps the best third at each rung
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours to print
+
+
+def storage_url(tuning_dir: Path) -> str:
+    return f"sqlite:///{(tuning_dir / STUDY_FILE).resolve()}"
+
+
+def start_count(budget: int) -> int:
+    """Space-filling trials before TPE: half the budget, at least 2 (all of a budget of 1-3)."""
+    return min(budget, max(2, budget // 2))
+
+
+def min_resource(epochs: int) -> int:
+    """The first rung of successive halving: rungs at r, 3r, 9r, ... epochs, r such that two rungs fit."""
+    return max(1, epochs // REDUCTION ** 2)
+
+
+def pruner(prune: bool, epochs: int) -> optuna.pruners.BasePruner:
+    if not prune:
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_resource(epochs), reduction_factor=REDUCTION)
+
+
+def open_study(url: str, name: str, epochs: int, prune: bool, budget: int,
+               seed: int = SAMPLER_SEED) -> optuna.Study:
+    """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner."""
+    with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
+        storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
+                             heartbeat_stale_trial_callback=retry)
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
+                                         constant_liar=True)
+    return optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
+                               pruner=pruner(prune, epochs), load_if_exists=True)
+
+
+def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int) -> None:
+    """Enqueue the Halton start points, once: a resumed or shared study keeps the ones it has."""
+    if study.trials:
+        return
+    for point in start_points(knobs, start_count(budget)):
+        study.enqueue_trial(point, skip_if_exists=True)
+
+
+def suggest(trial: optuna.Trial, knobs: list[Knob]) -> dict[str, float]:
+    """The trial's knob values (enqueued ones are returned as enqueued)."""
+    return {k.key: trial.suggest_float(k.key, k.low, k.high, log=k.log) for k in knobs}
+
+
+def first_attempt(trial: FrozenTrial | optuna.Trial) -> int:
+    """The number of the trial this one retries (itself if none): it names the run folder."""
+    if not isinstance(trial, FrozenTrial):
+        trial = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+    retried = trial.system_attrs.get("failed_trial")  # RetryHeartbeatStaleTrialCallback's mark: the first attempt
+    return trial.number if retried is None else retried
+
+
+def counted_trials(study: optuna.Study, budget: int) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
+    """(the budget's trials, extras): the first ``budget`` trials that did not fail, in number order."""
+    alive = [t for t in study.get_trials(deepcopy=False) if t.state in COUNTED]
+    return alive[:budget], alive[budget:]
+
+
+def remaining(study: optuna.Study, budget: int) -> int:
+    return budget - len(counted_trials(study, budget)[0])
+
+
+def has_work(study: optuna.Study, budget: int) -> bool:
+    """Trials still to ask, or asked-for ones waiting (enqueued start points, retries of dead trials)."""
+    trials = counted_trials(study, budget)[0]
+    return len(trials) < budget or any(t.state == TrialState.WAITING for t in trials)
+
+
+def settle_stale(study: optuna.Study, wait: bool = True) -> None:
+    """Fail (and so retry) trials whose worker died; with ``wait``, first let a just-killed one go stale.
+
+    A driver resuming after Ctrl-C or a crash finds its previous workers' trials still marked
+    running; their heartbeat stops, and after ``GRACE_SECONDS`` they count as dead. Waiting that
+    long (once) before launching lets the new workers retry them now instead of a run later.
+    """
+    import time
+
+    running = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+    if running and wait:
+        print(f"{study.study_name}: {len(running)} trial(s) marked running from an earlier start; waiting up to "
+              f"{GRACE_SECONDS} s for their heartbeat to go stale", flush=True)
+        deadline = time.monotonic() + GRACE_SECONDS + HEARTBEAT_SECONDS
+        while time.monotonic() < deadline:
+            _fail_stale(study)
+            if not any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
+                return
+            time.sleep(5)
+    _fail_stale(study)
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    with warnings.catch_warnings():  # "experimental" since Optuna 2.9; the heartbeat's own cleanup
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+@dataclass
+class StudyResult:
+    trials: list[FrozenTrial]  # the budget's trials
+    extras: list[FrozenTrial]
+    best: FrozenTrial | None  # lowest value among the complete ones
+    unfinished: list[FrozenTrial]  # running or waiting: the tuning is not over
+
+
+def result(study: optuna.Study, budget: int) -> StudyResult:
+    trials, extras = counted_trials(study, budget)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
+    best = min(complete, key=lambda t: (t.value, t.number)) if complete else None
+    unfinished = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    if len(trials) < budget:
+        unfinished += [None] * (budget - len(trials))  # type: ignore[list-item]  (never asked)
+    return StudyResult(trials, extras, best, unfinished)
+
+
+def epochs_trained(trial: FrozenTrial, epochs: int) -> int:
+    """Epochs a trial trained: all of them when complete, up to its last report when pruned."""
+    if trial.state == TrialState.PRUNED and trial.intermediate_values:
+        return max(trial.intermediate_values)
+    return epochs
+
+
+def expected_epoch_share(budget: int, epochs: int) -> float:
+    """Share of ``budget x epochs`` that successive halving trains, in its synchronous idealisation.
+
+    Rungs at r, 3r, 9r, ... (``min_resource``); a third of the trials reaching a rung go on to the
+    next. The asynchronous variant Optuna runs promotes the first trials at each rung
+    unconditionally, so with few trials it prunes less: the report measures the real share.
+    """
+    r = min_resource(epochs)
+    rungs = []
+    while r < epochs:
+        rungs.append(r)
+        r *= REDUCTION
+    if budget < 1 or not rungs:
+        return 1.0
+    total, alive, trained = 0.0, float(budget), 0
+    for rung in rungs:
+        total += alive * (rung - trained)
+        trained = rung
+        alive = max(1.0, alive / REDUCTION)
+    total += alive * (epochs - trained)
+    return total / (budget * epochs)
+
+
+def check_processes(processes: int) -> None:
+    if processes > 1:
+        raise UserError("the fair protocol's tuning trains each trial inside an Optuna worker, one process per "
+                        "trial: use --gpus-per-run 1 for it (the final runs can then use more).")
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """One (data set, method) study of a fair protocol: what its workers train."""
+
+    dataset: str
+    method: str
+    config: Path
+    overrides: tuple[str, ...]  # the protocol's (scale, seed, output folder = the study's folder)
+    base_follower_lr: float
+    knobs: tuple[Knob, ...]
+    epochs: int
+    folder: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.dataset}-{self.method}"
+
+
+def worker_args(spec: StudySpec, url: str, budget: int, prune: bool) -> list[str]:
+    """``mtl_cog.cli.tune``'s arguments for a worker of ``spec``."""
+    return ["--storage", url, "--study", spec.name, "--config", str(spec.config), "--base-follower-lr",
+            f"{spec.base_follower_lr:g}", "--budget", str(budget), *(["--prune"] if prune else []), "--",
+            *spec.overrides]
+
+
+def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
+    """trials.csv: every trial of the study (the budget's and the extras), its settings, value, epochs, choice."""
+    rows = []
+    for trial in [*outcome.trials, *outcome.extras]:
+        rows.append({"trial": trial.number, "run": trial.user_attrs.get("run", ""), "state": trial.state.name.lower(),
+                     "counted": trial in outcome.trials,
+                     **{k: v for k, v in trial.params.items()},
+                     "overrides": trial.user_attrs.get("overrides", ""),
+                     "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
+                     "epochs_trained": epochs_trained(trial, spec.epochs),
+                     "chosen": "*" if outcome.best is not None and trial.number == outcome.best.number else ""})
+    return rows

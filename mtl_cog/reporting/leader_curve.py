@@ -1,0 +1,125 @@
+"""The leader-rate curve's numbers and figure: each metric against the leader/follower ratio, with intervals.
+
+Input: one row per (arm, ratio, seed, split, task) with the metrics of that run's best checkpoint
+(``arm``: the COG method, or a reference method drawn as a horizontal band: the tuned baseline,
+post-hoc TS on it, the method's own counterpart). Per ratio, a metric's value is the mean over
+seeds of the task-averaged metric, with the same 95 % t interval over seeds as the paired
+comparisons (``mtl_cog.reporting.paired.seed_t_interval``: seeds are the unit of replication).
+
+Against the reference (the method's counterpart), the *paired* difference per ratio: runs of the
+same seed share initialisation and data order, so the difference removes that variance; verdict
+as in the report (``variant``, ``counterpart``, ``inconclusive``).
+
+The best ratio is chosen on **validation** NLL (as the fair protocol chooses), never on test: a
+choice made on the numbers it is judged on would flatter it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from mtl_cog.evaluation.metrics import lower_is_better
+from mtl_cog.reporting.paired import seed_t_interval, verdict
+
+CURVE_METRICS = ("nll", "brier", "ece@15", "smece", "accuracy")
+METRIC_TITLES = {"nll": "test NLL", "brier": "test Brier", "ece@15": "test ECE (15 bins)", "smece": "test smooth ECE",
+                 "accuracy": "test accuracy"}
+
+
+def _matrix(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """(seeds, tasks) of one arm at one ratio."""
+    return rows.groupby(["seed", "task"])[metric].mean().unstack("task")
+
+
+def _select(scores: pd.DataFrame, arm: str, ratio: float | None, split: str = "test") -> pd.DataFrame:
+    rows = scores[(scores["arm"] == arm) & (scores["split"] == split)]
+    return rows[rows["ratio"].isna()] if ratio is None else rows[np.isclose(rows["ratio"], ratio)]
+
+
+def curve_table(scores: pd.DataFrame, metrics: tuple[str, ...] = CURVE_METRICS) -> pd.DataFrame:
+    """One row per (arm, ratio, metric): mean over seeds of the task mean, 95 % t interval, seeds, tasks."""
+    rows = []
+    points = scores[scores["split"] == "test"][["arm", "ratio"]].drop_duplicates()
+    for point in points.itertuples():
+        ratio = None if pd.isna(point.ratio) else float(point.ratio)
+        selected = _select(scores, point.arm, ratio)
+        for metric in metrics:
+            matrix = _matrix(selected, metric).dropna(axis=1)
+            mean, low, high = seed_t_interval(matrix.to_numpy(dtype=float))
+            rows.append({"arm": point.arm, "ratio": ratio, "metric": metric, "mean": mean, "ci_low": low,
+                         "ci_high": high, "n_seeds": matrix.shape[0], "n_tasks": matrix.shape[1]})
+    columns = ["arm", "ratio", "metric", "mean", "ci_low", "ci_high", "n_seeds", "n_tasks"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["arm", "ratio", "metric"], na_position="last",
+                                                           kind="stable", ignore_index=True)
+
+
+def paired_to_reference(scores: pd.DataFrame, method: str, reference: str, ratios: list[float],
+                        metrics: tuple[str, ...] = CURVE_METRICS) -> pd.DataFrame:
+    """Per ratio and metric: method minus reference on the seeds both have, 95 % t interval, verdict."""
+    rows = []
+    theirs_all = _select(scores, reference, None)
+    for ratio in ratios if not theirs_all.empty else []:
+        mine_all = _select(scores, method, ratio)
+        for metric in metrics if not mine_all.empty else []:
+            mine, theirs = _matrix(mine_all, metric), _matrix(theirs_all, metric)
+            seeds, tasks = mine.index.intersection(theirs.index), mine.columns.intersection(theirs.columns)
+            if len(seeds) == 0 or len(tasks) == 0:
+                continue
+            d = (mine.loc[seeds, tasks] - theirs.loc[seeds, tasks]).to_numpy(dtype=float)
+            mean, low, high = seed_t_interval(d)
+            rows.append({"ratio": ratio, "metric": metric, "reference": reference, "mean_difference": mean,
+                         "ci_low": low, "ci_high": high, "n_seeds": len(seeds),
+                         "better": verdict(mean, low, high, lower_is_better(metric))})
+    return pd.DataFrame(rows, columns=["ratio", "metric", "reference", "mean_difference", "ci_low", "ci_high",
+                                       "n_seeds", "better"])
+
+
+def best_ratio(scores: pd.DataFrame, method: str) -> tuple[float | None, pd.Series]:
+    """(ratio with the lowest mean validation NLL, the validation NLL per ratio); None if none finished."""
+    rows = scores[(scores["arm"] == method) & (scores["split"] == "val") & scores["ratio"].notna()]
+    if rows.empty:
+        return None, pd.Series(dtype=float)
+    per_seed = rows.groupby(["ratio", "seed"])["nll"].mean()  # the task mean of each run
+    per_ratio = per_seed.groupby(level="ratio").mean()
+    return float(per_ratio.idxmin()), per_ratio
+
+
+def curve_figure(table: pd.DataFrame, method: str, title: str, metrics: tuple[str, ...] = CURVE_METRICS) -> Figure:
+    """Metric vs ratio (log x) with 95 % intervals; each reference arm as a band (its interval) and a line."""
+    figure = Figure(figsize=(4.2 * len(metrics), 3.6))
+    axes = figure.subplots(1, len(metrics), squeeze=False)[0]
+    curve = table[(table["arm"] == method) & table["ratio"].notna()]
+    references = [a for a in dict.fromkeys(table["arm"]) if a != method]
+    colors = {arm: f"C{i + 1}" for i, arm in enumerate(references)}
+    for ax, metric in zip(axes, metrics):
+        rows = curve[curve["metric"] == metric].sort_values("ratio")
+        if rows.empty:
+            continue
+        x = rows["ratio"].to_numpy(dtype=float)
+        y = rows["mean"].to_numpy(dtype=float)
+        low, high = rows["ci_low"].to_numpy(dtype=float), rows["ci_high"].to_numpy(dtype=float)
+        has_ci = ~np.isnan(low)
+        ax.plot(x, y, "o-", color="C0", label=method)
+        if has_ci.any():
+            ax.errorbar(x[has_ci], y[has_ci], yerr=[y[has_ci] - low[has_ci], high[has_ci] - y[has_ci]], fmt="none",
+                        ecolor="C0", capsize=3)
+        for arm in references:
+            ref = table[(table["arm"] == arm) & table["ratio"].isna() & (table["metric"] == metric)]
+            if ref.empty:
+                continue
+            ref = ref.iloc[0]
+            ax.axhline(ref["mean"], color=colors[arm], lw=1.2, label=arm)
+            if not math.isnan(ref["ci_low"]):
+                ax.axhspan(ref["ci_low"], ref["ci_high"], color=colors[arm], alpha=0.15)
+        ax.set_xscale("log")
+        ax.set_xlabel("leader / follower learning rate")
+        ax.set_title(METRIC_TITLES.get(metric, metric))
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7)
+    figure.suptitle(f"{title}: mean over seeds, 95 % t interval (bands: references)")
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# How multi-task aggregators affect calibration (docs/mtl.md, "Measured"): equal weights vs MGDA vs UPGrad, each
+# with and without COG-FC, seeds 0-2, the same budget for all, on fashion_mosaic (40 binary tasks of real
+# Fashion-MNIST items): its configs' cog_cnn_tiny and learning rates, EPOCHS epochs, the first MAX samples of each
+# split. Resumable: a finished run (DONE) is skipped, a started one resumed. Sized for 2 shared CPU cores:
+#   OUT=measure/runs nohup nice -n 10 bash scripts/measure_aggregators.sh > measure/aggregators.log 2>&1 &
+# Last, a table of test accuracy, NLL, mean ECE@15 and worst-task ECE@15 (mean ± std over the seeds done).
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD OMP_NUM_THREADS=1
+PY=${PYTHON:-python}
+OUT=${OUT:-measure/runs}
+EPOCHS=${EPOCHS:-3}
+MAX=${MAX:-1500}
+for seed in 0 1 2; do
+  for agg in equal mgda upgrad; do
+    for method in baseline cog_fc; do
+      name="fm-${method}-${agg}-s${seed}"
+      dir="$OUT/$name"
+      [ -f "$dir/DONE" ] && { echo "done: $name"; continue; }
+      args=(--config "configs/fashion_mosaic/${method}.yaml" "mtl.aggregator=${agg}" "seed=${seed}"
+            "train.epochs=${EPOCHS}" "data.max_samples=${MAX}" tracking=none "output_dir=${OUT}" "run_name=${name}")
+      [ -f "$dir/config.yaml" ] && args+=(--resume "$dir")
+      echo "run: $name $(date +%T)"
+      $PY scripts/train_mtl.py "${args[@]}" 2>&1 | grep "epoch\|weights\|error" | tail -8
+    done
+  done
+done
+$PY - "$OUT" <<'PYTHON'
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+rows = []
+for done in sorted(Path(sys.argv[1]).glob("*/DONE")):
+    cfg = yaml.safe_load((done.parent / "config.yaml").read_text())
+    mean = pd.read_csv(done.parent / "test_metrics.csv").set_index("task").loc["mean"]
+    rows.append({"method": cfg["method"]["name"], "aggregator": cfg["mtl"]["aggregator"], "seed": cfg["seed"],
+                 **{m: mean[m] for m in ("accuracy", "nll", "ece@15", "worst_task_ece@15")}})
+frame = pd.DataFrame(rows)
+stats = frame.groupby(["method", "aggregator"]).agg(["mean", "std"]).drop(columns="seed")
+table = pd.DataFrame({m: [f"{a:.4f} ± {s:.4f}" for a, s in zip(stats[m]["mean"], stats[m]["std"].fillna(0))]
+                      for m in ("accuracy", "nll", "ece@15", "worst_task_ece@15")}, index=stats.index)
+print(table.join(frame.groupby(["method", "aggregator"])["seed"].count().rename("seeds")).to_string())
+PYTHON

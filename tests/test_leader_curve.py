@@ -1,0 +1,141 @@
+"""The leader-rate curve: its grid, its runs' overrides, its table and intervals, and ratio 1 = the baseline."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mtl_cog.config import load_config
+from mtl_cog.errors import UserError
+from mtl_cog.experiments import leader_curve as curve
+from mtl_cog.reporting.leader_curve import best_ratio, curve_figure, curve_table, paired_to_reference
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_default_grid_is_logarithmic_from_1e_3_to_1_inclusive():
+    assert curve.RATIOS[0] == 1e-3 and curve.RATIOS[-1] == 1.0
+    steps = np.diff(np.log10(curve.RATIOS))
+    assert np.all(steps > 0.4) and np.all(steps < 0.6)  # 1, 3 per decade
+
+
+@pytest.mark.parametrize("bad", [[0.0], [1.5], [float("nan")], [-0.1, 0.1], []])
+def test_ratios_outside_0_1_are_refused(bad):
+    with pytest.raises(UserError, match="--ratios"):
+        curve.check_ratios(bad)
+
+
+def test_ratios_are_sorted_and_distinct():
+    assert curve.check_ratios([1, 0.01, 0.01, 0.1]) == [0.01, 0.1, 1]
+
+
+def test_ratio_one_sets_the_leader_to_the_follower_rate_and_lifts_the_refusal():
+    overrides = curve.curve_overrides(3e-3, 1.0)
+    cfg = load_config(REPO / "configs" / "digits" / "cog_fc.yaml", overrides)
+    assert cfg.optim.leader_lr == cfg.optim.follower_lr == 3e-3
+    assert curve.ALLOW_EQUAL not in curve.curve_overrides(3e-3, 0.1)
+    cfg = load_config(REPO / "configs" / "digits" / "cog_fc.yaml", curve.curve_overrides(3e-3, 0.01))
+    assert cfg.optim.leader_lr == pytest.approx(3e-5) and not cfg.optim.allow_leader_lr_geq_follower
+
+
+def test_the_plan_has_every_ratio_and_seed_and_the_references(tmp_path):
+    refs = {"baseline": Path("b.yaml"), "ls": Path("ls.yaml")}
+    runs = curve.plan("cog_ls", Path("c.yaml"), refs, 1e-3, [0.01, 1.0], [0, 1], tmp_path, ["train.epochs=2"])
+    names = sorted(r.run_dir.name for r in runs)
+    assert names == sorted(["cog_ls-r0.01-seed0", "cog_ls-r0.01-seed1", "cog_ls-r1-seed0", "cog_ls-r1-seed1",
+                            "baseline-seed0", "baseline-seed1", "ls-seed0", "ls-seed1"])
+    assert all(r.overrides[0] == "train.epochs=2" for r in runs)  # the user's first, the curve's own win
+    assert {r.ratio for r in runs if r.arm == "baseline"} == {None}
+
+
+def test_a_protocol_folder_without_the_method_is_refused(tmp_path):
+    with pytest.raises(UserError, match="no final run of digits/cog_fc"):
+        curve.protocol_run_config(tmp_path, "digits", "cog_fc")
+    (tmp_path / "runs" / "digits-cog_fc-seed3").mkdir(parents=True)
+    (tmp_path / "runs" / "digits-cog_fc-seed3" / "config.yaml").write_text("seed: 3\n")
+    assert curve.protocol_run_config(tmp_path, "digits", "cog_fc").parent.name == "digits-cog_fc-seed3"
+
+
+def _scores():
+    """cog_fc at ratios 0.1 and 1 (3 seeds, 2 tasks) and the baseline; ratio 1 equals the baseline."""
+    rows = []
+    for seed in range(3):
+        for task, offset in (("a", 0.0), ("b", 0.2)):
+            base = 0.5 + 0.1 * seed + offset
+            for arm, ratio, nll in (("baseline", None, base), ("cog_fc", 1.0, base), ("cog_fc", 0.1, base - 0.05)):
+                for split in ("val", "test"):
+                    rows.append({"arm": arm, "ratio": ratio, "seed": seed, "split": split, "task": task, "nll": nll,
+                                 "brier": 0.2, "ece@15": 0.1, "smece": 0.1, "accuracy": 0.9})
+    return pd.DataFrame(rows)
+
+
+def test_curve_table_is_the_mean_of_task_means_with_a_t_interval_over_seeds():
+    table = curve_table(_scores()).set_index(["arm", "metric"])
+    base = table.loc[("baseline", "nll")]
+    # task means per seed 0.6, 0.7, 0.8: mean 0.7, sd 0.1, t(2) = 4.30265
+    assert base["mean"] == pytest.approx(0.7) and math.isnan(base["ratio"])
+    assert base["ci_high"] - base["mean"] == pytest.approx(4.30265 * 0.1 / math.sqrt(3), abs=1e-5)
+    assert base["n_seeds"] == 3 and base["n_tasks"] == 2
+
+
+def test_paired_differences_per_ratio_and_the_best_ratio_on_validation():
+    paired = paired_to_reference(_scores(), "cog_fc", "baseline", [0.1, 1.0]).set_index(["ratio", "metric"])
+    assert paired.loc[(1.0, "nll"), "mean_difference"] == 0 and paired.loc[(1.0, "nll"), "better"] == "inconclusive"
+    assert paired.loc[(0.1, "nll"), "mean_difference"] == pytest.approx(-0.05)
+    assert paired.loc[(0.1, "nll"), "better"] == "variant"  # the same -0.05 on every seed: a zero-width interval
+    best, per_ratio = best_ratio(_scores(), "cog_fc")
+    assert best == 0.1 and per_ratio[1.0] == pytest.approx(0.7)
+
+
+def test_the_figure_draws_one_panel_per_metric():
+    figure = curve_figure(curve_table(_scores()), "cog_fc", "t")
+    assert len(figure.axes) == 5 and figure.axes[0].get_xscale() == "log"
+
+
+def test_a_method_without_a_leader_is_refused():
+    from mtl_cog.cli import leader_curve
+
+    with pytest.raises(UserError, match="has no leader"):
+        leader_curve.main(["--config", str(REPO / "configs" / "digits" / "baseline.yaml"), "--dry-run"])
+
+
+def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys):
+    from mtl_cog.cli import leader_curve
+
+    out = tmp_path / "curve"
+    leader_curve.main(["--config", str(REPO / "configs" / "digits" / "cog_ls.yaml"), "--ratios", "0.01", "1",
+                       "--seeds", "0", "1", "--dry-run", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert "plus baseline, ls" in text and "8 of 8 runs to do" in text and not out.exists()
+
+
+@pytest.mark.slow
+def test_cog_fc_at_ratio_one_is_the_baseline_exactly(tmp_path, monkeypatch, capsys):
+    """No hierarchy, no difference: Adam is elementwise, so two groups at one rate are one group."""
+    from mtl_cog.cli import leader_curve
+    from mtl_cog.evaluation.predictions import load_predictions
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", str(REPO / "configs" / "synthetic" / "cog_fc.yaml"), "--ratios", "1", "--seeds", "0",
+            "--follower-lr", "4e-3", "--out", "curve", "train.epochs=2", "data.synthetic.train_size=200",
+            "data.synthetic.val_size=100", "data.synthetic.test_size=100", "model.backbone=cog_cnn_tiny",
+            "data.image_size=16"]
+    leader_curve.main(argv)
+    runs = tmp_path / "curve" / "runs"
+    mine = load_predictions(runs / "cog_fc-r1-seed0" / "predictions_test.npz")
+    theirs = load_predictions(runs / "baseline-seed0" / "predictions_test.npz")
+    for a, b in zip(mine.logits, theirs.logits):
+        np.testing.assert_array_equal(a, b)
+    paired = pd.read_csv(tmp_path / "curve" / "paired.csv")
+    assert (paired["mean_difference"] == 0).all() and len(paired) == 5
+    assert (tmp_path / "curve" / "curve.png").is_file()
+    capsys.readouterr()
+    leader_curve.main(argv)  # again: every run reused
+    assert "2 runs, 2 already finished, 0 to run" in capsys.readouterr().out
+
+
+def test_without_the_reference_there_is_no_paired_row():
+    scores = _scores()
+    assert paired_to_reference(scores[scores["arm"] != "baseline"], "cog_fc", "baseline", [0.1, 1.0]).empty

@@ -1,0 +1,99 @@
+"""The fair protocol's Optuna studies: start points, equal budget, resume of a dead trial, pruning arithmetic."""
+
+import math
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from mtl_cog.experiments import protocol, tuning
+
+KNOBS = [protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True), protocol.Knob("leader_ratio", 1e-3, 1.0, log=True)]
+
+
+def _study(tmp_path: Path, name: str = "ds-cog_fc", budget: int = 4, prune: bool = False) -> optuna.Study:
+    return tuning.open_study(tuning.storage_url(tmp_path), name, epochs=9, prune=prune, budget=budget)
+
+
+def test_the_study_starts_with_the_halton_points_then_tpe(tmp_path):
+    study = _study(tmp_path, budget=6)
+    tuning.enqueue_start(study, KNOBS, 6)
+    tuning.enqueue_start(study, KNOBS, 6)  # again (a resumed driver): nothing added
+    starts = protocol.start_points(KNOBS, tuning.start_count(6))
+    assert tuning.start_count(6) == 3 and len(study.trials) == 3
+    asked = []
+    for _ in range(6):
+        trial = study.ask()
+        asked.append(tuning.suggest(trial, KNOBS))
+        study.tell(trial, asked[-1]["optim.follower_lr"])  # any value: the lower the rate the better
+    assert asked[:3] == starts  # the space-filling start, exactly
+    assert all(1e-4 <= a["optim.follower_lr"] <= 1e-2 and 1e-3 <= a["leader_ratio"] <= 1 for a in asked)
+    assert tuning.result(study, 6).best.params["optim.follower_lr"] == min(a["optim.follower_lr"] for a in asked)
+
+
+def test_the_follower_start_rates_are_the_same_for_every_method():
+    baseline = protocol.start_points(KNOBS[:1], 4)
+    cog = protocol.start_points(KNOBS, 4)
+    assert [p["optim.follower_lr"] for p in baseline] == [p["optim.follower_lr"] for p in cog]
+
+
+def test_the_budget_counts_the_first_trials_that_did_not_fail_and_extras_are_never_chosen(tmp_path):
+    study = _study(tmp_path, budget=2)
+    first = study.ask()
+    study.tell(first, state=TrialState.FAIL)  # a failed trial does not use up the budget
+    assert tuning.has_work(study, 2) and tuning.remaining(study, 2) == 2
+    for value in (0.5, 0.7, 0.1):  # the third is an extra (two workers asked at once)
+        study.tell(study.ask(), value)
+    outcome = tuning.result(study, 2)
+    assert [t.number for t in outcome.trials] == [1, 2] and [t.number for t in outcome.extras] == [3]
+    assert outcome.best.value == 0.5 and not outcome.unfinished and not tuning.has_work(study, 2)
+
+
+def test_a_running_trial_leaves_the_tuning_unfinished(tmp_path):
+    study = _study(tmp_path, budget=2)
+    study.tell(study.ask(), 0.3)
+    study.ask()  # still running (or its worker died)
+    outcome = tuning.result(study, 2)
+    assert len(outcome.unfinished) == 1 and outcome.best.value == 0.3
+    assert not tuning.has_work(study, 2)  # nothing to ask: the running one must finish or go stale
+
+
+def test_a_dead_trial_is_retried_with_its_parameters_and_its_first_number(tmp_path):
+    study = tuning.open_study(tuning.storage_url(tmp_path), "s", epochs=9, prune=False, budget=2)
+    dead = study.ask({"optim.follower_lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    study._storage.record_heartbeat(dead._trial_id)  # its worker beat once, then died
+    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(3)  # as open_study's, with a 1 s grace period
+    storage = optuna.storages.RDBStorage(tuning.storage_url(tmp_path), heartbeat_interval=1, grace_period=1,
+                                         heartbeat_stale_trial_callback=retry)
+    time.sleep(2.5)
+    optuna.storages.fail_stale_trials(optuna.load_study(study_name="s", storage=storage))
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL and trials[1].state == TrialState.WAITING
+    retry = study.ask()
+    assert retry.params == dead.params and tuning.first_attempt(retry) == 0  # continues trial_00
+    assert tuning.has_work(study, 2)
+
+
+def test_successive_halving_expected_share_known_answers():
+    # 9 trials, 9 epochs: rungs at 1 and 3; 9 trials x 1 epoch + 3 x 2 + 1 x 6 = 21 of 81
+    assert tuning.expected_epoch_share(9, 9) == pytest.approx(21 / 81)
+    assert tuning.expected_epoch_share(5, 1) == 1.0  # no rung below the last epoch: nothing pruned
+    assert tuning.expected_epoch_share(5, 2) == pytest.approx((5 + 5 / 3) / 10)  # a rung at epoch 1
+    assert tuning.min_resource(100) == 11
+
+
+def test_epochs_trained_by_a_pruned_trial_are_up_to_its_last_report(tmp_path):
+    study = _study(tmp_path, budget=2, prune=True)
+    trial = study.ask()
+    for epoch, value in ((1, 0.9), (2, 0.8), (3, 0.7)):
+        trial.report(value, epoch)
+    study.tell(trial, state=TrialState.PRUNED)
+    assert tuning.epochs_trained(study.trials[0], 9) == 3
+    study.tell(study.ask(), 0.5)
+    assert tuning.epochs_trained(study.trials[1], 9) == 9
+    spec = tuning.StudySpec("ds", "cog_fc", Path("c.yaml"), (), 1e-3, tuple(KNOBS), 9, tmp_path)
+    rows = tuning.trials_table(spec, tuning.result(study, 2))
+    assert [r["state"] for r in rows] == ["pruned", "complete"] and math.isnan(rows[0]["val_nll"])
+    assert [r["chosen"] for r in rows] == ["", "*"]
