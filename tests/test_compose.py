@@ -127,12 +127,12 @@ TRAIN = re.compile(r"(?:scripts/train_mtl\.py|mtl-cog train|mtl_cog\.cli\.main t
 
 
 def train_commands() -> list[tuple[str, str]]:
-    """Every concrete training command in the docs (placeholders such as <dataset> or ... skipped)."""
+    """Every concrete training command in the docs (placeholders such as <dataset>, ... or a shell variable skipped)."""
     found = []
     for path, text in documented_text():
         for match in TRAIN.finditer(text):
             rest = re.sub(r"\[[^\]]*\]", "", match.group(1).split("#")[0]).strip(" '\"")
-            if match.group(1)[:1] not in ("", " ") or any(s in rest for s in ("<", "...", "|", "--resume")):
+            if match.group(1)[:1] not in ("", " ") or any(s in rest for s in ("<", "...", "|", "--resume", "$")):
                 continue
             found.append((f"{path.relative_to(REPO)}: {match.group(0).strip()}", rest))
     return found
