@@ -9,3 +9,10 @@ IDENTITY_VALUES = {"temperature": 1.0, "scale": 1.0, "bias": 0.0, "matrix": 1.0,
 # A label that is not known (partly labelled multi-task data): PyTorch's ``ignore_index`` convention.
 # Not -1: CelebA's own files write -1 for "no", so -1 must never mean "missing" anywhere.
 MISSING_LABEL = -100
+# The 15 corruptions of Hendrycks & Dietterich's benchmark (ICLR 2019; ImageNet-C, CIFAR-10-C), in their order:
+# noise, blur, weather, digital. eval.shift and ``evaluate --shift`` name them (mtl_cog.data.shift).
+CORRUPTIONS = (
+    "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
+    "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression",
+)
+SEVERITIES = (1, 2, 3, 4, 5)

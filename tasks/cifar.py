@@ -103,6 +103,7 @@ class _Variant:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     torchvision_class: str
+    corrupted_folder: str  # Hendrycks & Dietterich's CIFAR-10-C / CIFAR-100-C, unpacked under data.root
 
 
 CIFAR10 = _Variant(
@@ -118,6 +119,7 @@ CIFAR10 = _Variant(
     mean=(0.4914, 0.4822, 0.4465),  # per-channel statistics of the training images
     std=(0.2470, 0.2435, 0.2616),
     torchvision_class="CIFAR10",
+    corrupted_folder="CIFAR-10-C",
 )
 CIFAR100 = _Variant(
     name="cifar100",
@@ -132,6 +134,7 @@ CIFAR100 = _Variant(
     mean=(0.5071, 0.4865, 0.4409),
     std=(0.2673, 0.2564, 0.2762),
     torchvision_class="CIFAR100",
+    corrupted_folder="CIFAR-100-C",
 )
 
 
@@ -205,6 +208,34 @@ class CifarTask:
                 f"{path}: labels must lie in [0, {self.v.num_classes}), got [{labels.min()}, {labels.max()}]."
             )
         return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+    def official_corruption(self, data_cfg, name: str, severity: int, n: int):
+        """The first ``n`` test images of ``<data.root>/CIFAR-10-C/<name>.npy`` at ``severity`` -> (images
+        (n, 3, S, S) uint8, labels (n,), path), or None when that file is not there (then mtl_cog corrupts).
+
+        The official format (Hendrycks & Dietterich, zenodo.org/record/2535967): (5·T, 32, 32, 3) uint8,
+        the T test images at severity 1, then 2, ... 5, and ``labels.npy`` (5·T,) beside them.
+        """
+        folder = Path(data_cfg.root) / self.v.corrupted_folder
+        path = folder / f"{name}.npy"
+        if not path.is_file():
+            return None
+        test_count = len(self._read_batch(Path(data_cfg.root) / self.v.folder / self.v.test_file)[1])
+        expected = (5 * test_count, 32, 32, 3)
+        try:
+            images = np.load(path, mmap_mode="r")
+            labels = np.load(folder / "labels.npy", mmap_mode="r")
+        except (OSError, ValueError) as err:
+            raise DataError(f"{path} or its labels.npy cannot be read ({err}); expected the official "
+                            f"{self.v.corrupted_folder} files.") from None
+        if images.shape != expected or images.dtype != np.uint8:
+            raise DataError(f"{path}: {images.dtype} of shape {images.shape}, expected uint8 of shape {expected} "
+                            f"(5 severities x {test_count} test images, as the official {self.v.corrupted_folder}).")
+        if labels.shape != (expected[0],):
+            raise DataError(f"{folder / 'labels.npy'}: shape {labels.shape}, expected ({expected[0]},).")
+        rows = slice((severity - 1) * test_count, (severity - 1) * test_count + n)
+        block = torch.from_numpy(np.ascontiguousarray(images[rows]).transpose(0, 3, 1, 2).copy())
+        return resize_square(block, data_cfg.image_size).numpy(), np.asarray(labels[rows]), path
 
     def open(self, data_cfg) -> TaskSource:
         root = Path(data_cfg.root)

@@ -194,6 +194,30 @@ def write_bomb_jpeg(path: Path, width: int = 60_000, height: int = 60_000) -> Pa
     return path
 
 
+def write_cifar_c(root: Path, corruptions: tuple[str, ...] = ("gaussian_noise",), variant: str = "cifar10") -> Path:
+    """``<root>/CIFAR-10-C/`` (or ``CIFAR-100-C``) in the official format for the fixture's test set of T images.
+
+    ``<name>.npy``: (5·T, 32, 32, 3) uint8, severity s in rows (s − 1)·T .. s·T − 1 (for the real
+    CIFAR test set, (50000, 32, 32, 3)); ``labels.npy``: (5·T,), the test labels five times. The
+    "corruption" is the test image plus 20·s (clipped), so a test can tell which rows were read.
+    Needs ``write_cifar10`` / ``write_cifar100`` first. Returns the folder.
+    """
+    test_path, key, folder_name = {
+        "cifar10": ("cifar-10-batches-py/test_batch", b"labels", "CIFAR-10-C"),
+        "cifar100": ("cifar-100-python/test", b"fine_labels", "CIFAR-100-C"),
+    }[variant]
+    with open(Path(root) / test_path, "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    images = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    folder = Path(root) / folder_name
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in corruptions:
+        levels = [np.clip(images.astype(np.int64) + 20 * s, 0, 255).astype(np.uint8) for s in range(1, 6)]
+        np.save(folder / f"{name}.npy", np.concatenate(levels))
+    np.save(folder / "labels.npy", np.tile(np.asarray(batch[key], dtype=np.uint8), 5))  # uint8, as official
+    return folder
+
+
 FASHION_LAYOUTS = {"official": "fashion-mnist", "torchvision": "FashionMNIST/raw"}
 IDX_MAGIC = {"images": 0x00000803, "labels": 0x00000801}
 

@@ -13,7 +13,8 @@ def test_names():
     assert names[:3] == ["accuracy", "nll", "brier"]
     assert "ece@15" in names and "rmsce@50" in names and "mce@5" in names
     assert "smece" in names and "adaece@50" in names and "brier_reliability" in names
-    assert len(names) == 3 + 3 * 5 + 1 + 5 + 3 and "classwise_ece@5" not in names
+    assert len(names) == 3 + 3 * 5 + 1 + 5 + 3 + 2 and "classwise_ece@5" not in names
+    assert names[-2:] == ["aurc", "eaurc"]
     assert metric_names(BINS, multiclass=True)[-5:] == [f"classwise_ece@{b}" for b in BINS]
 
 

@@ -217,6 +217,9 @@ def format_table(result: dict) -> str:
         value = result[ratio_key(method)]
         judged = f"target <= {target:<6} {_verdict(value <= target)}" if target is not None else "(no target)"
         rows.append(f"{ratio_key(method):32s} {value:10.3f}   {judged}")
+    if "eval_all_on_ratio" in result:
+        value, target = result["eval_all_on_ratio"], result["eval_all_on_target"]
+        rows.append(f"{'eval_all_on_ratio':32s} {value:10.3f}   target <= {target:<6} {_verdict(value <= target)}")
     if "loader_speedup" in result:
         value, target = result["loader_speedup"], result["loader_speedup_target"]
         rows.append(f"{'loader_speedup':32s} {value:10.3f}   target >= {target:<6} {_verdict(value >= target)}")

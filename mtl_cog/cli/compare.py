@@ -28,7 +28,10 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
                                mean |p̂ − p*|, KL, Bayes floors (see mtl_cog/evaluation/truth.py)
   reliability_<ds>_<method>.png, reliability_<ds>.png, pareto_<ds>.png, calibration_vs_bins_<ds>.png,
   ece_per_task_<ds>.png and worst_tasks_<ds>.png (multi-task), truth_<ds>.png (where p* is known),
-  calibrator_<ds>.png (methods with a learned calibrator: values across tasks and over epochs)
+  calibrator_<ds>.png (methods with a learned calibrator: values across tasks and over epochs),
+  risk_coverage_<ds>.png       selective prediction: risk against coverage, one curve per method
+  shift.csv, shift_<ds>.png    runs with shift_metrics.csv (eval.shift / evaluate --shift): accuracy,
+                               NLL, ECE@15 against severity, one line per method (post-hoc: <method>+ts)
 """
 
 from __future__ import annotations

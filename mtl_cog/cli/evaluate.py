@@ -17,24 +17,42 @@ smece, adaece@B, brier_reliability, brier_resolution, brier_uncertainty, and cla
 K-class tasks. "multitask" (two or more tasks): pooled_ece@B, worst_task_ece@B, p90_task_ece@B,
 and with two or more binary tasks count_ece and pair_joint_ece; "pairs" lists the joint
 calibration of each of the --pairs most correlated attribute pairs. Formulas: docs/metrics.md.
+
+    python scripts/evaluate.py --run RUN_DIR --shift [CORRUPTION ...] [--severities 1-5] [--posthoc ts]
+
+With ``--shift``, the run's network predicts the test split under each named corruption of
+Hendrycks & Dietterich (none named: all 15) at each severity, every corrupted split built once
+into the data cache; ``--posthoc`` calibrators are fitted on the clean validation predictions and
+applied under shift. RUN_DIR/shift_metrics.csv gets every metric per method x corruption x
+severity x task (and the task mean), RUN_DIR/shift_test.png accuracy, NLL and ECE@15 against
+severity (docs/shift.md). ``--groups TASK ...`` adds per-group metrics and multicalibration
+(docs/metrics.md) to the JSON ("groups") and, with --run, writes RUN_DIR/group_metrics.csv.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from mtl_cog.config.arguments import Parser, whole_number
-from mtl_cog.config.schema import check_bins
+from mtl_cog.config.schema import check_bins, check_corruptions, check_severities
 from mtl_cog.constants import DEFAULT_BINS
 from mtl_cog.data.loading import load_task
+from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.evaluation.assess import AssessSettings, assess, assess_split
+from mtl_cog.evaluation.groups import check_groups
+from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
+from mtl_cog.evaluation.posthoc import POSTHOC_METHODS
 from mtl_cog.evaluation.predictions import load_predictions
+from mtl_cog.evaluation.shift import evaluate_shift, summary
 from mtl_cog.io import atomic_write_json, check_writable
 from mtl_cog.reporting.posthoc_run import fit_posthoc_run, posthoc_method_names
+from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
+from mtl_cog.runs import rundir
 from mtl_cog.runs.trained import check_same_spec, load_network, open_finished_run, run_task_spec
 from mtl_cog.training.accelerator import create_accelerator
 
@@ -57,7 +75,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--posthoc", nargs="+", choices=posthoc_method_names(), metavar="METHOD",
                         help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
                         f"test predictions ({', '.join(posthoc_method_names())})")
+    parser.add_argument("--shift", nargs="*", metavar="CORRUPTION", default=None,
+                        help="with --run: score the test split under these corruptions (none named: all 15)")
+    parser.add_argument("--severities", default=None,
+                        help="with --shift: 1-5, 1,3,5 or 3 (default: the run's eval.shift_severities)")
+    parser.add_argument("--groups", nargs="+", metavar="TASK",
+                        help="per-group metrics and multicalibration, groups defined by these tasks' labels")
     return parser.parse_args(argv)
+
+
+def parse_severities(text: str) -> list[int]:
+    """"1-5" | "1,3,5" | "3" -> [1, ..., 5] | [1, 3, 5] | [3]; anything else is refused (one error line)."""
+    try:
+        if "-" in text:
+            low, high = (int(v) for v in text.split("-"))
+            values = list(range(low, high + 1)) if low <= high else []
+        else:
+            values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise UserError(f"--severities: {text!r} is not a range like 1-5 or a list like 1,3,5.") from None
+    check_severities(values, "--severities")
+    return values
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -66,6 +104,13 @@ def main(argv: list[str] | None = None) -> dict:
         check_bins(args.bins, "--bins")
     if args.out is not None:
         check_writable(args.out, "--out")  # before the work, not after it
+    if args.shift is not None:
+        if args.run is None:
+            raise UserError("--shift needs --run RUN_DIR (it runs the run's network on corrupted test images).")
+        names = check_corruptions(args.shift or ["all"], "--shift")
+        return run_shift(args.run, names, args.severities, args.posthoc or [], args.bins, args.out)
+    if args.severities is not None:
+        raise UserError("--severities goes with --shift.")
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
@@ -73,8 +118,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is None:
         raise UserError("--out is required (where to write the metrics JSON).")
     if args.predictions is not None:
-        settings = AssessSettings(args.bins or list(DEFAULT_BINS), DEFAULT_PAIRS if args.pairs is None else args.pairs)
-        metrics = assess(load_predictions(args.predictions), settings).metrics
+        settings = AssessSettings(args.bins or list(DEFAULT_BINS), DEFAULT_PAIRS if args.pairs is None else args.pairs,
+                                  groups=tuple(args.groups or ()))
+        predictions = load_predictions(args.predictions)
+        check_groups(list(settings.groups), predictions.task_names, "--groups")
+        metrics = assess(predictions, settings).metrics
         print(format_table(metrics))
         atomic_write_json(args.out, metrics)
         print(args.out)
@@ -85,15 +133,50 @@ def main(argv: list[str] | None = None) -> dict:
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
     check_same_spec(run_task_spec(cfg, args.run), task_data.spec, args.run)
+    check_groups(args.groups or [], task_data.spec.task_names, "--groups")  # before the network runs
     network = load_network(cfg, task_data.spec, args.run).to(accelerator.device)
     # the sequence fit ends with (mtl_cog.evaluation.assess): predict, score, certify and any other add-on
     metrics = assess_split(accelerator, network, task_data.spec, task_data.splits[args.split],
-                           cfg.train.eval_batch_size, AssessSettings.of_run(cfg, args.bins, args.pairs)).metrics
+                           cfg.train.eval_batch_size,
+                           AssessSettings.of_run(cfg, args.bins, args.pairs, groups=args.groups)).metrics
     if accelerator.is_main_process:
         atomic_write_json(args.out, metrics)
+        if args.groups:
+            accelerator.print(write_group_files(args.run, metrics["groups"]))
     accelerator.print(format_table(metrics))
     accelerator.print(str(args.out))
     return metrics
+
+
+def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: list[str], bins: list[int] | None,
+              out: Path | None) -> dict:
+    """The run's network on the test split under each corruption and severity -> shift_metrics.csv + figure."""
+    unsupported = [m for m in posthoc if m not in POSTHOC_METHODS]
+    if unsupported:
+        raise UserError(f"--posthoc {' '.join(unsupported)} cannot be combined with --shift (it re-runs the network "
+                        f"on perturbed images of its own); use {', '.join(POSTHOC_METHODS)}.")
+    levels = parse_severities(severities) if severities else None  # a bad range fails before anything loads
+    accelerator = create_accelerator()
+    cfg = rundir.load_run_config(run_dir)
+    levels = levels or list(cfg.eval.shift_severities)
+    val = load_predictions(run_dir / rundir.predictions_file("val")) if posthoc else None  # before the work
+    with accelerator.main_process_first():
+        task_data = load_task(cfg.data)
+    spec, test = task_data.spec, task_data.splits["test"]
+    network = load_network(cfg, spec, run_dir).to(accelerator.device)
+    clean = predict_split(accelerator, network, spec, test, cfg.train.eval_batch_size)
+    eval_cfg = cfg.eval if bins is None else dataclasses.replace(cfg.eval, bins=bins)
+    frame = evaluate_shift(accelerator, network, TASKS.get(cfg.data.task), spec, cfg.data, eval_cfg, test, clean, val,
+                           names, levels, posthoc, cfg.train.eval_batch_size)
+    if accelerator.is_main_process:
+        csv, png = write_shift_files(run_dir, frame)
+        if out is not None:
+            atomic_write_json(out, {"rows": frame.to_dict("records")})
+        print("test metrics under corruption (mean over tasks, then over corruptions; severity 0 = clean):")
+        print(summary(frame).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print(png)
+        print(csv)
+    return {"rows": frame.to_dict("records")}
 
 
 def cli() -> None:

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
+from mtl_cog.constants import CORRUPTIONS, DEFAULT_BINS, SEVERITIES, SUMMARY_BINS
 from mtl_cog.errors import ConfigError
 
 # Adam (the optimiser of every method) moves each weight by about lr per step: above this a run can
@@ -308,9 +308,22 @@ class EvalConfig:
     bins: list[int] = field(default_factory=lambda: list(DEFAULT_BINS))
     selection_metric: str = "brier"  # mean over tasks on validation; lower is better
     joint_pairs: int = 10  # k most correlated attribute pairs scored by pair_joint_ece (docs/metrics.md); 0 = none
+    # task names whose label values define subgroups: per-group metrics, multicalibration (group_metrics.csv)
+    groups: list[str] = field(default_factory=list)
+    # corruptions scored on the test split at the end of training ([] = none, [all] = all 15; docs/shift.md)
+    shift: list[str] = field(default_factory=list)
+    shift_severities: list[int] = field(default_factory=lambda: list(SEVERITIES))
+    shift_seed: int = 0  # the corruptions' random draws: the same corrupted images for every run
+    shift_posthoc: list[str] = field(default_factory=list)  # post-hoc calibrators (fitted on clean val) under shift
+    shift_workers: int = 0  # processes that corrupt images when a corrupted split is built; 0 = every CPU
 
     def validate(self) -> None:
         check_bins(self.bins, "eval.bins")
+        self.shift = check_corruptions(self.shift, "eval.shift")
+        check_severities(self.shift_severities, "eval.shift_severities")
+        check_seed(self.shift_seed, "eval.shift_seed")
+        if self.shift_workers < 0:
+            raise ConfigError(f"eval.shift_workers must be >= 0 (0 = every CPU). Got {self.shift_workers}.")
         if SUMMARY_BINS not in self.bins:  # the console line, summaries and figures show ECE at this bin count
             raise ConfigError(f"eval.bins must include {SUMMARY_BINS} (the bin count every summary reports). "
                               f"Got {self.bins}; add {SUMMARY_BINS}.")
@@ -320,6 +333,29 @@ class EvalConfig:
             raise ConfigError(
                 f"eval.selection_metric must be one of brier, nll, accuracy. Got {self.selection_metric!r}."
             )
+
+
+def check_corruptions(names: list[str], key: str) -> list[str]:
+    """Known corruption names (``all`` = the 15), each once -> the list in the benchmark's order."""
+    import difflib
+
+    if list(names) == ["all"]:
+        return list(CORRUPTIONS)
+    for name in names:
+        if name not in CORRUPTIONS:
+            close = difflib.get_close_matches(str(name), CORRUPTIONS, n=2)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{key}: unknown corruption {name!r}.{hint} Known: all, {', '.join(CORRUPTIONS)}.")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{key}: {list(names)} names a corruption twice.")
+    return list(names)
+
+
+def check_severities(values: list[int], key: str) -> None:
+    if not values or any(not isinstance(v, int) or isinstance(v, bool) or v not in SEVERITIES for v in values):
+        raise ConfigError(f"{key}: severities are integers in 1..5 (Hendrycks & Dietterich's levels). Got {values!r}.")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{key}: {values} names a severity twice.")
 
 
 @dataclass

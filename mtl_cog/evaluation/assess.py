@@ -43,13 +43,15 @@ class AssessSettings:
     bins: list[int] = field(default_factory=lambda: list(DEFAULT_BINS))
     pairs: int = DEFAULT_PAIRS
     certify_eps: list[float] = field(default_factory=list)
+    groups: tuple[str, ...] = ()  # eval.groups: subgroup metrics and multicalibration (mtl_cog.evaluation.groups)
 
     @classmethod
     def of_run(cls, cfg: Config, bins: list[int] | None = None, pairs: int | None = None,
-               certify_eps: list[float] | None = None) -> AssessSettings:
+               certify_eps: list[float] | None = None, groups: list[str] | None = None) -> AssessSettings:
         """A run's ``eval`` and ``method.certify_eps`` settings, each replaced where a command line gives one."""
         return cls(list(bins or cfg.eval.bins), cfg.eval.joint_pairs if pairs is None else pairs,
-                   list(cfg.method.certify_eps if certify_eps is None else certify_eps))
+                   list(cfg.method.certify_eps if certify_eps is None else certify_eps),
+                   tuple(cfg.eval.groups if groups is None else groups))
 
 
 @dataclass
@@ -87,7 +89,8 @@ class SplitAssessment:
 def assess(predictions: Predictions, settings: AssessSettings, model: nn.Module | None = None,
            spec: TaskSpec | None = None, split: SplitData | None = None) -> SplitAssessment:
     """``score`` then every add-on, on predictions in hand (``model``/``spec``/``split`` where known)."""
-    context = SplitContext(predictions, score(predictions, settings.bins, settings.pairs), settings, model, spec, split)
+    metrics = score(predictions, settings.bins, settings.pairs, settings.groups)  # + subgroups: one shared sort
+    context = SplitContext(predictions, metrics, settings, model, spec, split)
     for add_on in ADD_ONS:
         add_on(context)
     return SplitAssessment(predictions, context.metrics)

@@ -18,7 +18,9 @@ Beyond binned ECE (each defined in docs/metrics.md):
   class probability p_k against 1[y = k] (Kull et al., 2019);
 - ``brier_reliability`` / ``brier_resolution`` / ``brier_uncertainty``: the exact CORP split of
   the Brier score, Brier = reliability − resolution + uncertainty
-  (mtl_cog.evaluation.brier_decomposition).
+  (mtl_cog.evaluation.brier_decomposition);
+- ``aurc`` / ``eaurc``: area under the risk–coverage curve of selective prediction and its excess
+  over the ideal ordering (Geifman et al., 2019; mtl_cog.evaluation.selective).
 
 ``compute_metrics`` also returns the multi-task metrics (mtl_cog.evaluation.multitask_metrics)
 under ``"multitask"`` when there are at least two tasks.
@@ -49,6 +51,7 @@ from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_erro
 )
 from mtl_cog.evaluation.brier_decomposition import decompose_sorted
 from mtl_cog.evaluation.predictions import labelled_rows
+from mtl_cog.evaluation.selective import SELECTIVE_METRICS, aurc_from_sorted_logits, aurc_rows
 from mtl_cog.evaluation.smooth_ece import smooth_ece_sorted
 
 BASE_METRICS = ("accuracy", "nll", "brier")
@@ -56,7 +59,8 @@ NORMS = ("ece", "rmsce", "mce")
 BRIER_PARTS = ("brier_reliability", "brier_resolution", "brier_uncertainty")
 # every error named "<family>@<bins>", per task or multi-task (mtl_cog.evaluation.multitask_metrics)
 BINNED_FAMILIES = (*NORMS, "adaece", "classwise_ece", *multitask.BINNED_FAMILIES)
-HIGHER_IS_BETTER = {"accuracy", "brier_resolution"}
+HIGHER_IS_BETTER = {"accuracy", "brier_resolution", "worst_group_accuracy"}  # (mtl_cog.evaluation.groups)
+SMECE_BANDWIDTH = "smece_bandwidth"  # σ* of smece, handed to ``bandwidths`` of compute_metrics, never a column
 ONLY_SOME_TASKS = ("classwise_ece",)  # K-class tasks only: empty on the rows of binary tasks
 
 
@@ -65,13 +69,13 @@ def only_some_tasks(name: str) -> bool:
     return name.split("@")[0] in ONLY_SOME_TASKS
 
 
-def metric_names(bins: list[int] | tuple[int, ...], multiclass: bool = False) -> list[str]:
+def metric_names(bins: list[int] | tuple[int, ...], multiclass: bool = False, selective: bool = True) -> list[str]:
     """Per-task metric names: accuracy, nll, brier, ece@B, rmsce@B, mce@B, smece, adaece@B, brier parts.
 
     ``multiclass=True`` adds ``classwise_ece@B``, which only K-class tasks have.
     """
     names = list(BASE_METRICS) + [f"{norm}@{b}" for norm in NORMS for b in bins]
-    names += ["smece", *(f"adaece@{b}" for b in bins), *BRIER_PARTS]
+    names += ["smece", *(f"adaece@{b}" for b in bins), *BRIER_PARTS, *(SELECTIVE_METRICS if selective else ())]
     if multiclass:
         names += [f"classwise_ece@{b}" for b in bins]
     return names
@@ -86,14 +90,17 @@ def lower_is_better(metric: str) -> bool:
 
 
 def calibration_scores(rows: SortedRows, bins: list[int] | tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict]:
-    """ece/rmsce/mce@B, smece, adaece@B of each sorted row -> (metrics, uniform bin sums per B for pooling)."""
+    """ece/rmsce/mce@B, smece, adaece@B of each sorted row -> (metrics, uniform bin sums per B for pooling).
+
+    Also ``SMECE_BANDWIDTH``: each row's smECE bandwidth σ* (not a metric; the subgroup metrics reuse it).
+    """
     out: dict[str, np.ndarray] = {}
     sums = {}
     for b in bins:
         sums[b] = rows.uniform_sums(b)
         for norm, values in errors_from_sums(sums[b]).items():
             out[f"{norm}@{b}"] = values
-    out["smece"], _ = smooth_ece_sorted(rows)
+    out["smece"], out[SMECE_BANDWIDTH] = smooth_ece_sorted(rows)
     for b in bins:
         out[f"adaece@{b}"] = errors_from_sums(rows.equal_mass_sums(b))["ece"]
     return out, sums
@@ -114,7 +121,8 @@ def _clamp_sorted(p_sorted: np.ndarray) -> np.ndarray:
     return np.clip(p_sorted, CLAMP, 1 - CLAMP)
 
 
-def _score_binary(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
+def _score_binary(z: np.ndarray, y: np.ndarray, bins, selective: bool = True
+                  ) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
     """Every binary task at once: logits and 0/1 labels (T, N) -> metrics (T,) each, bin sums, p (T, N).
 
     One sort per task serves every binned error, the equal-mass bins and the Brier decomposition.
@@ -132,6 +140,8 @@ def _score_binary(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndar
     k = np.array([np.searchsorted(row, 0.0, side="right") for row in z_sorted])
     positives_below = rows.cum_hit[np.arange(len(k)), k]
     values["accuracy"] = (k - positives_below + rows.cum_hit[:, -1] - positives_below) / z.shape[1]
+    if selective:  # from the same sort: the order of |z| merges the two halves z <= 0 and z > 0
+        values.update(aurc_from_sorted_logits(z_sorted, y_sorted, k))
     # BCE with logits, stably: softplus(z) − y z, with softplus(z) = max(z, 0) + log(1 + e^−|z|)
     # = max(z, 0) − log σ(|z|), and σ(|z|) = max(p, 1 − p) >= 1/2 (so its log is accurate)
     softplus = np.maximum(z_sorted, 0).sum(1) - np.log(np.maximum(p_sorted, 1 - p_sorted)).sum(1)
@@ -143,7 +153,7 @@ def _score_binary(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndar
     return values, sums, np.where(finite[:, None], expit(z.astype(np.float64)), np.nan)
 
 
-def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.ndarray], dict]:
+def _score_multiclass(z: np.ndarray, y: np.ndarray, bins, selective: bool = True) -> tuple[dict[str, np.ndarray], dict]:
     """One K-class task: logits (N, K), labels (N,) -> metrics (1,) each, top-label bin sums (1, B, 3)."""
     finite = np.array([np.isfinite(z).all()])
     log_p = log_softmax(np.where(finite[0], z, 0.0), axis=1)
@@ -160,6 +170,8 @@ def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.
     order = np.argsort(probs, axis=1)
     _, parts = decompose_sorted(np.take_along_axis(probs, order, 1), np.take_along_axis(onehot, order, 1))
     values.update(dict(zip(BRIER_PARTS, parts.sum(1, keepdims=True))))  # summed over classes, like the Brier score
+    if selective:
+        values.update(aurc_rows(confidence[None], 1.0 - hit[None]))
     clamped = np.clip(probs, CLAMP, 1 - CLAMP)
     for b in bins:  # Kull et al. (2019): mean over classes of each class probability's ECE
         per_class = errors_from_sums(bin_sums(clamped, onehot, uniform_bin_index(clamped, b), b))["ece"]
@@ -170,7 +182,7 @@ def _score_multiclass(z: np.ndarray, y: np.ndarray, bins) -> tuple[dict[str, np.
 
 def compute_metrics(
     task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray], bins: list[int] | tuple[int, ...],
-    pairs: int = multitask.DEFAULT_PAIRS,
+    pairs: int = multitask.DEFAULT_PAIRS, selective: bool = True, bandwidths: dict[str, float] | None = None,
 ) -> dict:
     """{"tasks": {task: {metric: value}}, "mean": {metric: value}} (unweighted mean over tasks), plus
     ``"multitask": {metric: value}`` with at least two tasks and ``"pairs": [...]`` (the per-pair
@@ -185,13 +197,17 @@ def compute_metrics(
     the joint metrics (count and pair calibration, which need every task's label of a sample) use
     the samples labelled in every binary task (left out when fewer than two are). A task with no
     labelled sample is refused.
+
+    ``selective=False`` leaves out ``aurc``/``eaurc`` (the metrics benchmark times them side by side).
+    ``bandwidths``, when given, receives each task's smECE bandwidth σ* (the subgroup metrics reuse it).
     """
     if not task_names or len(labels[0]) == 0:
         raise PredictionFileError(f"nothing to score: {len(task_names)} task(s) with "
                                   f"{len(labels[0]) if task_names else 0} samples each.")
     known = [np.asarray(y) != MISSING_LABEL for y in labels]
     if all(k.all() for k in known):
-        per_task, task_sums, binary, binary_probs, y = _score_tasks(task_names, logits, labels, bins)
+        per_task, task_sums, binary, binary_probs, y = _score_tasks(task_names, logits, labels, bins, selective,
+                                                                    bandwidths)
     else:
         per_task, task_sums = {}, {}
         for t, name in enumerate(task_names):
@@ -199,7 +215,7 @@ def compute_metrics(
                 raise PredictionFileError(f"task {name!r} has no labelled sample (every label is {MISSING_LABEL}): "
                                           "there is nothing to score it on. Label some samples of every task.")
             z_t, y_t = labelled_rows(logits[t], labels[t])
-            scored, sums = _score_tasks([name], [z_t], [y_t], bins)[:2]
+            scored, sums = _score_tasks([name], [z_t], [y_t], bins, selective, bandwidths)[:2]
             per_task[name], task_sums[t] = scored[name], sums[0]
         binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
         everywhere = np.logical_and.reduce([known[t] for t in binary]) if binary else None
@@ -207,7 +223,7 @@ def compute_metrics(
         if everywhere is not None and everywhere.sum() >= 2:  # joint metrics: samples labelled in every binary task
             y = np.stack([labels[t][everywhere] for t in binary]).astype(np.float64)
             binary_probs = expit(np.stack([logits[t][everywhere] for t in binary]).astype(np.float64))
-    names = metric_names(bins, multiclass=any(np.ndim(z) == 2 for z in logits))
+    names = metric_names(bins, multiclass=any(np.ndim(z) == 2 for z in logits), selective=selective)
     mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v])) for m in names}
     out: dict = {"tasks": per_task, "mean": mean}
     if len(task_names) >= 2:
@@ -222,8 +238,8 @@ def compute_metrics(
 
 
 def _score_tasks(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],
-                 bins: list[int] | tuple[int, ...]) -> tuple[dict, dict, list[int], np.ndarray | None,
-                                                             np.ndarray | None]:
+                 bins: list[int] | tuple[int, ...], selective: bool = True, bandwidths: dict | None = None
+                 ) -> tuple[dict, dict, list[int], np.ndarray | None, np.ndarray | None]:
 
     """Per-task metrics of fully labelled tasks with the same samples: (per_task, per-task uniform bin sums,
     the binary tasks' indices, their probabilities (Tb, N) and 0/1 labels (Tb, N))."""
@@ -235,16 +251,21 @@ def _score_tasks(task_names: list[str], logits: list[np.ndarray], labels: list[n
         z = np.stack([logits[t] for t in binary])
         z = z if z.dtype in (np.float32, np.float64) else z.astype(np.float64)
         y = np.stack([labels[t] for t in binary]).astype(np.float64)
-        values, sums, binary_probs = _score_binary(z, y, bins)
+        values, sums, binary_probs = _score_binary(z, y, bins, selective)
         for row, t in enumerate(binary):
-            per_task[task_names[t]] = {m: float(values[m][row]) for m in metric_names(bins)}
+            per_task[task_names[t]] = {m: float(values[m][row]) for m in metric_names(bins, selective=selective)}
             task_sums[t] = {b: sums[b][row] for b in bins}
+            if bandwidths is not None:
+                bandwidths[task_names[t]] = float(values[SMECE_BANDWIDTH][row])
     for t, z in enumerate(logits):
         if np.ndim(z) == 2:
             values, sums = _score_multiclass(np.asarray(z, dtype=np.float64), np.asarray(labels[t], dtype=np.int64),
-                                             bins)
-            per_task[task_names[t]] = {m: float(values[m][0]) for m in metric_names(bins, multiclass=True)}
+                                             bins, selective)
+            per_task[task_names[t]] = {m: float(values[m][0])
+                                       for m in metric_names(bins, multiclass=True, selective=selective)}
             task_sums[t] = {b: sums[b][0] for b in bins}
+            if bandwidths is not None:
+                bandwidths[task_names[t]] = float(values[SMECE_BANDWIDTH][0])
     per_task = {name: per_task[name] for name in task_names}  # data-set order
     return per_task, task_sums, binary, binary_probs, y
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mtl_cog.data.task_api import SplitData, TaskSpec
-from mtl_cog.evaluation.metrics import compute_metrics
+from mtl_cog.evaluation.groups import score_with_groups
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.predictions import Predictions
 
@@ -22,7 +22,9 @@ def to_predictions(spec: TaskSpec, flat_logits: np.ndarray, split: SplitData) ->
     )
 
 
-def score(predictions: Predictions, bins: list[int], pairs: int = DEFAULT_PAIRS) -> dict:
+def score(predictions: Predictions, bins: list[int], pairs: int = DEFAULT_PAIRS,
+          groups: list[str] | tuple[str, ...] = ()) -> dict:
     """{"tasks": {task: {metric: value}}, "mean": {metric: value}}, plus "multitask" (two or more tasks)
-    and "pairs" (two or more binary tasks); see ``mtl_cog.evaluation.metrics.compute_metrics``."""
-    return compute_metrics(predictions.task_names, predictions.logits, predictions.labels, bins, pairs)
+    and "pairs" (two or more binary tasks); see ``mtl_cog.evaluation.metrics.compute_metrics``. With
+    ``groups`` (task names), also the subgroup metrics (``"groups"``, mtl_cog.evaluation.groups)."""
+    return score_with_groups(predictions.task_names, predictions.logits, predictions.labels, bins, pairs, groups)

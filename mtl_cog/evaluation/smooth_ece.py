@@ -210,3 +210,14 @@ def smooth_ece_sorted(rows: SortedRows) -> tuple[np.ndarray, np.ndarray]:
     if len(at_one):
         start_value[at_one] = _smooth_ece_at(data, at_one, start[at_one])
     return start_value, start
+
+
+def smooth_ece_at(rows: SortedRows, sigmas: np.ndarray) -> np.ndarray:
+    """smECE_σ (the kernel calibration error at a *fixed* bandwidth) of each sorted row, row i at ``sigmas[i]``.
+
+    At a row's own σ* this is its smECE exactly (``smooth_ece_sorted`` returns smECE_σ* computed
+    by the same function); the subgroup metrics use the whole split's σ* inside every group
+    (mtl_cog.evaluation.groups), one evaluation instead of a bisection of eleven.
+    """
+    sigmas = np.asarray(sigmas, dtype=np.float64)
+    return _smooth_ece_at(_Rows(rows), np.arange(len(sigmas)), sigmas)

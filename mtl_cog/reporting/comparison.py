@@ -14,7 +14,7 @@ import pandas as pd
 from mtl_cog.evaluation.truth import FLOOR_METRICS, MODEL_METRICS
 from mtl_cog.io import atomic_write, atomic_write_text, make_folder
 from mtl_cog.progress import Progress
-from mtl_cog.reporting import plots
+from mtl_cog.reporting import plots, shift_report
 from mtl_cog.reporting.latex import summary_latex
 from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread
 from mtl_cog.reporting.run_records import load_runs, pooled_predictions
@@ -72,7 +72,7 @@ def write_figures(records, summary, errors, per_task, out: Path, bins: int, traj
                                              out / f"truth_{_slug(dataset)}.png"))
         progress.update(note=dataset)
     progress.close()
-    return written
+    return written + shift_report.write_compare_files(records, pooled, out, _slug)  # shift, risk-coverage
 
 
 def write_calibrator_figure(records, dataset: str, out: Path, trajectories: dict,

@@ -14,8 +14,10 @@ the W&B summary and ``evaluate``'s JSON without a change to this file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 from accelerate import Accelerator
 from torch import nn
 
@@ -23,8 +25,10 @@ from mtl_cog.data.task_api import SplitData, TaskSpec
 from mtl_cog.evaluation.assess import AssessSettings, SplitAssessment, assess_split
 from mtl_cog.evaluation.metrics import format_table, metrics_frame
 from mtl_cog.evaluation.predictions import as_stored, save_predictions
+from mtl_cog.evaluation.shift import shift_summary_scalars
 from mtl_cog.io import atomic_write, atomic_write_text
 from mtl_cog.reporting.run_report import publish_final_report, write_run_report
+from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
 from mtl_cog.reporting.tables import worst_tasks_line
 from mtl_cog.runs import rundir
 from mtl_cog.runs.digests import record_digests
@@ -45,22 +49,34 @@ def assess_and_save(accelerator: Accelerator, network: nn.Module, spec: TaskSpec
 
 def finish_run(accelerator: Accelerator, network: nn.Module, spec: TaskSpec, val: SplitData, test: SplitData,
                batch_size: int, settings: AssessSettings, run_dir: Path, tracker: Tracker, best_epoch: int,
-               final_epoch: int, calibrator_at_identity: bool, selected: str) -> dict[str, dict]:
+               final_epoch: int, calibrator_at_identity: bool, selected: str,
+               shift: Callable[[dict[str, SplitAssessment]], pd.DataFrame] | None = None) -> dict[str, dict]:
     """Assess and save validation and test, log the final numbers, write ``test_metrics.csv`` and the
     report, mark the run ``DONE``, print the test table; return {split: metrics}.
 
     The report comes before ``DONE``, so a ``DONE`` run has it; ``final_epoch`` is the epoch number
-    of ``metrics.jsonl``'s final line (one past the last epoch).
+    of ``metrics.jsonl``'s final line (one past the last epoch). ``shift`` (eval.shift: every process)
+    scores the test split under corruptions from the assessed splits; its table is written before
+    ``DONE`` (``shift_metrics.csv``, ``shift_test.png``), its summary goes to W&B. The subgroup cells
+    of eval.groups go to ``group_metrics.csv``.
     """
     assessed = assess_and_save(accelerator, network, spec, {"val": val, "test": test}, batch_size, settings, run_dir)
     results = {name: a.metrics for name, a in assessed.items()}
     # The best network's numbers: one value per key, in the W&B run summary (never a one-point
     # chart at an invented step); metrics.jsonl keeps its final line.
-    tracker.log_final(*final_record(final_epoch, best_epoch, results, calibrator_at_identity))
+    shift_table = shift(assessed) if shift is not None else None
+    record, summary = final_record(final_epoch, best_epoch, results, calibrator_at_identity)
+    if shift_table is not None:
+        summary.update(shift_summary_scalars(shift_table))
+    tracker.log_final(record, summary)
     report = None
     if accelerator.is_main_process:
         frame = metrics_frame(results["test"])
         atomic_write(run_dir / rundir.TEST_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
+        if "groups" in results["test"]:
+            write_group_files(run_dir, results["test"]["groups"])
+        if shift_table is not None:
+            write_shift_files(run_dir, shift_table)
         report = write_run_report(run_dir, as_stored(assessed["test"].predictions), frame)
         record_digests(run_dir)  # what readers check the run's files against (mtl_cog.runs.digests)
         atomic_write_text(run_dir / rundir.DONE, f"best_epoch={best_epoch}\n")

@@ -9,6 +9,8 @@ this module adds what a per-epoch scalar cannot show:
 - ``smooth_reliability_test.png``: the same panels as smoothed reliability curves (the diagram of
   ``smece``), and ``count_calibration_test.png`` with two or more binary tasks: the expected
   against the actual number of positive attributes per image;
+- ``risk_coverage_test.png``: selective prediction, risk against coverage (mean over tasks), whose
+  area is ``aurc``;
 - ``test_truth_metrics.csv`` in the run folder when the data set knows p* (mtl_cog.evaluation.truth);
 - on W&B (through the Accelerate tracker, main process only): ``test/per_task_metrics`` as a
   ``wandb.Table`` (one row per task + mean, every metric, truth metrics where known) and
@@ -32,6 +34,7 @@ from mtl_cog.evaluation.predictions import Predictions, labelled_only, load_pred
 from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.io import atomic_write
 from mtl_cog.reporting import plots
+from mtl_cog.reporting.shift_report import risk_coverage_figure
 from mtl_cog.runs import rundir
 
 
@@ -55,6 +58,8 @@ def write_report_files(run_dir: Path, predictions: Predictions, table: pd.DataFr
     png = plots.save_figure(figure, run_dir / rundir.RELIABILITY_PNG)
     extra = {"smooth_reliability": plots.save_figure(plots.smooth_reliability_figure([labelled], run_dir.name),
                                                      run_dir / rundir.SMOOTH_RELIABILITY_PNG)}
+    extra["risk_coverage"] = plots.save_figure(risk_coverage_figure({run_dir.name: predictions}, "test split"),
+                                               run_dir / rundir.RISK_COVERAGE_PNG)
     counts = plots.count_calibration_figure([aligned], run_dir.name) if len(aligned) >= 2 else None
     if counts is not None:
         extra["count_calibration"] = plots.save_figure(counts, run_dir / rundir.COUNT_CALIBRATION_PNG)

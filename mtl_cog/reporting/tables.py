@@ -22,14 +22,15 @@ from scipy.stats import rankdata
 
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.errors import ReportError
+from mtl_cog.evaluation.groups import score_with_groups
 from mtl_cog.evaluation.metrics import (
     BASE_METRICS,
     BINNED_FAMILIES,
     NORMS,
-    compute_metrics,
     lower_is_better,
     metrics_frame,
 )
+from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.predictions import load_predictions
 from mtl_cog.evaluation.truth import truth_metrics
 from mtl_cog.progress import track
@@ -41,8 +42,9 @@ RANK_METRICS = ("accuracy", "nll", "brier")
 ID_COLUMNS = ["dataset", "method", "seed", "run", "task"]
 
 
-def score_variant(variant: Variant, bins: list[int]) -> pd.DataFrame:
-    """Rows per task + "mean": every metric at ``bins``, and truth metrics where p* is known."""
+def score_variant(variant: Variant, bins: list[int], groups: list[str] | tuple[str, ...] = ()) -> pd.DataFrame:
+    """Rows per task + "mean": every metric at ``bins``, and truth metrics where p* is known; with ``groups``
+    (the run's eval.groups) the worst-group, gap and multicalibration columns too."""
     if variant.predictions is None:
         # keep the task and the numeric metric columns (a CSV may carry labels such as a split name)
         numeric = variant.metrics.drop(columns=["task"]).select_dtypes("number").columns
@@ -52,7 +54,9 @@ def score_variant(variant: Variant, bins: list[int]) -> pd.DataFrame:
             frame = pd.concat([frame, pd.DataFrame([{"task": "mean", **numeric}])], ignore_index=True)
         return frame
     predictions = load_predictions(variant.predictions)
-    scores = compute_metrics(predictions.task_names, predictions.logits, predictions.labels, bins)
+    scores = score_with_groups(predictions.task_names, predictions.logits, predictions.labels, bins, DEFAULT_PAIRS,
+                               groups)
+    scores.pop("groups", None)  # the cells stay in the run's group_metrics.csv
     if predictions.true_probs is not None:
         truth = truth_metrics(predictions.task_names, predictions.logits, predictions.labels,
                               predictions.true_probs, bins)
@@ -67,7 +71,7 @@ def score_runs(records: list[RunRecord], bins: list[int]) -> pd.DataFrame:
     frames = []
     for record in track(records, "compare: scoring runs"):
         for variant in record.variants:
-            frame = score_variant(variant, bins)
+            frame = score_variant(variant, bins, (record.config.get("eval") or {}).get("groups") or ())
             frame.insert(0, "run", str(record.run_dir))
             frame.insert(0, "seed", record.seed)
             frame.insert(0, "method", variant.method)

@@ -48,6 +48,10 @@ STAGE_TWO_PARAMS = "parameters_stage_two.json"
 STAGE_TWO_STATE = "training_state_stage_two.safetensors"  # resumable state of the second stage
 POSTHOC_METRICS = "posthoc_metrics.csv"  # test metrics of each post-hoc calibrator, rows beside "none"
 POSTHOC_JSON = "posthoc_metrics.json"  # the same, as evaluate.py's JSON (written by reproduce)
+GROUP_METRICS = "group_metrics.csv"  # eval.groups: every task's metrics inside each group (mtl_cog.evaluation.groups)
+SHIFT_METRICS = "shift_metrics.csv"  # eval.shift / evaluate --shift: metrics per corruption x severity x method
+SHIFT_PNG = "shift_test.png"  # accuracy, NLL and ECE@15 against severity
+RISK_COVERAGE_PNG = "risk_coverage_test.png"  # selective prediction: risk against coverage per task and mean
 # Bookkeeping.
 RUN_MARKER = "mtl_cog_run.json"  # written first: this folder is an mtl_cog run (format, when, where)
 LOCK = "run.lock"  # present while a process writes into the run (mtl_cog.locks)
@@ -83,7 +87,8 @@ def written_by_a_run(name: str) -> bool:
     fixed = {CONFIG, METRICS, TEST_METRICS, BEST_MODEL, STATE, PARAMS, TASK_SPEC, RELIABILITY_PNG, TRUTH_METRICS,
              DONE, STAGE_ONE_MODEL, STAGE_TWO_METRICS, STAGE_TWO_PARAMS, STAGE_TWO_STATE, POSTHOC_METRICS,
              POSTHOC_JSON, RESUMES, RUN_MARKER, LOCK, WANDB_ID, WANDB_DIR, SMOOTH_RELIABILITY_PNG,
-             COUNT_CALIBRATION_PNG, DRIFT_JSONL, DRIFT_PNG, DIGESTS}
+             COUNT_CALIBRATION_PNG, DRIFT_JSONL, DRIFT_PNG, DIGESTS, GROUP_METRICS, SHIFT_METRICS, SHIFT_PNG,
+             RISK_COVERAGE_PNG}
     return (name in fixed or (name.startswith("predictions_") and name.endswith(".npz"))
             or is_temp_file_name(name))  # left by a killed atomic write
 

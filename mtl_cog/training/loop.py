@@ -32,12 +32,14 @@ from mtl_cog.config import Config, EvalConfig, TrainConfig, method_identity, sav
 from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.batches import BatchTransform, place_split
 from mtl_cog.data.loading import load_task
-from mtl_cog.data.task_api import SplitData, TaskSpec
-from mtl_cog.errors import RunFolderError, UserError
+from mtl_cog.data.task_api import TASKS, SplitData, TaskSpec
+from mtl_cog.errors import ConfigError, RunFolderError, UserError
 from mtl_cog.evaluation.assess import AssessSettings
+from mtl_cog.evaluation.groups import check_groups
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
+from mtl_cog.evaluation.shift import evaluate_shift
 from mtl_cog.io import atomic_write_json, read_jsonl
 from mtl_cog.models.network import parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
@@ -184,6 +186,10 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
     spec, train, val, test = task_data.spec, *(task_data.splits[s] for s in ("train", "val", "test"))
+    check_groups(cfg.eval.groups, spec.task_names)  # a misspelt group fails now, not after training
+    if cfg.eval.groups and any(bool((s.labels == MISSING_LABEL).any()) for s in (val, test)):
+        raise ConfigError("eval.groups: the subgroup metrics need every label of the validation and test splits; "
+                          "this data set has missing labels there. Leave eval.groups empty.")
     train = place_split(train, accelerator.device) if cfg.train.images_on_device else train
 
     # partly labelled data (MISSING_LABEL): the losses look for missing labels; fully labelled: they never do
@@ -229,10 +235,23 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
 
     results = finish_run(accelerator, prepared, spec, val, test, cfg.train.eval_batch_size,
                          AssessSettings.of_run(cfg), run_dir, tracker, best_epoch, cfg.train.epochs + 1,
-                         calibrator_at_identity, selected)
+                         calibrator_at_identity, selected, shift_job(accelerator, prepared, cfg, spec, test))
     accelerator.print(f"run folder: {run_dir}")
     accelerator.print(str(run_dir))
     return RunResult(run_dir, best_epoch, results)
+
+
+def shift_job(accelerator: Accelerator, network: nn.Module, cfg: Config, spec: TaskSpec, test: SplitData):
+    """eval.shift: the test split under corruptions, scored from the assessed validation and test splits
+    (post-hoc calibrators of eval.shift_posthoc fitted on the clean validation predictions); None when off."""
+    if not cfg.eval.shift:
+        return None
+
+    def run(assessed) -> object:
+        return evaluate_shift(accelerator, network, TASKS.get(cfg.data.task), spec, cfg.data, cfg.eval, test,
+                              assessed["test"].predictions, assessed["val"].predictions, cfg.eval.shift,
+                              cfg.eval.shift_severities, cfg.eval.shift_posthoc, cfg.train.eval_batch_size)
+    return run
 
 
 def restore_stage(accelerator: Accelerator, stage: Stage) -> state.Progress:

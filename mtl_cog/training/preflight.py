@@ -17,6 +17,7 @@ from pathlib import Path
 from mtl_cog.config import Config, method_identity
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UnknownNameError
+from mtl_cog.evaluation.posthoc import POSTHOC_METHODS
 from mtl_cog.io import check_writable
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.heads import HEADS
@@ -45,6 +46,13 @@ def check_registered_names(cfg: Config) -> None:
         except UnknownNameError as err:  # its message suggests close matches and lists the options
             extra = f" Or {EQUAL} (the mean of the task losses)." if key == "mtl.aggregator" else ""
             raise ConfigError(f"{key}: {err}{extra}") from None
+    for name in cfg.eval.shift_posthoc:  # fitted on the clean validation predictions, applied under shift
+        if name not in POSTHOC_METHODS:
+            raise ConfigError(f"eval.shift_posthoc: unknown post-hoc method {name!r}. "
+                              f"Available: {', '.join(POSTHOC_METHODS)}.")
+    if cfg.eval.shift_posthoc and not cfg.eval.shift:
+        raise ConfigError("eval.shift_posthoc is set but eval.shift names no corruption: set eval.shift=[all] "
+                          "(or some corruptions), or leave eval.shift_posthoc empty.")
     if not HEADS.get(cfg.model.head).supports_one_stage:
         raise ConfigError(
             f"model.head={cfg.model.head!r} only works as a second-stage head: one-stage training would drop "

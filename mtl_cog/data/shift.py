@@ -1,0 +1,190 @@
+"""Corrupted test splits (Hendrycks & Dietterich, ICLR 2019), each built once into the cache and reused.
+
+The 15 corruptions (``mtl_cog.constants.CORRUPTIONS``) at severities 1–5 come from
+``imagecorruptions-imaug`` (the maintained fork of Michaelis et al.'s ``imagecorruptions``, the
+package of the ImageNet-C code; the original ``imagecorruptions`` calls scikit-image APIs that
+current versions removed). Every image is corrupted with its own seed, drawn from
+``(eval.shift_seed, corruption, severity, image index)``, so a corrupted image does not depend on
+how many images are built, in which block or by which process, and the same seed gives the same
+pixels on every run. Images smaller than 32 px (the package's minimum; e.g. 28 px Fashion-MNIST)
+are reflect-padded to 32 px, corrupted and cropped back. The package uses ImageNet-C's severity
+parameters at every image size, not the smaller ones of CIFAR-10-C's own script: for CIFAR the
+official files are read instead (below), as users of CIFAR-C do.
+
+**Official files.** A task may offer ``official_corruption(data_cfg, name) -> (images, labels)``
+(``tasks/cifar.py``: ``<data.root>/CIFAR-10-C/<name>.npy``, (5·N, 32, 32, 3) uint8, severity s in
+rows (s − 1)·N .. s·N − 1, and ``labels.npy``); when it returns files, they are used instead of
+corrupting, after their labels are checked against the test split's.
+
+**Cache.** ``<cache root>/shift/<clean cache folder>/<name>-s<severity>-seed<seed>-n<N>/``, written
+by the data cache's own writer (``mtl_cog.data.cache.write_source``: build lock, atomic rename,
+checksums, progress bar). Its fingerprint holds the clean images' checksum, the seed, the
+package's version and this module's code, so a change of any of them rebuilds it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.metadata
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+import xxhash
+
+from mtl_cog.constants import CORRUPTIONS, SEVERITIES
+from mtl_cog.data import cache
+from mtl_cog.data.task_api import SplitData, SplitSource, Task, TaskSource, TaskSpec, block_ranges
+from mtl_cog.errors import ConfigError, DataError
+
+MIN_SIDE = 32  # imagecorruptions refuses smaller images
+CHUNK = 64  # images per job of a worker process
+
+
+def check_corruption(name: str, severity: int) -> None:
+    if name not in CORRUPTIONS:
+        raise ConfigError(f"unknown corruption {name!r}. Known: {', '.join(CORRUPTIONS)}.")
+    if severity not in (0, *SEVERITIES):
+        raise ConfigError(f"corruption severity must be 1..5 (0 = none). Got {severity!r}.")
+
+
+def image_seed(seed: int, name: str, severity: int, index: int) -> int:
+    """The seed of one corrupted image: independent of block, process and how many images are built."""
+    entropy = [seed, CORRUPTIONS.index(name), severity, index]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def corrupt_images(images: np.ndarray, name: str, severity: int, seed: int, first_index: int = 0) -> np.ndarray:
+    """uint8 (n, 3, S, S) -> the same images corrupted; image i uses ``image_seed(.., first_index + i)``.
+
+    Severity 0 returns the images unchanged.
+    """
+    check_corruption(name, severity)
+    if severity == 0:
+        return images.copy()
+    from imagecorruptions import corrupt  # imported here: it loads OpenCV and numba (seconds) on first use
+
+    size = images.shape[-1]
+    pad = max(0, MIN_SIDE - size)
+    before = pad // 2
+    out = np.empty_like(images)
+    for i, image in enumerate(images):
+        hwc = np.ascontiguousarray(image.transpose(1, 2, 0))
+        if pad:
+            hwc = np.pad(hwc, ((before, pad - before), (before, pad - before), (0, 0)), mode="reflect")
+        s = image_seed(seed, name, severity, first_index + i)
+        np.random.seed(s)  # most corruptions draw from numpy's global generator
+        kwargs = {"seed": s} if name in ("impulse_noise", "glass_blur") else {}  # these two take their own
+        result = np.asarray(corrupt(hwc, corruption_name=name, severity=severity, **kwargs))
+        result = np.clip(np.rint(result), 0, 255).astype(np.uint8) if result.dtype != np.uint8 else result
+        if result.shape[:2] != hwc.shape[:2]:  # a few corruptions round the size of non-square/odd images
+            raise DataError(f"corruption {name} changed the image size {hwc.shape[:2]} to {result.shape[:2]}.")
+        if pad:
+            result = result[before:before + size, before:before + size]
+        out[i] = result.transpose(2, 0, 1)
+    return out
+
+
+def _corrupt_job(args: tuple) -> np.ndarray:
+    return corrupt_images(*args)
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """One pool per worker count for the life of the process: starting workers (and importing OpenCV,
+    scikit-image and numba in each) costs seconds, which 75 corrupted splits would otherwise pay 75 times."""
+    if workers not in _POOLS:
+        _POOLS[workers] = ProcessPoolExecutor(workers)
+        atexit.register(_POOLS[workers].shutdown, cancel_futures=True)
+    return _POOLS[workers]
+
+
+def _corrupted_blocks(images: torch.Tensor, name: str, severity: int, seed: int, workers: int):
+    """``read_blocks`` of a corrupted split: cache-sized blocks, each corrupted by ``workers`` processes."""
+    size = images.shape[-1]
+
+    def read_blocks(stop: int) -> Iterator[np.ndarray]:
+        pool = _pool(workers) if workers > 1 else None
+        for start, end in block_ranges(stop, size):
+            block = images[start:end].numpy()
+            jobs = [(block[i:i + CHUNK], name, severity, seed, start + i) for i in range(0, len(block), CHUNK)]
+            parts = pool.map(_corrupt_job, jobs) if pool else map(_corrupt_job, jobs)
+            yield np.concatenate(list(parts))
+
+    return read_blocks
+
+
+def _official(task: Task, data_cfg, name: str, severity: int, clean: SplitData) -> np.ndarray | None:
+    """The task's official corrupted test images (n, 3, S, S) for this severity, or None when it has none."""
+    reader = getattr(task, "official_corruption", None)
+    found = reader(data_cfg, name, severity, len(clean)) if reader else None
+    if found is None:
+        return None
+    images, labels, path = found
+    if not np.array_equal(np.asarray(labels, dtype=np.int64), clean.labels[:, 0].numpy()):
+        raise DataError(f"{path}: its labels (labels.npy, severity {severity}) differ from the test split's; "
+                        "the file does not belong to this data set's test split.")
+    return images
+
+
+def _clean_digest(images: torch.Tensor) -> str:
+    digest = xxhash.xxh3_128()
+    for start in range(0, len(images), 4096):
+        digest.update(np.ascontiguousarray(images[start:start + 4096].numpy()))
+    return digest.hexdigest()
+
+
+def shift_cache_dir(data_cfg, name: str, severity: int, seed: int, n: int) -> Path:
+    return cache.cache_root(data_cfg) / "shift" / cache.cache_dir(data_cfg).name / f"{name}-s{severity}-seed{seed}-n{n}"
+
+
+def corrupted_split(task: Task, spec: TaskSpec, data_cfg, clean: SplitData, name: str, severity: int, seed: int,
+                    workers: int = 0, show_progress: bool = True) -> SplitData:
+    """The test split ``clean`` under one corruption and severity: from the cache, built there on first use."""
+    check_corruption(name, severity)
+    if severity == 0:
+        return clean
+    official = _official(task, data_cfg, name, severity, clean)
+    labels = clean.labels.numpy()
+    if official is not None:
+        read_blocks = _array_blocks(official)
+        origin = "official files"
+    else:
+        read_blocks = _corrupted_blocks(clean.images, name, severity, seed, workers or default_workers())
+        origin = f"imagecorruptions-imaug {importlib.metadata.version('imagecorruptions-imaug')}"
+    source = TaskSource(spec, clean.images.shape[-1], {"test": SplitSource(labels, read_blocks, clean.true_probs)})
+    if not data_cfg.use_cache:
+        return source.splits["test"].decode(source.image_size, desc=f"{name} s{severity}")
+    folder = shift_cache_dir(data_cfg, name, severity, seed, len(clean))
+    fingerprint = {"format": cache.FORMAT_VERSION, "origin": origin, "clean": _clean_digest(clean.images),
+                   "corruption": name, "severity": severity, "seed": seed,
+                   "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+    found, problem = cache.inspect_cache(folder, fingerprint)
+    if found is None:
+        with cache.build_lock(folder, problem, show_progress):
+            found, problem = cache.inspect_cache(folder, fingerprint)  # another process may have built it
+            if found is None:
+                cache.write_source(folder, source, fingerprint, show_progress=show_progress)
+                found, problem = cache.inspect_cache(folder, None)
+        if found is None:
+            raise DataError(f"the corrupted split just written to {folder} does not read back ({problem}).")
+    split = found.splits["test"]
+    return SplitData(split.images, split.labels, clean.true_probs)
+
+
+def _array_blocks(images: np.ndarray):
+    def read_blocks(stop: int) -> Iterator[np.ndarray]:
+        for start, end in block_ranges(stop, images.shape[-1]):
+            yield images[start:end]
+
+    return read_blocks
