@@ -21,7 +21,7 @@ from mtl_cog.cli import benchmark
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import load_config
 from mtl_cog.data.task_api import LogitLayout
-from mtl_cog.errors import ConfigError
+from mtl_cog.errors import ConfigError, UserError
 from mtl_cog.models.network import build_network
 from mtl_cog.training import step as training_step
 
@@ -112,7 +112,7 @@ def test_step_ratio_builds_each_method_from_its_config():
     (["--jpeg-images", "5"], "--jpeg-images must be >= 10"),
     (["--cache-images", "2"], "--cache-images must be >= 3"),
     (["--image-size", "4"], r"--image-size must be in \[8, 512\]"),
-    (["--profile", "-1"], "--profile must be >= 0"),
+    (["--profile", "-1"], "--profile: expected steps >= 0"),
     (["--backbone", "resnet_5000"], "--backbone: unknown timm model 'resnet_5000'"),
     (["--throughput-backbones", "resnet18,resnt50"], "--throughput-backbones: unknown timm model 'resnt50'"),
 ])
@@ -121,7 +121,7 @@ def test_bad_requests_are_refused_before_measuring(monkeypatch, argv, message):
         raise AssertionError("measured before checking the request")
 
     monkeypatch.setattr(benchmark, "run_benchmark", must_not_run)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(UserError, match=message):  # argument errors come from the parser, the rest ConfigError
         benchmark.main(["--quick", *argv])
 
 

@@ -142,8 +142,6 @@ def check_request(args: argparse.Namespace, workload: Workload) -> None:
         raise ConfigError(f"--skip: unknown section(s) {', '.join(unknown)}. Sections: {', '.join(SECTIONS)}.")
     if not 8 <= args.image_size <= 512:
         raise ConfigError(f"--image-size must be in [8, 512]. Got {args.image_size}.")
-    if args.profile < 0:
-        raise ConfigError(f"--profile must be >= 0 (steps to profile). Got {args.profile}.")
     if args.jpeg_images is not None and args.jpeg_images < MIN_JPEG_IMAGES:
         raise ConfigError(f"--jpeg-images must be >= {MIN_JPEG_IMAGES} (80/10/10 partition). Got {args.jpeg_images}.")
     check_backbone(workload.backbone, "--backbone")
