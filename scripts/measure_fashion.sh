@@ -3,7 +3,7 @@
 # skips what an earlier call finished, so it can be stopped and started again, and several copies
 # may run at once on different seed orders (a run folder another process holds is skipped).
 #   nice -n 10 bash scripts/measure_fashion.sh [OUT] [SEEDS...]     # default: measure 0 1 2
-#   python scripts/measure_fashion_table.py OUT/runs                 # the baseline-vs-COG-FC table
+#   python scripts/compare.py OUT/runs --out OUT/report            # the baseline-vs-COG-FC table (summary.md)
 # Sizes for a 2-core machine shared with other jobs: the shipped configs with data.max_samples=3000
 # (the first 3,000 of each split) and train.epochs=3, seeds 0, 1, 2, baseline and COG-FC.
 set -uo pipefail
@@ -48,4 +48,4 @@ for seed in ${SEEDS[*]}; do  # 3. baseline vs COG-FC, seed by seed so that parti
     done
   done
 done
-$PY scripts/measure_fashion_table.py "$OUT/runs"
+$PY scripts/compare.py "$OUT/runs" --out "$OUT/report" && cat "$OUT/report/summary.md"

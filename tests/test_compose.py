@@ -143,7 +143,9 @@ def train_commands() -> list[tuple[str, str]]:
     for path, text in documented_text():
         for match in TRAIN.finditer(text):
             rest = re.sub(r"\[[^\]]*\]", "", match.group(1).split("#")[0]).strip(" '\"")
-            if match.group(1)[:1] not in ("", " ") or any(s in rest for s in ("<", "...", "|", "--resume", "$")):
+            quoted_next = text[match.end():match.end() + 1] == '"'  # a shell-quoted argument: "configs/$ds/..."
+            if match.group(1)[:1] not in ("", " ") or quoted_next or any(s in rest for s in ("<", "...", "|",
+                                                                                           "--resume", "$")):
                 continue
             found.append((f"{path.relative_to(REPO)}: {match.group(0).strip()}", rest))
     return found

@@ -404,9 +404,9 @@ def test_nonfinite_skip_agrees_across_processes(launch_two_processes):
 
 def test_nonfinite_loss_stops_the_script(tmp_path, capsys, monkeypatch):
     """A loss that turns NaN at its second batch (learning rates that diverge are refused by the config now)."""
-    import mtl_cog.training.loop as loop
+    import mtl_cog.training.trainee as trainee  # build_trainee builds the objective for fit
 
-    build = loop.build_objective
+    build = trainee.build_objective
 
     def nan_from_second_batch(layout, method_cfg):
         objective, calls = build(layout, method_cfg), []
@@ -417,7 +417,7 @@ def test_nonfinite_loss_stops_the_script(tmp_path, capsys, monkeypatch):
             return value * float("nan") if len(calls) >= 2 else value
         return loss
 
-    monkeypatch.setattr(loop, "build_objective", lambda *a: _AsModule(nan_from_second_batch(*a)))
+    monkeypatch.setattr(trainee, "build_objective", lambda *a: _AsModule(nan_from_second_batch(*a)))
     err = user_error("train_mtl", tiny(tmp_path, "train.log_every_steps=1"), capsys)
     assert "non-finite training loss at epoch 1, step 2" in err and "--resume" in err
 
