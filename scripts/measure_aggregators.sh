@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # How multi-task aggregators affect calibration (docs/mtl.md, "Measured"): equal weights vs MGDA vs UPGrad, each
 # with and without COG-FC, seeds 0-2, the same budget for all, on fashion_mosaic (40 binary tasks of real
-# Fashion-MNIST items): its configs' cog_cnn_tiny and learning rates, EPOCHS epochs, the first MAX samples of each
-# split. Resumable: a finished run (DONE) is skipped, a started one resumed. Sized for 2 shared CPU cores:
+# Fashion-MNIST items): its shipped configs (cog_cnn_tiny, 5 epochs of all 20,000 pictures, their learning rates);
+# EPOCHS and MAX (the first MAX samples of each split) shrink it. Resumable: a finished run (DONE) is skipped, a
+# started one resumed. The equal-weights runs are the same runs as scripts/measure_fashion.sh's mosaic ones: link
+# them into OUT (as fm-<method>-equal-s<seed>) to skip training them twice.
 #   OUT=measure/runs nohup nice -n 10 bash scripts/measure_aggregators.sh > measure/aggregators.log 2>&1 &
 # Last, a table of test accuracy, NLL, mean ECE@15 and worst-task ECE@15 (mean ± std over the seeds done).
 set -u
@@ -10,8 +12,9 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1
 PY=${PYTHON:-python}
 OUT=${OUT:-measure/runs}
-EPOCHS=${EPOCHS:-3}
-MAX=${MAX:-1500}
+SIZE=()
+[ -n "${EPOCHS:-}" ] && SIZE+=("train.epochs=${EPOCHS}")
+[ -n "${MAX:-}" ] && SIZE+=("data.max_samples=${MAX}")
 for seed in 0 1 2; do
   for agg in equal mgda upgrad; do
     for method in baseline cog_fc; do
@@ -19,7 +22,7 @@ for seed in 0 1 2; do
       dir="$OUT/$name"
       [ -f "$dir/DONE" ] && { echo "done: $name"; continue; }
       args=(--config "configs/fashion_mosaic/${method}.yaml" "mtl.aggregator=${agg}" "seed=${seed}"
-            "train.epochs=${EPOCHS}" "data.max_samples=${MAX}" tracking=none "output_dir=${OUT}" "run_name=${name}")
+            "${SIZE[@]}" tracking=none "output_dir=${OUT}" "run_name=${name}")
       [ -f "$dir/config.yaml" ] && args+=(--resume "$dir")
       echo "run: $name $(date +%T)"
       $PY scripts/train_mtl.py "${args[@]}" 2>&1 | grep "epoch\|weights\|error" | tail -8
