@@ -73,11 +73,18 @@ def finish(machines: list[subprocess.Popen], timeout: float) -> list[tuple[int, 
     return results
 
 
+def machine_tree(machine: subprocess.Popen) -> list[psutil.Process]:
+    """A machine's launch and every process under it (torchrun starts its workers in sessions of their own, so
+    the launch's process group does not hold them)."""
+    launch = psutil.Process(machine.pid)
+    return [launch, *launch.children(recursive=True)]
+
+
 def worker(machine: subprocess.Popen) -> psutil.Process:
     """The training process a machine's launch started."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        found = [p for p in psutil.Process(machine.pid).children(recursive=True) if "train_mtl" in " ".join(p.cmdline())]
+        found = [p for p in machine_tree(machine)[1:] if "train_mtl" in " ".join(p.cmdline())]
         if found:
             return found[0]
         time.sleep(0.1)
@@ -133,3 +140,35 @@ def test_killing_either_machines_process_ends_both_with_one_error_line_and_resum
                              text=True, timeout=600)
     assert resumed.returncode == 0 and "resumed at epoch" in resumed.stdout, resumed.stderr[-3000:]
     assert (run / rundir.DONE).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [0, 1])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "stops_answering"])
+def test_a_machine_that_dies_or_stops_answering_ends_the_other_with_one_error_line(tmp_path, victim, how):
+    """The whole machine at once: its launch and its process. Killed, its connections close and the other
+    machine's process notices at once; stopped (a hung machine, or one that lost power or its network), they
+    stay open and the other gives up after train.dist_timeout_s instead of waiting for ever."""
+    run = tmp_path / "two"
+    timeout_s = 15
+    machines = start_machines(run, [*LONG, f"train.dist_timeout_s={timeout_s}"])
+    wait_for_training(run, machines)
+    tree = machine_tree(machines[victim])
+    started = time.monotonic()
+    for process in tree:
+        process.send_signal(how)
+    try:
+        [(code, _, err)] = finish([machines[1 - victim]], timeout=timeout_s + 90)
+        waited = time.monotonic() - started
+    finally:
+        for process in tree:  # a stopped machine is ended here, SIGKILL needs no SIGCONT
+            if process.is_running():
+                process.send_signal(signal.SIGKILL)
+        machines[victim].wait()
+    assert code == 2 and "Traceback" not in err and len(error_lines(err)) == 1, err[-3000:]
+    if how == signal.SIGKILL:
+        assert waited < timeout_s and "another process of this 2-process launch stopped" in err, (waited, err)
+        assert "The launch on that process's machine names the process" in err
+    else:
+        assert timeout_s <= waited and "did not answer within train.dist_timeout_s" in err, (waited, err)
+    assert (run / rundir.STATE).exists() and not (run / rundir.DONE).exists()
