@@ -15,6 +15,7 @@ from test_robustness import REPO, tiny
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from mtl_cog.cli import launch
+from mtl_cog.errors import run_cli
 from mtl_cog.runs import rundir
 
 MULTI = ["--config_file", str(REPO / "configs" / "accelerate" / "multi_process.yaml"), "--quiet"]
@@ -42,6 +43,21 @@ def test_each_failed_process_gets_one_line_and_a_user_error_is_not_repeated(monk
         "error: process 2 (pid 13) of this 3-process launch ended with exit code 1 (its output above says why). A "
         "training run keeps its last saved state: continue it with --resume RUN_DIR.",
     ]  # process 1 exited with 2: it printed its own error line
+
+
+def test_one_process_launch_keeps_exit_code_2_with_quiet(monkeypatch, capsys):
+    """--quiet would make Accelerate's one-process launcher exit 1 whatever the script's code; launch sees it."""
+    codes = iter([2, 1])
+
+    def failing(args):
+        assert not args.quiet
+        raise subprocess.CalledProcessError(next(codes), ["python", "scripts/train_mtl.py"])
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", failing)
+    for printed in ("", "error: the launched process ended with exit code 1 (its output above says why).\n"):
+        with pytest.raises(SystemExit) as info:
+            run_cli(lambda: launch.main(["--quiet", "scripts/train_mtl.py"]))
+        assert info.value.code == 2 and capsys.readouterr().err == printed
 
 
 @pytest.mark.slow

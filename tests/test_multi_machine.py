@@ -172,3 +172,20 @@ def test_a_machine_that_dies_or_stops_answering_ends_the_other_with_one_error_li
     else:
         assert timeout_s <= waited and "did not answer within train.dist_timeout_s" in err, (waited, err)
     assert (run / rundir.STATE).exists() and not (run / rundir.DONE).exists()
+
+
+@pytest.mark.slow
+def test_cpu_flag_with_two_machines_is_refused_on_each_machine_before_writing(tmp_path):
+    """``--cpu`` sends Accelerate to its simple launcher, which connects nothing without mpirun: each machine's
+    process would train alone on all the data. Each launch says so in one line and writes nothing."""
+    port = str(free_port())
+    cpu = [sys.executable, "-m", "mtl_cog.cli.launch", "--cpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--quiet", "--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+           "--main_process_port", port]
+    machines = [subprocess.Popen([*cpu, "--machine_rank", str(rank), str(REPO / "scripts" / "train_mtl.py"), *TINY,
+                                  f"output_dir={tmp_path}", "run_name=two"], cwd=REPO, env=ENV, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    for code, _, err in finish(machines, timeout=300):
+        assert code == 2 and "Traceback" not in err, err[-3000:]
+        assert len(error_lines(err)) == 1 and "started this process on its own" in err, err[-3000:]
+    assert not (tmp_path / "two").exists()

@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     # torchrun logs each failure and the processes it stops at ERROR level; the lines below replace them
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = launch_command_parser().parse_args(argv)
+    # --quiet makes Accelerate's one-process launcher exit 1 on any failure, hiding the script's exit code;
+    # without it the launcher raises CalledProcessError with that code, which ends below in exit code 2
+    args.quiet = False
     try:
         launch_command(args)
     except ChildFailedError as err:

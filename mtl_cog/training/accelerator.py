@@ -10,7 +10,33 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
 from mtl_cog.config.schema import DEFAULT_DIST_TIMEOUT_S
-from mtl_cog.errors import ConfigError
+from mtl_cog.errors import ConfigError, UserError
+
+# How a launcher tells each process the number of processes: torchrun, then the MPI launchers Accelerate
+# reads on CPUs (Intel MPI / MPICH, Open MPI, MVAPICH); the same list as Accelerate's multi-CPU detection.
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def check_processes_connected() -> None:
+    """Refuse a launch that asked for several CPU processes but started one that knows of no other.
+
+    ``accelerate launch --cpu`` with ``--num_processes`` or ``--num_machines`` above 1 uses its
+    simple launcher: without ``mpirun`` (``--mpirun_hostfile``) it starts one ordinary process per
+    launch and only sets ``MASTER_ADDR``/``MASTER_PORT``. Each such process trains alone on all the
+    data; on several machines the second one then finds the run folder in use, and the run is
+    silently a one-process run. torchrun (no ``--cpu``) or mpirun tell each process the world size.
+    """
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() != "true" or "MASTER_ADDR" not in os.environ:
+        return
+    if any(os.environ.get(name, "1") not in ("", "1") for name in WORLD_SIZE_VARIABLES):
+        return
+    raise UserError(
+        "accelerate launch --cpu with several processes or machines started this process on its own: without "
+        "mpirun (--mpirun_hostfile) Accelerate does not connect them, and each would train alone on all the data. "
+        "Leave out --cpu: mtl-cog launch --config_file configs/accelerate/multi_process.yaml (add --num_machines N "
+        "--machine_rank R --main_process_ip IP --main_process_port P for several machines) runs gloo on CPUs "
+        "(docs/cluster.md). One process: leave out --num_processes/--num_machines, or unset MASTER_ADDR."
+    )
 
 
 def create_accelerator(log_with: list[str] | None = None, precision: str = "no",
@@ -30,6 +56,7 @@ def create_accelerator(log_with: list[str] | None = None, precision: str = "no",
     collective whose peer is gone without closing its connection (a machine that lost power or
     network) raises gloo's/NCCL's timeout error after this long instead of waiting for ever.
     """
+    check_processes_connected()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cpu_only_multiprocess = world_size > 1 and not torch.cuda.is_available()
     if precision == "fp16" and not torch.cuda.is_available():
