@@ -10,6 +10,7 @@ machine that stops answering without closing its connections is given up after
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,16 +46,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_machines(run: Path, overrides: list[str]) -> list[subprocess.Popen]:
-    """Machine 0 and machine 1: one launch each, one process each, meeting at 127.0.0.1:<free port>."""
+def start_machines(run: Path, overrides: list[str], ranks: tuple[int, ...] = (0, 1),
+                   launch: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """Machine 0 and machine 1 (or those of ``ranks``): one launch each, one process each, meeting at
+    127.0.0.1:<free port>; ``launch``: more launcher options."""
     port = str(free_port())
     return [subprocess.Popen([*LAUNCH, "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
-                              "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+                              "--main_process_ip", "127.0.0.1", "--main_process_port", port, *launch,
                               str(REPO / "scripts" / "train_mtl.py"), *overrides, f"output_dir={run.parent}",
                               f"run_name={run.name}"],
-                             cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)  # a process group per machine: a machine can be stopped whole
-            for rank in (0, 1)]
+                             cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for rank in ranks]
 
 
 def finish(machines: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
@@ -68,7 +70,9 @@ def finish(machines: list[subprocess.Popen], timeout: float) -> list[tuple[int, 
     finally:
         for machine in machines:
             if machine.poll() is None:
-                os.killpg(machine.pid, signal.SIGKILL)
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for process in machine_tree(machine):
+                        process.kill()
                 machine.wait()
     return results
 
@@ -188,4 +192,16 @@ def test_cpu_flag_with_two_machines_is_refused_on_each_machine_before_writing(tm
     for code, _, err in finish(machines, timeout=300):
         assert code == 2 and "Traceback" not in err, err[-3000:]
         assert len(error_lines(err)) == 1 and "started this process on its own" in err, err[-3000:]
+    assert not (tmp_path / "two").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alone", [0, 1])
+def test_a_machine_whose_partner_never_starts_ends_with_one_error_line(tmp_path, alone):
+    """Machine 0 waits for the others to join, machine 1 for machine 0 to answer: both give up after the
+    rendezvous timeout (--rdzv_conf timeout=, 600 s by default) with one line saying what to check."""
+    [(code, _, err)] = finish(start_machines(tmp_path / "two", TINY, ranks=(alone,),
+                                             launch=("--rdzv_conf", "timeout=5")), timeout=120)
+    assert code == 2 and "Traceback" not in err and len(error_lines(err)) == 1, err[-3000:]
+    assert "the 2 machines of this launch did not meet at 127.0.0.1:" in err and "--machine_rank" in err
     assert not (tmp_path / "two").exists()
