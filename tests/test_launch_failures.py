@@ -60,6 +60,31 @@ def test_one_process_launch_keeps_exit_code_2_with_quiet(monkeypatch, capsys):
         assert info.value.code == 2 and capsys.readouterr().err == printed
 
 
+def test_machines_that_do_not_meet_or_a_busy_port_are_one_line(monkeypatch, capsys):
+    from torch.distributed import DistStoreError
+
+    raised = iter([DistStoreError("Timed out after 601 seconds waiting for clients. 1/2 clients joined.\nframe #0"),
+                   ConnectionError("Tried to launch distributed communication on port `29500`, but another process "
+                                   "is utilizing it."),
+                   DistStoreError("one machine meets itself: a bug")])
+
+    def failing(args):
+        raise next(raised)
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", failing)
+    machines = ["--num_machines", "2", "--num_processes", "2", "--machine_rank", "0", "--main_process_ip", "10.0.0.1",
+                "--main_process_port", "29500", "scripts/train_mtl.py"]
+    for expected in ("error: the 2 machines of this launch did not meet at 10.0.0.1:29500 (Timed out after 601 "
+                     "seconds waiting for clients. 1/2 clients joined.). Start every machine",
+                     "error: Tried to launch distributed communication on port `29500`"):
+        with pytest.raises(SystemExit) as info:
+            run_cli(lambda: launch.main(machines))
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.startswith(expected) and err.count("\n") == 1, err
+    with pytest.raises(DistStoreError):
+        launch.main(["scripts/train_mtl.py"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("victim_rank", ["0", "1"])
 def test_killing_either_process_of_two_ends_with_error_lines_and_no_traceback(tmp_path, victim_rank):

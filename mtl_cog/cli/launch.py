@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"error: {line}", file=sys.stderr, flush=True)
         sys.exit(USER_ERROR_EXIT)
     except DistError as err:  # raised here, by the launcher's rendezvous, before any process of ours started
-        if args.num_machines <= 1:  # one machine meets itself: anything else is a bug, traceback kept
+        if (args.num_machines or 1) <= 1:  # one machine meets itself: anything else is a bug, traceback kept
             raise
         raise UserError(rendezvous_failure(args, err)) from None
     except ConnectionError as err:  # Accelerate's check that machine 0's port is free; its message says what to do
