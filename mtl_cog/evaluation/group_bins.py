@@ -26,10 +26,16 @@ from mtl_cog.evaluation.smooth_ece import DepositSpectra, grid_sizes, smooth_ece
 
 class GroupBins:
     """Per-sample calibration events of T tasks, (T, N) confidence (clamped, finite) and 0/1 outcome,
-    with each task's smECE bandwidth: the cells of every sample, ready for any group task."""
+    with each task's smECE bandwidth: the cells of every sample, ready for any group task.
 
-    def __init__(self, confidence: np.ndarray, outcome: np.ndarray, sigmas: np.ndarray, n_bins: int) -> None:
+    ``known`` (T, N), when given, marks the events that count: a sample unlabelled in a task
+    (partly labelled data) is in none of that task's sums.
+    """
+
+    def __init__(self, confidence: np.ndarray, outcome: np.ndarray, sigmas: np.ndarray, n_bins: int,
+                 known: np.ndarray | None = None) -> None:
         tasks = len(confidence)
+        self.unknown = None if known is None or known.all() else np.flatnonzero(~np.asarray(known).ravel())
         self.n_bins, self.sigmas = n_bins, np.asarray(sigmas, dtype=np.float64)
         self.outcome, self.confidence = outcome, confidence
         # uniform bins: task t's bin b is cell t * B + b
@@ -43,14 +49,18 @@ class GroupBins:
         cell = frac.astype(np.int64)
         np.clip(cell, 0, (self.grids - 2)[:, None], out=cell)
         frac -= cell
-        hi_residual = confidence - outcome
-        lo_residual = hi_residual.copy()
-        hi_residual *= frac
-        lo_residual -= hi_residual  # (1 − frac) r
+        residual = confidence - outcome
         cell += self.offsets[:, None]
         self.grid_cell = cell
-        # the weights put on j (lo) and on j + 1 (hi), for the residual and for ones
-        self.deposit_weights = (lo_residual, hi_residual, 1 - frac, frac)
+        # per cell, Σ r, Σ frac·r and Σ frac (with the count) give the weights on j, Σ (1 − frac) w, and on j + 1
+        self.deposit_weights = (residual, residual * frac, frac)
+
+    def _index(self, cells: np.ndarray, size: int) -> np.ndarray:
+        """(T, N) cells -> flat bincount indices; events that do not count go to the spare last one, ``size``."""
+        index = cells.ravel()
+        if self.unknown is not None:
+            index[self.unknown] = size
+        return index
 
     def cells_per_group(self) -> int:
         """How many sums one group's bins and grid points take (the size of a bincount per group)."""
@@ -61,18 +71,25 @@ class GroupBins:
         of the group's rows) and smECE_σ at each task's σ (R, T); R = the rows of ``groups.membership``."""
         tasks = len(self.bin_cell)
         cells = tasks * self.n_bins
-        index = (self.bin_cell + groups.index * cells).ravel()
         size = groups.size * cells
-        sums = [np.bincount(index, minlength=size).astype(np.float64),
-                np.bincount(index, self.outcome.ravel(), size), np.bincount(index, self.confidence.ravel(), size)]
+        index = self._index(self.bin_cell + groups.index * cells, size)
+        sums = [np.bincount(index, minlength=size + 1)[:size].astype(np.float64),
+                *(np.bincount(index, w.ravel(), size + 1)[:size] for w in (self.outcome, self.confidence))]
         bins = groups.membership @ np.stack(sums, axis=1).reshape(groups.size, -1)
         total = int(self.grids.sum())
-        index = (self.grid_cell + groups.index * total).ravel()
         size = groups.size * total
-        deposits = [groups.membership @ np.bincount(index, w.ravel(), size).reshape(groups.size, total)
-                    for w in self.deposit_weights]
+        index = self._index(self.grid_cell + groups.index * total, size)
+        count = np.bincount(index, minlength=size + 1)[:size]
+        residual, frac_residual, frac = (np.bincount(index, w.ravel(), size + 1)[:size] for w in self.deposit_weights)
+        deposits = np.empty((groups.size, 2, total))
+        for k, (lo, hi) in enumerate(((residual - frac_residual, frac_residual), (count - frac, frac))):
+            # cell j's weight on grid point j, and on j + 1; task t's last cell is always empty (j <= G − 2),
+            # so shifting every task's hi sums along the whole row by one lands each on its own j + 1
+            deposits[:, k] = lo.reshape(groups.size, total)
+            deposits[:, k, 1:] += hi.reshape(groups.size, total)[:, :-1]
         rows = len(groups.membership)
-        data = _GroupDeposits(deposits, self.offsets, rows * tasks)
+        grouped = (groups.membership @ deposits.reshape(groups.size, -1)).reshape(rows * 2, total)
+        data = _GroupDeposits(grouped, self.offsets, rows * tasks)
         smece = smooth_ece_of_deposits(data, np.tile(self.sigmas, rows)).reshape(rows, tasks)
         return bins.reshape(rows, tasks, self.n_bins, 3), smece
 
@@ -80,24 +97,28 @@ class GroupBins:
 class Combined:
     """The joint value of several group tasks, so that one pass counts the groups of all of them.
 
-    Sample i's combination is Σ_g v_g(i) Π_{h<g} (V_h + 1), with v_g = V_g for a label outside
-    0 .. V_g − 1 (missing: in no group of g). ``membership`` (R, C) is 1 where the combination c
-    lies in group (g, v), one row per group in order (g, then v); sums over groups are then
-    ``membership @`` sums over combinations.
+    Sample i's combination is Σ_g v_g(i) Π_{h<g} S_g, with S_g = V_g values, plus one spare
+    value v_g = V_g for the labels outside 0 .. V_g − 1 (missing: in no group of g) where there are
+    any. ``membership`` (R, C) is 1 where the combination c lies in group (g, v), one row per group
+    in order (g, then v); sums over groups are then ``membership @`` sums over combinations.
     """
 
     def __init__(self, labels: list[np.ndarray], values: list[int]) -> None:
         self.index = np.zeros(len(labels[0]), dtype=np.int64)
-        combination = np.arange(int(np.prod([v + 1 for v in values])))
+        radices, digits = [], []
         radix = 1
-        rows = []
         for y, v in zip(labels, values):
             y = np.asarray(y)
-            self.index += np.where((y >= 0) & (y < v), y, v).astype(np.int64) * radix
-            rows.append(combination // radix % (v + 1) == np.arange(v)[:, None])
-            radix *= v + 1
+            inside = (y >= 0) & (y < v)
+            size = v + int(not inside.all())
+            self.index += (y if size == v else np.where(inside, y, v)).astype(np.int64) * radix
+            radices.append((radix, size))
+            radix *= size
         self.size = radix
-        self.membership = np.concatenate(rows).astype(np.float64)
+        combination = np.arange(radix)
+        for (radix, size), v in zip(radices, values):
+            digits.append(combination // radix % size == np.arange(v)[:, None])
+        self.membership = np.concatenate(digits).astype(np.float64)
 
     def counts(self) -> np.ndarray:
         """Samples in each group (R,)."""
@@ -131,15 +152,11 @@ def batches(values: list[int], events: int, cells: int) -> list[list[int]]:
 class _GroupDeposits(DepositSpectra):
     """Deposits of the rows (group, task), row r = group * T + task, from the per-cell sums of ``GroupBins``."""
 
-    def __init__(self, sums: list[np.ndarray], offsets: np.ndarray, count: int) -> None:
+    def __init__(self, deposits: np.ndarray, offsets: np.ndarray, count: int) -> None:
         super().__init__(count)
-        self.sums, self.offsets = sums, offsets
+        self.all, self.offsets = deposits, offsets  # (2 R, Σ G): group r's residual and ones at 2 r, 2 r + 1
 
     def deposits(self, rows: np.ndarray, grid: int) -> np.ndarray:
-        value, task = np.divmod(rows, len(self.offsets))
+        group, task = np.divmod(rows, len(self.offsets))
         at = self.offsets[task][:, None] + np.arange(grid)  # the row's grid points (all rows here share G)
-        lo_r, hi_r, lo_1, hi_1 = (s[value[:, None], at] for s in self.sums)
-        out = np.stack([lo_r, lo_1], axis=1)
-        out[:, 0, 1:] += hi_r[:, :-1]  # the weight on j + 1 from cell j (cell G − 1 is always empty)
-        out[:, 1, 1:] += hi_1[:, :-1]
-        return out
+        return self.all[(2 * group[:, None] + np.arange(2))[:, :, None], at[:, None, :]]
