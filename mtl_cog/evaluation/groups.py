@@ -87,7 +87,7 @@ def _per_sample(logits: list[np.ndarray], labels: list[np.ndarray]) -> np.ndarra
     binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
     if binary:
         rows = out if len(binary) == len(logits) else np.empty((len(PER_SAMPLE), len(binary), out.shape[2]))
-        _binary_per_sample(np.stack([logits[t] for t in binary]).astype(np.float64, copy=False),
+        _binary_per_sample(np.stack([logits[t] for t in binary], dtype=np.float64),
                            np.stack([labels[t] for t in binary]) > 0, rows)
         if rows is not out:
             out[:, binary] = rows
