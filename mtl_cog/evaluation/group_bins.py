@@ -4,16 +4,17 @@ The subgroup metrics (mtl_cog.evaluation.groups) need, inside every group (one v
 task) and for every scored task, the sums of ``ece@B``'s bins and the deposits of smooth ECE at
 the task's bandwidth. Neither needs the samples in order: a bin's (count, Σ outcome, Σ
 confidence) and a grid point's deposit are sums over the samples whose confidence falls in a
-cell. So each task's cell of every sample is found once (``GroupBins``), and for a group task
-one ``np.bincount`` per statistic over (value, task, cell) gives the sums of every group and
-task together — a pass over the (T, N) events per statistic, instead of a sort and a
-gather of each group's rows.
+cell. So each task's cell of every sample is found once (``GroupBins``), and one ``np.bincount``
+per statistic over (joint value of the group tasks, task, cell) gives the sums of every group
+and task together (``Combined``: a group is the sum over the joint values inside it) — a pass
+over the (T, N) events per statistic, instead of a sort and a gather of each group's rows.
 
-The cells are exactly those of the overall metrics: ``uniform_bin_index`` (mtl_cog.evaluation.binning)
-for the bins, and relplot's ``smooth_round_to_grid`` for the deposits, j = ⌊f (G − 1)⌋ clipped to
-G − 2, weight (1 − frac) w on grid point j and frac·w on j + 1 (mtl_cog.evaluation.smooth_ece);
-only the order of summation differs (``tests/test_group_bins.py`` checks the groups' values
-against each group's rows scored on their own, to 1e-12).
+The cells and weights are those of the overall metrics: ``uniform_bin_index``
+(mtl_cog.evaluation.binning) for the bins, and relplot's ``smooth_round_to_grid`` for the
+deposits, j = ⌊f (G − 1)⌋ clipped to G − 2, weight (1 − frac) w on grid point j and frac·w on
+j + 1 (mtl_cog.evaluation.smooth_ece, whose FFT step turns the deposits into smECE); only the
+order of summation differs (``tests/test_group_bins.py`` checks every group's values against
+its rows scored on their own, to 1e-12).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class GroupBins:
 class Combined:
     """The joint value of several group tasks, so that one pass counts the groups of all of them.
 
-    Sample i's combination is Σ_g v_g(i) Π_{h<g} S_g, with S_g = V_g values, plus one spare
+    Sample i's combination is Σ_g v_g(i) Π_{h<g} S_h, with S_g = V_g values, plus one spare
     value v_g = V_g for the labels outside 0 .. V_g − 1 (missing: in no group of g) where there are
     any. ``membership`` (R, C) is 1 where the combination c lies in group (g, v), one row per group
     in order (g, then v); sums over groups are then ``membership @`` sums over combinations.
