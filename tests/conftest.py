@@ -25,6 +25,16 @@ def tiny_overrides(tmp_path):
 
 
 @pytest.fixture
+def submitit_local(tmp_path):
+    """submitit's local executor, standing in for Slurm: the same submission path, jobs run here."""
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="local")
+    executor.update_parameters(timeout_min=20)
+    return executor
+
+
+@pytest.fixture
 def fresh_accelerate_state():
     """Accelerate keeps one process-wide state whose mixed precision cannot change once set: start
     and leave each test without one, so tests creating bf16 and fp32 accelerators can share a process."""

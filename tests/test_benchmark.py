@@ -200,3 +200,17 @@ def test_gpu_check_tiny_mode_runs_on_the_cpu(tmp_path):
     assert result["images"] == 32 and _positive(result["epoch_seconds"]) and _positive(result["images_per_s"])
     assert _positive(result["train_flops_per_image"]) and _positive(result["achieved_tflops"])
     assert "TFLOP/s" in done.stdout
+
+
+def test_eval_cost_prints_the_ratio_and_where_the_time_goes(capsys):
+    from mtl_cog.benchmarks import eval_cost
+    from mtl_cog.errors import UserError
+
+    result = eval_cost.main(["--samples", "300", "--repeats", "1"])
+    cpu = result["eval_cpu_seconds"]
+    assert set(cpu) == {"before", "selective", "all_on"} and all(_positive(v) for v in cpu.values())
+    assert result["eval_all_on_ratio"] == pytest.approx(cpu["all_on"] / cpu["before"])
+    out = capsys.readouterr().out
+    assert "+ eval.groups + multicalibration" in out and f"eval_all_on_ratio {result['eval_all_on_ratio']:.3f}" in out
+    with pytest.raises(UserError, match="--samples"):
+        eval_cost.main(["--samples", "0"])

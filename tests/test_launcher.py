@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import submitit
 
 from mtl_cog.config import load_config, save_config
 from mtl_cog.errors import UserError
@@ -27,19 +26,13 @@ def probe_jobs(tmp_path: Path, cwd: Path) -> list[RunJob]:
                    (("PROBE", f"value{code}"),)) for code in (0, 3)]
 
 
-def local_executor(folder: Path):
-    executor = submitit.AutoExecutor(folder=folder, cluster="local")
-    executor.update_parameters(timeout_min=20)
-    return executor
-
-
 @pytest.mark.parametrize("kind", ["local", "submitit"])
-def test_launchers_run_in_the_users_folder_and_return_exit_codes(tmp_path, kind):
+def test_launchers_run_in_the_users_folder_and_return_exit_codes(tmp_path, kind, submitit_local):
     cwd = tmp_path / "where_the_user_is"
     cwd.mkdir()
     jobs = probe_jobs(tmp_path, cwd)
-    launcher = LocalLauncher(2, visible_gpus=0) if kind == "local" else SubmititLauncher(
-        local_executor(tmp_path / "submitit"), poll_seconds=0.2)
+    launcher = (LocalLauncher(2, visible_gpus=0) if kind == "local"
+                else SubmititLauncher(submitit_local, poll_seconds=0.2))
     assert launcher.run(jobs) == [0, 3]
     for job, code in zip(jobs, (0, 3)):
         log = job.log.read_text()
@@ -137,7 +130,8 @@ def test_sweep_dry_run_lists_runs_and_time_and_writes_nothing(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_submitit_sweep_from_the_users_folder_then_interrupted_and_resumed(tiny_overrides, tmp_path, monkeypatch):
+def test_submitit_sweep_from_the_users_folder_then_interrupted_and_resumed(tiny_overrides, tmp_path, monkeypatch,
+                                                                          submitit_local):
     """A real sweep through submitit's local executor, run from a folder outside the clone with
     relative paths; a second sweep is interrupted with Ctrl-C (SIGINT to its process group) and
     finished with --resume, which continues the interrupted run from its saved state."""
@@ -147,7 +141,7 @@ def test_submitit_sweep_from_the_users_folder_then_interrupted_and_resumed(tiny_
     overrides = [o for o in tiny_overrides if not o.startswith("output_dir")] + ["train.epochs=1"]
     config = str(REPO / "configs" / "synthetic" / "cog_ts.yaml")
     best = sweep.main(["--config", config, *overrides, "--out", "sweeps/a", "--grid", "optim.leader_lr=1e-5,1e-4"],
-                      executor=local_executor(tmp_path / "submitit"))
+                      executor=submitit_local)
     assert best == Path("sweeps/a/best_config.yaml") and (tmp_path / best).is_file()  # relative to the user's folder
     assert (tmp_path / "sweeps" / "a" / "run_01" / rundir.DONE).is_file()
 

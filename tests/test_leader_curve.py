@@ -136,6 +136,26 @@ def test_cog_fc_at_ratio_one_is_the_baseline_exactly(tmp_path, monkeypatch, caps
     assert "2 runs, 2 already finished, 0 to run" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_the_curve_through_the_slurm_launcher(tmp_path, monkeypatch, capsys, submitit_local):
+    """--launcher slurm's path (submitit's local executor stands in for sbatch): every run trains
+    as a job, the curve is written, and the same command again reuses every run."""
+    from mtl_cog.cli import leader_curve
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", str(REPO / "configs" / "synthetic" / "cog_ts.yaml"), "--ratios", "0.1", "--seeds", "0",
+            "--follower-lr", "4e-3", "--out", "curve", "--launcher", "slurm", "train.epochs=1",
+            "data.synthetic.train_size=100", "data.synthetic.val_size=50", "data.synthetic.test_size=50",
+            "model.backbone=cog_cnn_tiny", "data.image_size=16"]
+    leader_curve.main(argv, executor=submitit_local)
+    assert "2 runs, 0 already finished, 2 to run" in capsys.readouterr().out
+    curve_csv = pd.read_csv(tmp_path / "curve" / "curve.csv")
+    assert set(curve_csv["arm"]) >= {"cog_ts", "baseline", "baseline+ts"}
+    assert np.isfinite(curve_csv["mean"]).all()
+    leader_curve.main(argv, executor=submitit_local)
+    assert "2 runs, 2 already finished, 0 to run" in capsys.readouterr().out
+
+
 def test_without_the_reference_there_is_no_paired_row():
     scores = _scores()
     assert paired_to_reference(scores[scores["arm"] != "baseline"], "cog_fc", "baseline", [0.1, 1.0]).empty

@@ -44,7 +44,8 @@ def errors_from_sums(sums: np.ndarray) -> dict[str, np.ndarray]:
 
 def uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     """Uniform bins on [0, 1], right-open except the last; ``confidence`` already clamped."""
-    return np.minimum((confidence * n_bins).astype(np.int64), n_bins - 1)
+    index = (confidence * n_bins).astype(np.int64)
+    return np.minimum(index, n_bins - 1, out=index)  # in place: one (C, N) array fewer
 
 
 def binned_calibration_errors(confidence, hit, n_bins: int) -> dict[str, np.ndarray]:

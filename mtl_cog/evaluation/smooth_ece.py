@@ -20,6 +20,7 @@ to 1e-6 on calibrated, over- and underconfident, saturated, constant and tiny in
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 
 import numpy as np
 from scipy import fft
@@ -33,7 +34,7 @@ MESH_POINTS = 200  # minimum number of evaluation points of the integral
 DENSITY_EPS = 1e-4  # added to the kernel density before dividing by it
 
 
-def _grid_sizes(sigmas: np.ndarray) -> np.ndarray:
+def grid_sizes(sigmas: np.ndarray) -> np.ndarray:
     """relplot's ``GaussianKernel.apply``: grid points of the deposit and the convolution, per σ.
 
     ``np.rint`` rounds halves to even, as Python's ``round`` in relplot does.
@@ -74,27 +75,55 @@ def _interpolate(mesh: int, y: np.ndarray) -> np.ndarray:
     return y[:, inds] * (1 - residual) + y[:, inds + 1] * residual
 
 
-class _Rows:
-    """The rows sorted by f, their running sums, and the spectra of their deposits per grid size.
+class DepositSpectra(ABC):
+    """The rFFT of each row's reflected deposits per grid size, computed once per row and grid.
 
     relplot's deposit (``smooth_round_to_grid``) puts weight (1 − frac) w on grid point j and
-    frac·w on j + 1, where j = ⌊f (G − 1)⌋ (clipped to G − 2) and frac = f (G − 1) − j. Summed over
-    the samples of cell j, that is (1 + j) Σw − (G − 1) Σfw and (G − 1) Σfw − j Σw: with the rows
-    sorted by f, every cell's Σw and Σfw are differences of running sums, so the deposits of any
-    grid size cost O(G) per row instead of a pass over the samples. (A sample exactly on a cell
-    boundary gives the same deposit from either side: all its weight lands on that grid point.)
-    The weights are w = f − y (the residual) and w = 1.
+    frac·w on j + 1, where j = ⌊f (G − 1)⌋ (clipped to G − 2) and frac = f (G − 1) − j, for the
+    weights w = f − y (the residual) and w = 1. A subclass says how the deposits are found
+    (``deposits``): from the running sums of sorted rows here (``_Rows``), by one ``bincount``
+    per weight for the groups of a split (mtl_cog.evaluation.group_bins).
     """
 
-    def __init__(self, rows: SortedRows) -> None:
-        self.f = rows.confidence
-        self._cum = {"r": rows.cum_conf - rows.cum_hit, "f": rows.cum_conf,
-                     "fr": running_sum(self.f * (self.f - rows.hit))}
+    def __init__(self, count: int) -> None:
+        self.count = count
         self._spectra: dict[int, np.ndarray] = {}  # grid -> (C, 2, n_fft // 2 + 1) rFFT of the reflected deposits
         self._computed: dict[int, np.ndarray] = {}  # grid -> which rows are in _spectra[grid]
 
+    @abstractmethod
     def deposits(self, rows: np.ndarray, grid: int) -> np.ndarray:
         """-> (len(rows), 2, grid): the deposits of the residual and of ones."""
+
+    def spectra(self, rows: np.ndarray, grid: int) -> np.ndarray:
+        """rFFT of each row's reflected deposits, wrapped onto ``_fft_length(grid)`` points -> (len(rows), 2, ·)."""
+        if grid not in self._spectra:
+            self._spectra[grid] = np.zeros((self.count, 2, _fft_length(grid) // 2 + 1), dtype=complex)
+            self._computed[grid] = np.zeros(self.count, dtype=bool)
+        missing = rows[~self._computed[grid][rows]]
+        if len(missing):
+            self._spectra[grid][missing] = fft.rfft(_wrap(_reflect(self.deposits(missing, grid)), _fft_length(grid)),
+                                                    axis=-1)
+            self._computed[grid][missing] = True
+        return self._spectra[grid][rows]
+
+
+class _Rows(DepositSpectra):
+    """The deposits of rows sorted by f, from their running sums.
+
+    Summed over the samples of cell j, the deposits are (1 + j) Σw − (G − 1) Σfw on j and
+    (G − 1) Σfw − j Σw on j + 1: with the rows sorted by f, every cell's Σw and Σfw are
+    differences of running sums, so the deposits of any grid size cost O(G) per row instead of a
+    pass over the samples. (A sample exactly on a cell boundary gives the same deposit from
+    either side: all its weight lands on that grid point.)
+    """
+
+    def __init__(self, rows: SortedRows) -> None:
+        super().__init__(len(rows.confidence))
+        self.f = rows.confidence
+        self._cum = {"r": rows.cum_conf - rows.cum_hit, "f": rows.cum_conf,
+                     "fr": running_sum(self.f * (self.f - rows.hit))}
+
+    def deposits(self, rows: np.ndarray, grid: int) -> np.ndarray:
         cuts = np.arange(1, grid - 1) / (grid - 1)  # where cells 1 .. G − 2 start
         n = self.f.shape[1]
         starts = np.empty((len(rows), grid), dtype=np.int64)
@@ -109,18 +138,6 @@ class _Rows:
             out[:, k, :-1] += (1 + cell) * plain - (grid - 1) * weighted
             out[:, k, 1:] += (grid - 1) * weighted - cell * plain
         return out
-
-    def spectra(self, rows: np.ndarray, grid: int) -> np.ndarray:
-        """rFFT of each row's reflected deposits, wrapped onto ``_fft_length(grid)`` points -> (len(rows), 2, ·)."""
-        if grid not in self._spectra:
-            self._spectra[grid] = np.zeros((len(self.f), 2, _fft_length(grid) // 2 + 1), dtype=complex)
-            self._computed[grid] = np.zeros(len(self.f), dtype=bool)
-        missing = rows[~self._computed[grid][rows]]
-        if len(missing):
-            self._spectra[grid][missing] = fft.rfft(_wrap(_reflect(self.deposits(missing, grid)), _fft_length(grid)),
-                                                    axis=-1)
-            self._computed[grid][missing] = True
-        return self._spectra[grid][rows]
 
 
 def _valid_start(grid: int) -> int:
@@ -149,10 +166,10 @@ def _wrap(values: np.ndarray, length: int) -> np.ndarray:
     return out
 
 
-def _smooth_ece_at(data: _Rows, rows: np.ndarray, sigmas: np.ndarray) -> np.ndarray:
+def _smooth_ece_at(data: DepositSpectra, rows: np.ndarray, sigmas: np.ndarray) -> np.ndarray:
     """``relplot.metrics.smooth_ece`` (smECE at a fixed bandwidth) of ``rows``, each at its σ."""
     out = np.empty(len(rows))
-    grids, meshes = _grid_sizes(sigmas), _mesh_sizes(sigmas)
+    grids, meshes = grid_sizes(sigmas), _mesh_sizes(sigmas)
     for grid, mesh in sorted({(int(g), int(m)) for g, m in zip(grids, meshes)}):
         group = np.flatnonzero((grids == grid) & (meshes == mesh))
         spectra = data.spectra(rows[group], grid)
@@ -219,5 +236,10 @@ def smooth_ece_at(rows: SortedRows, sigmas: np.ndarray) -> np.ndarray:
     by the same function); the subgroup metrics use the whole split's σ* inside every group
     (mtl_cog.evaluation.groups), one evaluation instead of a bisection of eleven.
     """
+    return smooth_ece_of_deposits(_Rows(rows), sigmas)
+
+
+def smooth_ece_of_deposits(data: DepositSpectra, sigmas: np.ndarray) -> np.ndarray:
+    """smECE_σ of each row of ``data`` (any source of deposits), row i at ``sigmas[i]``."""
     sigmas = np.asarray(sigmas, dtype=np.float64)
-    return _smooth_ece_at(_Rows(rows), np.arange(len(sigmas)), sigmas)
+    return _smooth_ece_at(data, np.arange(len(sigmas)), sigmas)
