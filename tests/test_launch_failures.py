@@ -45,6 +45,22 @@ def test_each_failed_process_gets_one_line_and_a_user_error_is_not_repeated(monk
     ]  # process 1 exited with 2: it printed its own error line
 
 
+def test_processes_the_launcher_stopped_after_a_failure_get_no_line(monkeypatch, capsys):
+    """torchrun SIGTERMs the survivors of a failed process; a SIGTERM is a cause only when nothing else failed."""
+    launches = iter([{0: _failure(-signal.SIGTERM, 11), 1: _failure(-signal.SIGKILL, 12)},
+                     {0: _failure(-signal.SIGTERM, 13)}])
+
+    def failing(args):
+        raise ChildFailedError("scripts/train_mtl.py", next(launches))
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", failing)
+    for named in ("process 1 (pid 12)", "process 0 (pid 13)"):
+        with pytest.raises(SystemExit):
+            launch.main([*MULTI, "--num_processes", "2", "scripts/train_mtl.py"])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {named} of this 2-process launch"), lines
+
+
 def test_one_process_launch_keeps_exit_code_2_with_quiet(monkeypatch, capsys):
     """--quiet would make Accelerate's one-process launcher exit 1 whatever the script's code; launch sees it."""
     codes = iter([2, 1])

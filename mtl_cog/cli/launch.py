@@ -69,8 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         launch_command(args)
     except ChildFailedError as err:
-        lines = [describe_failure(rank, failure, args.num_processes or len(err.failures))
-                 for rank, failure in sorted(err.failures.items())]
+        failures = sorted(err.failures.items())
+        # once one process has failed, torchrun stops the others with SIGTERM: those are no cause of their own
+        # (a survivor may be stopped after it printed its own line, which must not be followed by a second)
+        causes = [(rank, failure) for rank, failure in failures if failure.signal_name() != "SIGTERM"] or failures
+        lines = [describe_failure(rank, failure, args.num_processes or len(err.failures)) for rank, failure in causes]
         for line in filter(None, lines):
             print(f"error: {line}", file=sys.stderr, flush=True)
         sys.exit(USER_ERROR_EXIT)

@@ -272,7 +272,7 @@ class OptimConfig:
 
 
 PRECISIONS = ("no", "bf16", "fp16")
-DEFAULT_DIST_TIMEOUT_S = 1800  # torch's own default for gloo (30 min)
+DEFAULT_DIST_TIMEOUT_S = 1800  # torch's own default for gloo (30 min); for NCCL torch would take 10 min
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a bound that still ends a wait for a process that is gone
 
 
