@@ -244,3 +244,45 @@ def test_figures_and_truth_metrics_use_labelled_rows():
                              [p[every] for p in truth], [15])
     assert labelled_truth_metrics(hidden, [15]) == expected
     assert labelled_truth_metrics(Predictions(["a", "b", "c"], logits, labels), [15]) is None  # no p*
+
+
+def test_the_data_description_counts_labelled_entries_only():
+    """prepare_data --describe on a data set with missing labels (it crashed on -100 in bincount)."""
+    from mtl_cog.data.task_api import SplitData, TaskData
+    from mtl_cog.reporting.data_description import correlated_pairs, describe_markdown, prevalence_rows
+
+    g = torch.Generator().manual_seed(0)
+    full = torch.stack([torch.randint(0, k, (60,), generator=g) for k in LAYOUT.num_classes], 1)
+    full[:, 1] = torch.where(torch.rand(60, generator=g) < 0.8, full[:, 0], 1 - full[:, 0])  # correlated with a
+    labels = full.masked_fill(torch.rand(full.shape, generator=g) < 0.3, MISSING_LABEL)
+    spec = TaskSpec("toy", ("a", "b", "c", "k"), LAYOUT.num_classes, (0.5,) * 3, (0.2,) * 3)
+    images = torch.zeros((60, 3, 4, 4), dtype=torch.uint8)
+    data = TaskData(spec, {"train": SplitData(images, labels), "test": SplitData(images, labels)})
+    rows = {name: shares["train"] for name, _, shares in prevalence_rows(data)}
+    for t, name in enumerate(["a", "b", "c"]):
+        known = labels[:, t][labels[:, t] != MISSING_LABEL]
+        assert rows[name] == pytest.approx(float((known == 1).float().mean()))
+    aligned = (labels[:, :3] != MISSING_LABEL).all(1)
+    subset = TaskData(spec, {"train": SplitData(images[aligned], full[aligned])})
+    assert correlated_pairs(data, 3) == correlated_pairs(subset, 3) and correlated_pairs(data, 3)[0][:2] == ("a", "b")
+    assert "Input-blind predictor" in describe_markdown(data, 2)
+
+
+def test_list_scale_update_fits_each_tasks_temperature_on_its_labelled_validation_rows():
+    """LiST's L update (and calibration_drift's fitted T) use fit_temperatures: task by task, its labelled rows."""
+    from mtl_cog.models.calibrators import fit_temperatures
+
+    rng = np.random.default_rng(0)
+    logits = [rng.normal(size=300) * 3, rng.normal(size=300) * 2, rng.normal(size=(300, 4)) * 3]
+    # labels drawn from the logits at temperature 2 (over-confident logits): a finite optimum near T = 2
+    chosen = [rng.random(300) < 1 / (1 + np.exp(-z / 2)) for z in logits[:2]]
+    probs = np.exp(logits[2] / 2) / np.exp(logits[2] / 2).sum(1, keepdims=True)
+    full = [c.astype(np.int64) for c in chosen] + [(rng.random(300)[:, None] > probs.cumsum(1)).sum(1)]
+    labels = [np.where(rng.random(300) < 0.3, MISSING_LABEL, y) for y in full]
+    layout = LogitLayout((2, 2, 4))
+    masked = fit_temperatures(layout, logits, labels)
+    assert ((masked > 1.3) & (masked < 3)).all()
+    for t, (z, y) in enumerate(zip(logits, labels)):
+        keep = y != MISSING_LABEL
+        alone = fit_temperatures(LogitLayout((layout.num_classes[t],)), [z[keep]], [y[keep]])
+        assert torch.allclose(masked[t], alone[0], rtol=1e-5), t
