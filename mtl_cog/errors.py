@@ -72,8 +72,12 @@ class PeerLostError(UserError, RuntimeError):
 # GPUs). Only these become a PeerLostError: any other distributed failure is a bug and keeps its traceback.
 PEER_LOST_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
                      "NCCL communicator was aborted", "Connection refused")
+# ... and when it did not answer within the process group's timeout (train.dist_timeout_s): a process or
+# machine that hangs, is stopped or lost its network without closing its connections (gloo's message).
+PEER_SILENT_MARKERS = ("Timed out waiting",)
 # A process other than the main one waits this long before printing a user error (see _print_error).
 NON_MAIN_GRACE_S = 10.0
+
 
 def peer_lost(err: BaseException) -> PeerLostError | None:
     """``err`` as a ``PeerLostError`` if it is a multi-process run losing one of its processes, else None."""
@@ -81,15 +85,26 @@ def peer_lost(err: BaseException) -> PeerLostError | None:
         return None
     kinds = {kind.__name__ for kind in type(err).__mro__}
     text = str(err)
-    if not ({"DistNetworkError", "DistBackendError"} & kinds or
+    silent = isinstance(err, RuntimeError) and any(marker in text for marker in PEER_SILENT_MARKERS)
+    if not ({"DistNetworkError", "DistBackendError"} & kinds or silent or
             (isinstance(err, RuntimeError) and any(marker in text for marker in PEER_LOST_MARKERS))):
         return None
     first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    launch = f"{os.environ['WORLD_SIZE']}-process launch"
+    # torchrun sets LOCAL_WORLD_SIZE, the processes of this machine: fewer than WORLD_SIZE = several machines
+    several_machines = os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]) != os.environ["WORLD_SIZE"]
+    report = "The launch on that process's machine" if several_machines else "The launcher's report below"
+    resume = "A training run keeps its last saved state: continue it with --resume RUN_DIR."
+    if silent:
+        return PeerLostError(
+            f"another process of this {launch} did not answer within train.dist_timeout_s, so this one cannot go on "
+            f"({first_line[:200]}): it hangs or was stopped, or its machine lost power or its network. {resume} If "
+            "one process rightly works alone for longer (the main process building a data cache), raise "
+            "train.dist_timeout_s."
+        )
     return PeerLostError(
-        f"another process of this {os.environ['WORLD_SIZE']}-process launch stopped, so this one cannot go on "
-        f"({first_line[:200]}). The launcher's report below names the process that failed first and why "
-        "(its own error line, or a signal such as SIGKILL). A training run keeps its last saved state: continue "
-        "it with --resume RUN_DIR."
+        f"another process of this {launch} stopped, so this one cannot go on ({first_line[:200]}). {report} names "
+        f"the process that failed first and why (its own error line, or a signal such as SIGKILL). {resume}"
     )
 
 

@@ -229,6 +229,33 @@ def test_lost_peer_is_one_error_line_and_other_failures_keep_their_traceback(mon
     assert isinstance(PeerLostError("x"), RuntimeError)
 
 
+def test_a_peer_that_does_not_answer_in_time_is_one_error_line_naming_the_timeout(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one process on each of two machines
+    timeout = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv operation to complete"
+    with pytest.raises(SystemExit) as info:
+        run_cli(lambda: (_ for _ in ()).throw(RuntimeError(timeout)))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "Timed out waiting 20000ms" in err
+    assert "did not answer within train.dist_timeout_s" in err and "--resume RUN_DIR" in err
+    with pytest.raises(SystemExit):
+        run_cli(lambda: (_ for _ in ()).throw(RuntimeError("[gloo/pair.cc:534] Connection reset by peer")))
+    assert "The launch on that process's machine names the process that failed first" in capsys.readouterr().err
+
+
+def test_a_cpu_launch_of_several_unconnected_processes_is_refused_before_writing(tmp_path, monkeypatch, capsys):
+    # what `accelerate launch --cpu --num_machines 2 ...` (its simple launcher, no mpirun) gives each process
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    err = user_error("train_mtl", tiny(tmp_path, "run_name=r"), capsys)
+    assert "started this process on its own" in err and "Leave out --cpu" in err
+    assert not (tmp_path / "runs").exists()  # refused before the run folder
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")  # under mpirun the processes know of each other
+    from mtl_cog.training.accelerator import check_processes_connected
+    check_processes_connected()
+
+
 def test_a_non_main_process_still_reports_an_error_only_it_hit(monkeypatch, capsys):
     import mtl_cog.errors as errors
 

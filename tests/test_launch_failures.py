@@ -15,6 +15,7 @@ from test_robustness import REPO, tiny
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from mtl_cog.cli import launch
+from mtl_cog.errors import run_cli
 from mtl_cog.runs import rundir
 
 MULTI = ["--config_file", str(REPO / "configs" / "accelerate" / "multi_process.yaml"), "--quiet"]
@@ -42,6 +43,62 @@ def test_each_failed_process_gets_one_line_and_a_user_error_is_not_repeated(monk
         "error: process 2 (pid 13) of this 3-process launch ended with exit code 1 (its output above says why). A "
         "training run keeps its last saved state: continue it with --resume RUN_DIR.",
     ]  # process 1 exited with 2: it printed its own error line
+
+
+def test_processes_the_launcher_stopped_after_a_failure_get_no_line(monkeypatch, capsys):
+    """torchrun SIGTERMs the survivors of a failed process; a SIGTERM is a cause only when nothing else failed."""
+    launches = iter([{0: _failure(-signal.SIGTERM, 11), 1: _failure(-signal.SIGKILL, 12)},
+                     {0: _failure(-signal.SIGTERM, 13)}])
+
+    def failing(args):
+        raise ChildFailedError("scripts/train_mtl.py", next(launches))
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", failing)
+    for named in ("process 1 (pid 12)", "process 0 (pid 13)"):
+        with pytest.raises(SystemExit):
+            launch.main([*MULTI, "--num_processes", "2", "scripts/train_mtl.py"])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {named} of this 2-process launch"), lines
+
+
+def test_one_process_launch_keeps_exit_code_2_with_quiet(monkeypatch, capsys):
+    """--quiet would make Accelerate's one-process launcher exit 1 whatever the script's code; launch sees it."""
+    codes = iter([2, 1])
+
+    def failing(args):
+        assert not args.quiet
+        raise subprocess.CalledProcessError(next(codes), ["python", "scripts/train_mtl.py"])
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", failing)
+    for printed in ("", "error: the launched process ended with exit code 1 (its output above says why).\n"):
+        with pytest.raises(SystemExit) as info:
+            run_cli(lambda: launch.main(["--quiet", "scripts/train_mtl.py"]))
+        assert info.value.code == 2 and capsys.readouterr().err == printed
+
+
+def test_machines_that_do_not_meet_or_a_busy_port_are_one_line(monkeypatch, capsys):
+    from torch.distributed import DistStoreError
+
+    raised = iter([DistStoreError("Timed out after 601 seconds waiting for clients. 1/2 clients joined.\nframe #0"),
+                   ConnectionError("Tried to launch distributed communication on port `29500`, but another process "
+                                   "is utilizing it."),
+                   DistStoreError("one machine meets itself: a bug")])
+
+    def failing(args):
+        raise next(raised)
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", failing)
+    machines = ["--num_machines", "2", "--num_processes", "2", "--machine_rank", "0", "--main_process_ip", "10.0.0.1",
+                "--main_process_port", "29500", "scripts/train_mtl.py"]
+    for expected in ("error: the 2 machines of this launch did not meet at 10.0.0.1:29500 (Timed out after 601 "
+                     "seconds waiting for clients. 1/2 clients joined.). Start every machine",
+                     "error: Tried to launch distributed communication on port `29500`"):
+        with pytest.raises(SystemExit) as info:
+            run_cli(lambda: launch.main(machines))
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.startswith(expected) and err.count("\n") == 1, err
+    with pytest.raises(DistStoreError):
+        launch.main(["scripts/train_mtl.py"])
 
 
 @pytest.mark.slow

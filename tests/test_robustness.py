@@ -170,6 +170,8 @@ TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "zero epochs": (lambda t: tiny(t, "train.epochs=0"), ["train.epochs must be > 0. Got 0"]),
     "negative save_every_steps": (lambda t: tiny(t, "train.save_every_steps=-1"),
                                   ["train.save_every_steps must be >= 0"]),
+    "unbounded process-group timeout": (lambda t: tiny(t, "train.dist_timeout_s=0"),
+                                        ["train.dist_timeout_s must be between 1 and 604800 seconds"]),
     "bad nonfinite policy": (lambda t: tiny(t, "train.nonfinite=ignore"),
                              ["train.nonfinite must be 'stop' or 'skip'. Got 'ignore'"]),
     "unknown task": (lambda t: tiny(t, "data.task=celba"), ["unknown task 'celba'", "Did you mean celeba?"]),

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
         return metrics
 
     cfg = open_finished_run(args.run, args.unfinished, "--unfinished")  # DONE + the files it wrote
-    accelerator = create_accelerator()
+    accelerator = create_accelerator(timeout_s=cfg.train.dist_timeout_s)
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
     check_same_spec(run_task_spec(cfg, args.run), task_data.spec, args.run)
@@ -156,8 +156,8 @@ def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: 
         raise UserError(f"--posthoc {' '.join(unsupported)} cannot be combined with --shift (it re-runs the network "
                         f"on perturbed images of its own); use {', '.join(POSTHOC_METHODS)}.")
     levels = parse_severities(severities) if severities else None  # a bad range fails before anything loads
-    accelerator = create_accelerator()
     cfg = rundir.load_run_config(run_dir)
+    accelerator = create_accelerator(timeout_s=cfg.train.dist_timeout_s)
     levels = levels or list(cfg.eval.shift_severities)
     val = load_predictions(run_dir / rundir.predictions_file("val")) if posthoc else None  # before the work
     with accelerator.main_process_first():

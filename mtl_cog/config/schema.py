@@ -272,6 +272,8 @@ class OptimConfig:
 
 
 PRECISIONS = ("no", "bf16", "fp16")
+DEFAULT_DIST_TIMEOUT_S = 1800  # torch's own default for gloo (30 min); for NCCL torch would take 10 min
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a bound that still ends a wait for a process that is gone
 
 
 @dataclass
@@ -290,6 +292,10 @@ class TrainConfig:
     channels_last: bool = False  # NHWC memory format for conv nets (faster tensor cores on GPUs)
     compile: bool = False  # torch.compile the network in place (nn.Module.compile)
     images_on_device: bool = False  # keep the training split's uint8 images on the GPU when they fit
+    # Several processes: how long a collective (or the main process building a data cache alone) may wait for
+    # another process before this one gives up with an error; a machine that vanishes without closing its
+    # connections is noticed after this long (docs/failure_paths.md).
+    dist_timeout_s: int = DEFAULT_DIST_TIMEOUT_S
 
     def validate(self) -> None:
         _positive(self, "epochs", "batch_size", "eval_batch_size", "log_every_steps", prefix="train")
@@ -297,6 +303,9 @@ class TrainConfig:
             raise ConfigError(
                 f"train.save_every_steps must be >= 0 (0 = only at epoch ends). Got {self.save_every_steps}."
             )
+        if not 1 <= self.dist_timeout_s <= MAX_DIST_TIMEOUT_S:
+            raise ConfigError(f"train.dist_timeout_s must be between 1 and {MAX_DIST_TIMEOUT_S} seconds (a week): a "
+                              f"bounded wait for another process. Got {self.dist_timeout_s}.")
         if self.nonfinite not in ("stop", "skip"):
             raise ConfigError(f"train.nonfinite must be 'stop' or 'skip'. Got {self.nonfinite!r}.")
         if self.precision not in PRECISIONS:

@@ -176,7 +176,7 @@ def fit(cfg: Config, *, resume_dir: Path | None = None, overwrite: bool = False,
 def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, held: ExitStack,
          saved_config: Config | None) -> RunResult:
     check_registered_names(cfg)  # a misspelt head or loss fails now, not after hours of stage one
-    accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision)
+    accelerator = create_accelerator(log_with(cfg.tracking), cfg.train.precision, cfg.train.dist_timeout_s)
     set_seed(cfg.seed)
     run_dir = open_run_folder(cfg, accelerator, resume_dir, overwrite, held)
     # refused changes (a key that cannot change, fewer epochs than already trained) stop here, unwritten

@@ -35,7 +35,7 @@ APPLIED = {
     "optim.follower_lr", "optim.leader_lr", "optim.lr_step_epochs", "optim.lr_gamma", "optim.weight_decay",
     "optim.allow_leader_lr_geq_follower",
     "train.epochs", "train.save_every_steps", "train.log_every_steps", "train.nonfinite", "train.eval_batch_size",
-    "train.precision", "train.channels_last", "train.compile", "train.images_on_device",
+    "train.precision", "train.channels_last", "train.compile", "train.images_on_device", "train.dist_timeout_s",
     "tracking", "wandb_project", "wandb_group", "wandb_job_type",
 }
 
