@@ -89,6 +89,15 @@ def test_paired_differences_per_ratio_and_the_best_ratio_on_validation():
     assert best == 0.1 and per_ratio[1.0] == pytest.approx(0.7)
 
 
+def test_each_ratio_against_the_method_at_ratio_one():
+    """No hierarchy at the same follower rate is the reference that isolates the hierarchy."""
+    scores = _scores()
+    scores.loc[(scores["arm"] == "baseline"), "nll"] += 0.3  # a counterpart tuned elsewhere: another level
+    paired = paired_to_reference(scores, "cog_fc", "cog_fc", [0.1], reference_ratio=1.0).set_index("metric")
+    assert paired.loc["nll", "mean_difference"] == pytest.approx(-0.05) and paired.loc["nll", "reference"] == "cog_fc@1"
+    assert set(paired["ratio"]) == {0.1}
+
+
 def test_the_figure_draws_one_panel_per_metric():
     figure = curve_figure(curve_table(_scores()), "cog_fc", "t")
     assert len(figure.axes) == 5 and figure.axes[0].get_xscale() == "log"

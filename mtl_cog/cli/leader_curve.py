@@ -179,9 +179,11 @@ def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: l
                   edges: str, partial: str = "") -> Path:
     table = curve_table(scores)
     paired = paired_to_reference(scores, method, counterpart, ratios)
+    # what the hierarchy itself does: each ratio against ratio 1 at the same follower rate
+    no_hierarchy = paired_to_reference(scores, method, method, [r for r in ratios if r < 1], reference_ratio=1.0)
     best, val_nll = best_ratio(scores, method)
     atomic_write(out / "curve.csv", lambda tmp: table.to_csv(tmp, index=False))
-    atomic_write(out / "paired.csv", lambda tmp: paired.to_csv(tmp, index=False))
+    atomic_write(out / "paired.csv", lambda tmp: pd.concat([paired, no_hierarchy]).to_csv(tmp, index=False))
     lines = [f"# Leader-rate curve: {dataset} / {method}", "",
              "Mean over seeds of the task-averaged test metric, 95% t interval over seeds "
              "(mtl_cog/reporting/leader_curve.py). Ratio = leader / follower learning rate; 1 = no hierarchy.", ""]
@@ -197,6 +199,10 @@ def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: l
     wide = wide.pivot(index=["arm", "ratio"], columns="metric", values="value")[list(CURVE_METRICS)]
     lines += [markdown_table(wide.reset_index()), "", f"## {method} minus {counterpart}, paired by seed", "",
               markdown_table(paired), ""]
+    if not no_hierarchy.empty:
+        lines += [f"## {method} minus {method} at ratio 1 (no hierarchy, the same follower rate), paired by seed", "",
+                  "What the hierarchy itself does: the counterpart above was tuned on its own, often to another "
+                  "follower rate.", "", markdown_table(no_hierarchy), ""]
     atomic_write_text(out / "curve.md", "\n".join(lines))
     plots.save_figure(curve_figure(table, method, f"{dataset} / {method}"), out / "curve.png")
     print("\n".join(lines))
