@@ -5,17 +5,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_aggregators import ACCELERATOR, tiny_network
 
 from mtl_cog.config import DataConfig, MethodConfig
 from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.loading import hide_labels, load_task
 from mtl_cog.data.task_api import LogitLayout, TaskSpec, check_labels
 from mtl_cog.errors import ConfigError, DataError, PredictionFileError
+from mtl_cog.evaluation.margins import label_margin
 from mtl_cog.evaluation.metrics import compute_metrics, metrics_frame, task_metrics
 from mtl_cog.evaluation.posthoc import calibrate as posthoc_calibrate
 from mtl_cog.evaluation.predictions import Predictions
-from mtl_cog.objectives import build_objective, set_partial_labels
+from mtl_cog.evaluation.robustness import certified_accuracy, certified_radii
+from mtl_cog.evaluation.sharpness import margin_quantiles
+from mtl_cog.evaluation.truth import labelled_truth_metrics, truth_metrics
+from mtl_cog.models.heads import VariationalHeads
+from mtl_cog.objectives import WithAuxiliaryLoss, build_objective, set_partial_labels
+from mtl_cog.objectives.aggregators import build_aggregator
+from mtl_cog.reporting.plots.reliability import _pool as reliability_pool
 from mtl_cog.reporting.run_report import write_run_report
+from mtl_cog.reporting.shift_report import mean_risk_coverage
+from mtl_cog.training.aggregated_step import Aggregation, aggregated_loss
+from mtl_cog.training.step import batch_loss
 
 LAYOUT = LogitLayout((2, 2, 2, 4))  # three binary tasks and one 4-class task
 LOSSES = ["ce", "ls", "focal", "mbls", "margin_ce"]
@@ -144,3 +155,134 @@ def test_the_run_report_draws_partly_labelled_predictions(tmp_path):
     table = metrics_frame(compute_metrics(["a", "b", "c"], logits, labels, [15]))
     report = write_run_report(tmp_path, Predictions(["a", "b", "c"], logits, labels), table)
     assert report is not None and report.png.is_file()
+
+
+# ------------------------------------------------- the other places that fit or score on labels (issue 21 audit)
+
+
+def test_vtst_kl_term_on_a_masked_batch_is_the_term_on_each_tasks_labelled_rows():
+    """V-TST's per-task NLL + KL / Z on task t's labelled subset, as its loss; fully labelled: bit for bit as before."""
+    heads = VariationalHeads(6, LAYOUT, latent_dim=3)
+    objective = build_objective(LAYOUT, MethodConfig(loss="ce"))
+    loss = WithAuxiliaryLoss(objective, heads, weight=0.7)
+    features = torch.randn(24, 6, generator=torch.Generator().manual_seed(0))
+    _, labels, full = masked_batch()
+    torch.manual_seed(5)
+    logits = heads(features)
+    kl = heads.auxiliary_terms().detach().clone()  # (B, T): this forward's per-sample terms
+    masked = loss(logits, labels)
+    for t in range(LAYOUT.num_tasks):
+        rows = labels[:, t] != MISSING_LABEL
+        expected = objective(logits[rows], full[rows])[t] + 0.7 * kl[rows, t].mean()
+        assert torch.allclose(masked[t], expected, atol=1e-6), t
+    assert torch.equal(loss(logits, full), objective(logits, full) + 0.7 * kl.mean(0))
+
+
+@pytest.mark.parametrize("aggregator", ["equal", "mgda"])
+def test_the_cog_leader_gradient_on_a_masked_batch_is_that_of_each_tasks_labelled_rows(aggregator):
+    """COG-TS's leader (one temperature per task) follows the mean loss: task t's temperature gets
+    (1/T) grad L_t of t's labelled rows, 0 for a task with no label in the batch, under any aggregator."""
+    network = tiny_network(LAYOUT, calibrator="temperature")
+    objective = build_objective(LAYOUT, MethodConfig(loss="ce"))
+    images = torch.randn(16, 3, 2, 2, generator=torch.Generator().manual_seed(2))
+    labels = torch.stack([torch.randint(0, k, (16,), generator=torch.Generator().manual_seed(3 + k))
+                          for k in LAYOUT.num_classes], 1)
+    hidden = torch.rand(labels.shape, generator=torch.Generator().manual_seed(4)) < 0.4
+    hidden[:, 2] = True  # task 2: no label in this batch
+    masked = labels.masked_fill(hidden, MISSING_LABEL)
+    network.zero_grad()
+    if aggregator == "equal":
+        batch_loss(network, objective, images, masked).backward()
+    else:
+        aggregation = Aggregation(build_aggregator(aggregator, LAYOUT.num_tasks), "features")
+        aggregated_loss(ACCELERATOR, network, objective, aggregation, images, masked,
+                        list(network.backbone.parameters())).backward.backward()
+    got = network.calibrator.log_temperature.grad.clone()
+    for t in range(LAYOUT.num_tasks):
+        rows = ~hidden[:, t]
+        if not rows.any():
+            assert got[t] == 0
+            continue
+        network.zero_grad()
+        (objective(network(images[rows]), labels[rows])[t] / LAYOUT.num_tasks).backward()
+        assert torch.allclose(got[t], network.calibrator.log_temperature.grad[t], atol=1e-6), t
+
+
+def test_certified_accuracy_and_margins_count_only_labelled_samples():
+    logits, labels = prediction_lists()
+    hidden = Predictions(["a", "b", "c"], logits, labels)
+    lipschitz = np.array([2.0, 1.0, 3.0])
+    radii = certified_radii(hidden, lipschitz)
+    accuracy = certified_accuracy(hidden, lipschitz, [0.1, 0.5])
+    for t, (z, y) in enumerate(zip(logits, labels)):
+        keep = y != MISSING_LABEL
+        alone = Predictions(["x"], [z[keep]], [y[keep]])
+        assert np.array_equal(radii[t], certified_radii(alone, lipschitz[[t]])[0])
+        assert accuracy["abc"[t]] == certified_accuracy(alone, lipschitz[[t]], [0.1, 0.5])["x"]
+    pooled = np.concatenate([label_margin(z[y != MISSING_LABEL], y[y != MISSING_LABEL])
+                             for z, y in zip(logits, labels)])
+    assert margin_quantiles(logits, labels) == margin_quantiles([pooled], [np.ones(len(pooled), dtype=int)])
+
+
+def test_figures_and_truth_metrics_use_labelled_rows():
+    logits, labels = prediction_lists()
+    rng = np.random.default_rng(7)
+    truth = [rng.random(200), rng.random(200), rng.dirichlet(np.ones(4), 200)]
+    hidden = Predictions(["a", "b", "c"], logits, labels, truth)
+    # risk-coverage (run report and compare): each task's curve on its labelled rows
+    grid, risk = mean_risk_coverage(hidden)
+    alone = [mean_risk_coverage(Predictions(["x"], [z[y != MISSING_LABEL]], [y[y != MISSING_LABEL]]))[1]
+             for z, y in zip(logits, labels)]
+    assert np.allclose(risk, np.mean(alone, axis=0))
+    # reliability figures pool each task's labelled rows
+    prob, outcome, _, _ = reliability_pool([hidden], None)
+    keep = [y != MISSING_LABEL for y in labels]
+    assert len(prob) == sum(k.sum() for k in keep) and set(np.unique(outcome)) <= {0.0, 1.0}
+    # truth metrics (run report and compare): the rows labelled in every task
+    every = np.logical_and.reduce(keep)
+    expected = truth_metrics(["a", "b", "c"], [z[every] for z in logits], [y[every] for y in labels],
+                             [p[every] for p in truth], [15])
+    assert labelled_truth_metrics(hidden, [15]) == expected
+    assert labelled_truth_metrics(Predictions(["a", "b", "c"], logits, labels), [15]) is None  # no p*
+
+
+def test_the_data_description_counts_labelled_entries_only():
+    """prepare_data --describe on a data set with missing labels (it crashed on -100 in bincount)."""
+    from mtl_cog.data.task_api import SplitData, TaskData
+    from mtl_cog.reporting.data_description import correlated_pairs, describe_markdown, prevalence_rows
+
+    g = torch.Generator().manual_seed(0)
+    full = torch.stack([torch.randint(0, k, (60,), generator=g) for k in LAYOUT.num_classes], 1)
+    full[:, 1] = torch.where(torch.rand(60, generator=g) < 0.8, full[:, 0], 1 - full[:, 0])  # correlated with a
+    labels = full.masked_fill(torch.rand(full.shape, generator=g) < 0.3, MISSING_LABEL)
+    spec = TaskSpec("toy", ("a", "b", "c", "k"), LAYOUT.num_classes, (0.5,) * 3, (0.2,) * 3)
+    images = torch.zeros((60, 3, 4, 4), dtype=torch.uint8)
+    data = TaskData(spec, {"train": SplitData(images, labels), "test": SplitData(images, labels)})
+    rows = {name: shares["train"] for name, _, shares in prevalence_rows(data)}
+    for t, name in enumerate(["a", "b", "c"]):
+        known = labels[:, t][labels[:, t] != MISSING_LABEL]
+        assert rows[name] == pytest.approx(float((known == 1).float().mean()))
+    aligned = (labels[:, :3] != MISSING_LABEL).all(1)
+    subset = TaskData(spec, {"train": SplitData(images[aligned], full[aligned])})
+    assert correlated_pairs(data, 3) == correlated_pairs(subset, 3) and correlated_pairs(data, 3)[0][:2] == ("a", "b")
+    assert "Input-blind predictor" in describe_markdown(data, 2)
+
+
+def test_list_scale_update_fits_each_tasks_temperature_on_its_labelled_validation_rows():
+    """LiST's L update (and calibration_drift's fitted T) use fit_temperatures: task by task, its labelled rows."""
+    from mtl_cog.models.calibrators import fit_temperatures
+
+    rng = np.random.default_rng(0)
+    logits = [rng.normal(size=300) * 3, rng.normal(size=300) * 2, rng.normal(size=(300, 4)) * 3]
+    # labels drawn from the logits at temperature 2 (over-confident logits): a finite optimum near T = 2
+    chosen = [rng.random(300) < 1 / (1 + np.exp(-z / 2)) for z in logits[:2]]
+    probs = np.exp(logits[2] / 2) / np.exp(logits[2] / 2).sum(1, keepdims=True)
+    full = [c.astype(np.int64) for c in chosen] + [(rng.random(300)[:, None] > probs.cumsum(1)).sum(1)]
+    labels = [np.where(rng.random(300) < 0.3, MISSING_LABEL, y) for y in full]
+    layout = LogitLayout((2, 2, 4))
+    masked = fit_temperatures(layout, logits, labels)
+    assert ((masked > 1.3) & (masked < 3)).all()
+    for t, (z, y) in enumerate(zip(logits, labels)):
+        keep = y != MISSING_LABEL
+        alone = fit_temperatures(LogitLayout((layout.num_classes[t],)), [z[keep]], [y[keep]])
+        assert torch.allclose(masked[t], alone[0], rtol=1e-5), t

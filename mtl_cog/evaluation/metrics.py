@@ -50,7 +50,7 @@ from mtl_cog.evaluation.binning import (  # noqa: F401  (binned_calibration_erro
     uniform_bin_index,
 )
 from mtl_cog.evaluation.brier_decomposition import decompose_sorted
-from mtl_cog.evaluation.predictions import labelled_rows
+from mtl_cog.evaluation.predictions import labelled_rows, require_labelled
 from mtl_cog.evaluation.selective import SELECTIVE_METRICS, aurc_from_sorted_logits, aurc_rows
 from mtl_cog.evaluation.smooth_ece import smooth_ece_sorted
 
@@ -209,11 +209,9 @@ def compute_metrics(
         per_task, task_sums, binary, binary_probs, y = _score_tasks(task_names, logits, labels, bins, selective,
                                                                     bandwidths)
     else:
+        require_labelled(task_names, labels)
         per_task, task_sums = {}, {}
         for t, name in enumerate(task_names):
-            if not known[t].any():
-                raise PredictionFileError(f"task {name!r} has no labelled sample (every label is {MISSING_LABEL}): "
-                                          "there is nothing to score it on. Label some samples of every task.")
             z_t, y_t = labelled_rows(logits[t], labels[t])
             scored, sums = _score_tasks([name], [z_t], [y_t], bins, selective, bandwidths)[:2]
             per_task[name], task_sums[t] = scored[name], sums[0]

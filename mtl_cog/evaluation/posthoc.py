@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from mtl_cog.errors import PosthocError
-from mtl_cog.evaluation.predictions import Predictions, flat_tensors, labelled_rows, layout_of
+from mtl_cog.evaluation.predictions import Predictions, flat_tensors, labelled_rows, layout_of, require_labelled
 from mtl_cog.evaluation.stability import StabilityTemperature, apply_stability, fit_stability
 from mtl_cog.models.calibrators import CALIBRATORS, fit_calibrator
 from mtl_cog.registry import Registry
@@ -299,6 +299,7 @@ def check_pair(method: str, val: Predictions, test: Predictions) -> None:
         )
     if len(val) == 0:
         raise PosthocError(f"post-hoc {method!r}: the validation predictions hold no samples to fit on.")
+    require_labelled(val.task_names, val.labels, f"post-hoc {method!r}: the validation predictions' ", PosthocError)
     if layout_of(test).num_classes != layout_of(val).num_classes:
         raise PosthocError("validation and test predictions have different numbers of classes per task.")
 

@@ -52,6 +52,17 @@ def labelled_rows(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, n
     return np.asarray(logits)[known], labels[known]
 
 
+def require_labelled(task_names: list[str], labels: list[np.ndarray], where: str = "",
+                     error: type[Exception] = PredictionFileError) -> None:
+    """Refuse (``error``, its message prefixed by ``where``) a task with no labelled sample: every label
+    ``MISSING_LABEL``, so there is nothing to score it on or fit its calibrator to. The one check behind
+    loading a prediction file, scoring and every post-hoc fit."""
+    for name, y in zip(task_names, labels):
+        if not (np.asarray(y) != MISSING_LABEL).any():
+            raise error(f"{where}task {name!r} has no labelled sample (every label is {MISSING_LABEL}): there is "
+                        "nothing to score or fit it on. Label some samples of every task in every split.")
+
+
 def labelled_only(predictions: Predictions, every_task: bool = False) -> Predictions:
     """``predictions`` without unlabelled rows: per task (ragged: each task keeps its own labelled rows), or,
     with ``every_task``, the rows labelled in every task (aligned, for what pairs tasks up: counts, joints).
@@ -59,8 +70,17 @@ def labelled_only(predictions: Predictions, every_task: bool = False) -> Predict
     known = [np.asarray(y) != MISSING_LABEL for y in predictions.labels]
     if all(k.all() for k in known):
         return predictions
-    rows = np.logical_and.reduce(known) if every_task else None
-    keep = [rows if every_task else k for k in known]
+    if every_task:
+        return select_rows(predictions, np.logical_and.reduce(known))
+    return _take(predictions, known)
+
+
+def select_rows(predictions: Predictions, rows: np.ndarray) -> Predictions:
+    """The same ``rows`` (an (N,) bool mask or indices) of every task: still aligned across tasks."""
+    return _take(predictions, [rows] * len(predictions.task_names))
+
+
+def _take(predictions: Predictions, keep: list[np.ndarray]) -> Predictions:
     return Predictions(list(predictions.task_names), [np.asarray(z)[m] for z, m in zip(predictions.logits, keep)],
                        [np.asarray(y)[m] for y, m in zip(predictions.labels, keep)],
                        None if predictions.true_probs is None
@@ -250,6 +270,4 @@ def _check_task(path: Path, name: str, z: np.ndarray, y: np.ndarray) -> None:
             f"{path}: task {name!r}: labels must be in [0, {num_classes - 1}] or {MISSING_LABEL} (missing); "
             f"got [{known.min()}, {known.max()}]."
         )
-    if not len(known):
-        raise PredictionFileError(f"{path}: task {name!r} has no labelled sample (every label is {MISSING_LABEL}): "
-                                  "there is nothing to score or fit.")
+    require_labelled([name], [y], f"{path}: ")

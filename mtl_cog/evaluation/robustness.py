@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from mtl_cog.evaluation.margins import label_margin
-from mtl_cog.evaluation.predictions import Predictions
+from mtl_cog.evaluation.predictions import Predictions, labelled_rows
 
 
 def metric_name(eps: float) -> str:
@@ -32,12 +32,15 @@ def metric_name(eps: float) -> str:
 
 
 def certified_radii(predictions: Predictions, lipschitz: np.ndarray) -> list[np.ndarray]:
-    """Per task, (N,) certified l2 radius of each sample; 0 where the prediction is wrong (or a tie).
+    """Per task, the certified l2 radius of each of its labelled samples (all N when every label is known);
+    0 where the prediction is wrong (or a tie). A sample whose label is unknown (``MISSING_LABEL``) has no
+    "correct" class, so no radius: it is left out, as from every metric.
 
     ``lipschitz`` (T,) bounds each task's logit map w.r.t. the same input scale as the radii.
     """
     radii = []
     for t, (z, y) in enumerate(zip(predictions.logits, predictions.labels)):
+        z, y = labelled_rows(z, y)
         # binary: one logit z, |z| / L; K classes: the margin spans two logits, so / (sqrt(2) L)
         scale = lipschitz[t] if np.ndim(z) == 1 else math.sqrt(2) * lipschitz[t]
         radii.append(np.maximum(label_margin(z, y) / scale, 0.0))
@@ -45,7 +48,7 @@ def certified_radii(predictions: Predictions, lipschitz: np.ndarray) -> list[np.
 
 
 def certified_accuracy(predictions: Predictions, lipschitz: np.ndarray, eps_values: list[float]) -> dict[str, dict]:
-    """{task: {cert_acc@eps: fraction of samples correct with certified radius >= eps (and > 0)}}."""
+    """{task: {cert_acc@eps: fraction of its labelled samples correct with certified radius >= eps (and > 0)}}."""
     out: dict[str, dict[str, float]] = {}
     for name, radius in zip(predictions.task_names, certified_radii(predictions, lipschitz)):
         out[name] = {metric_name(eps): float(np.mean((radius > 0) & (radius >= eps))) if len(radius) else float("nan")

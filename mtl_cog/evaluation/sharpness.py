@@ -42,6 +42,7 @@ from torch import nn
 
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.evaluation.margins import label_margin
+from mtl_cog.evaluation.predictions import labelled_rows
 
 MARGIN_QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)
 
@@ -155,8 +156,9 @@ def hutchinson_trace(model: nn.Module, images: torch.Tensor, layout: LogitLayout
 
 
 def signed_margins(logits: list[np.ndarray], labels: list[np.ndarray]) -> np.ndarray:
-    """Every task's signed margin of the label, pooled: (2y − 1) z, or z_y − max_{k≠y} z_k."""
-    return np.concatenate([label_margin(z, y) for z, y in zip(logits, labels)])
+    """Every task's signed margin of the label, pooled: (2y − 1) z, or z_y − max_{k≠y} z_k; of the labelled
+    (task, sample) entries only (an unknown label, ``MISSING_LABEL``, has no margin)."""
+    return np.concatenate([label_margin(*labelled_rows(z, y)) for z, y in zip(logits, labels)])
 
 
 def margin_quantiles(logits: list[np.ndarray], labels: list[np.ndarray],

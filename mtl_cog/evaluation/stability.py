@@ -26,10 +26,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.batches import crop_and_flip
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import PosthocError
-from mtl_cog.evaluation.predictions import Predictions, flat_tensors, layout_of
+from mtl_cog.evaluation.predictions import Predictions, flat_tensors, layout_of, require_labelled, select_rows
 from mtl_cog.models.calibrators import fit_calibrator
 
 PERTURBATIONS = ("hflip", "shift", "noise", "occlusion")
@@ -116,10 +117,22 @@ def check_images(name: str, images: torch.Tensor, predictions: Predictions) -> N
 
 def fit_stability(network: nn.Module, transform, val_images: torch.Tensor, val: Predictions, perturbations: int = 8,
                   seed: int = 0) -> StabilityTemperature:
-    """(a_t, b_t) per task fitted on ``val`` (its images in the predictions' order) by ``fit_calibrator``."""
+    """(a_t, b_t) per task fitted on ``val`` (its images in the predictions' order) by ``fit_calibrator``.
+
+    Partly labelled data (labels ``MISSING_LABEL``): task t's (a_t, b_t) see only the rows labelled
+    for t (``task_nll`` leaves the others out, and no parameter is shared between tasks, so this is
+    the fit on t's labelled subset); a task with no labelled row is refused, as by every post-hoc
+    method; and only the samples labelled in some task are re-run through the network, since an
+    image labelled in no task adds nothing to any task's fit. (Dropping those rows moves the later
+    rows' batch start, hence their random perturbations: the same fit in law, not bit for bit.)
+    """
     check_images("validation", val_images, val)
     if len(val) == 0:
         raise PosthocError("stability scaling: the validation predictions are empty; nothing to fit on.")
+    require_labelled(val.task_names, val.labels, "stability scaling: the validation predictions' ", PosthocError)
+    anywhere = np.logical_or.reduce([np.asarray(y) != MISSING_LABEL for y in val.labels])
+    if not anywhere.all():
+        val, val_images = select_rows(val, anywhere), val_images[torch.from_numpy(anywhere)]
     layout = layout_of(val)
     calibrator = StabilityTemperature(layout).double()
     val_logits, val_labels = flat_tensors(val, layout)
@@ -132,7 +145,8 @@ def fit_stability(network: nn.Module, transform, val_images: torch.Tensor, val: 
 
 def apply_stability(calibrator: StabilityTemperature, network: nn.Module, transform, images: torch.Tensor,
                     predictions: Predictions, perturbations: int = 8, seed: int = 1) -> Predictions:
-    """``predictions`` rescaled by a fitted ``calibrator``; ``seed`` differs from the fit's (other perturbations)."""
+    """``predictions`` rescaled by a fitted ``calibrator``; ``seed`` differs from the fit's (other perturbations).
+    Every row is rescaled, labelled or not (prediction files keep every row); scoring reads the labelled ones."""
     layout = layout_of(predictions)
     calibrator.instability = torch.as_tensor(1 - stability(network, transform, images, layout, perturbations, seed),
                                              dtype=torch.float64)

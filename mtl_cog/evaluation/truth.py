@@ -51,6 +51,7 @@ from mtl_cog.errors import TruthError
 from mtl_cog.evaluation import multitask_metrics as multitask
 from mtl_cog.evaluation.binning import CLAMP, bin_sums, errors_from_sums, uniform_bin_index
 from mtl_cog.evaluation.metrics import NORMS
+from mtl_cog.evaluation.predictions import Predictions, labelled_only
 from mtl_cog.evaluation.smooth_ece import smooth_ece
 
 FLOOR_METRICS = ("bayes_accuracy", "bayes_nll", "bayes_brier", "bayes_accuracy_exp", "bayes_nll_exp",
@@ -130,6 +131,18 @@ def _task_truth(logits: np.ndarray, true_probs: np.ndarray, labels: np.ndarray, 
     out["bayes_nll_exp"] = float(-(p_true * log_true).sum(1).mean())
     out["bayes_brier_exp"] = float((p_true * (1 - p_true)).sum(1).mean())
     return out, sums
+
+
+def labelled_truth_metrics(predictions: Predictions, bins: list[int] | tuple[int, ...]) -> dict[str, dict] | None:
+    """``truth_metrics`` of ``predictions`` on the rows labelled in every task, or None without p* or with
+    fewer than two such rows. Partly labelled data: the Bayes scores need each row's label and the
+    noise-free joint metrics pair tasks up, so every truth metric uses the same aligned rows."""
+    if predictions.true_probs is None:
+        return None
+    aligned = labelled_only(predictions, every_task=True)
+    if len(aligned) < 2:
+        return None
+    return truth_metrics(aligned.task_names, aligned.logits, aligned.labels, aligned.true_probs, bins)
 
 
 def truth_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],

@@ -30,9 +30,15 @@ class Heads(nn.Module):
     # the two-stage network and loop apply; preflight refuses it as ``model.head``.
     supports_one_stage: bool = True
 
+    def auxiliary_terms(self) -> torch.Tensor | None:
+        """Per-sample, per-task terms (B, T) of the last forward that the training losses add, reduced like
+        each task's loss (``WithAuxiliaryLoss``: over the samples labelled for the task); None: ordinary heads."""
+        return None
+
     def auxiliary_loss(self) -> torch.Tensor | float:
-        """Per-task terms (T,) added to the per-task training losses, from the last forward (0 for ordinary heads)."""
-        return 0.0
+        """Those terms' batch means (T,) (0 for ordinary heads)."""
+        terms = self.auxiliary_terms()
+        return 0.0 if terms is None else terms.mean(0)
 
 
 @HEADS.register("linear")
@@ -129,6 +135,8 @@ class VariationalHeads(_GroupedStack):
     of sum_d KL_d / Z, with KL_d the divergence of latent dimension d from N(0, 1). It is added to
     task t's loss (``WithAuxiliaryLoss``); the mean over tasks of the training step then gives each
     task's head exactly the authors' single-task objective NLL + KL / Z, scaled by 1/T like its NLL.
+    Partly labelled data: the mean is over the samples labelled for t (``auxiliary_terms`` gives the
+    per-sample terms), as t's NLL is, so t's objective is the authors' one on t's labelled subset.
 
     Only two-stage runs can use it (``supports_one_stage = False``): the one-stage network neither
     adds the KL term nor averages samples at evaluation.
@@ -152,9 +160,9 @@ class VariationalHeads(_GroupedStack):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         mean, log_var = self.moments(features)
         latent = mean + torch.randn_like(mean) * torch.exp(0.5 * log_var)
-        self._kl = (gaussian_kl(mean, log_var) / self.latent_dim).mean(0)  # (T,)
+        self._kl = gaussian_kl(mean, log_var) / self.latent_dim  # (B, T)
         return self.output(latent)
 
-    def auxiliary_loss(self) -> torch.Tensor | float:
-        """(T,) per-task KL term of the last forward (see the class docstring)."""
-        return 0.0 if self._kl is None else self._kl
+    def auxiliary_terms(self) -> torch.Tensor | None:
+        """(B, T) per-sample, per-task KL term of the last forward (see the class docstring)."""
+        return self._kl

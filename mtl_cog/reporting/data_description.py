@@ -5,12 +5,17 @@ the tables in docs/data.md are computed from the data, not typed. Prevalence of 
 its share of positives; a K-class task shows its most frequent class and that class's share.
 Correlations are Pearson's between the 0/1 labels of two binary tasks (the phi coefficient), the
 same pairs ``pair_joint_ece`` scores (``evaluation.multitask_metrics.select_pairs``).
+
+Partly labelled data (``MISSING_LABEL``): a task's shares count its labelled samples; the
+correlations and positives per sample use the samples labelled in every binary task, as the
+joint metrics do; the input-blind predictor is fitted on and scored on labelled entries.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.task_api import TaskData
 from mtl_cog.evaluation.multitask_metrics import select_pairs
 from mtl_cog.evaluation.predictions import Predictions
@@ -24,7 +29,7 @@ def prevalence_rows(data: TaskData) -> list[tuple[str, str, dict[str, float]]]:
     rows = []
     first = "train" if "train" in data.splits else next(iter(data.splits))
     for t, (name, k) in enumerate(zip(data.spec.task_names, data.spec.num_classes)):
-        counts = {s: np.bincount(split.labels[:, t].numpy(), minlength=k) for s, split in data.splits.items()}
+        counts = {s: _class_counts(split.labels[:, t].numpy(), k) for s, split in data.splits.items()}
         shown = 1 if k == 2 else int(np.argmax(counts[first]))
         kind = "binary" if k == 2 else f"{k} classes, most frequent {shown}"
         shares = {s: float(c[shown] / c.sum()) if c.sum() else float("nan") for s, c in counts.items()}
@@ -32,20 +37,32 @@ def prevalence_rows(data: TaskData) -> list[tuple[str, str, dict[str, float]]]:
     return rows
 
 
+def _class_counts(column: np.ndarray, k: int) -> np.ndarray:
+    """(k,) samples per class among the labelled entries of one task's label column."""
+    return np.bincount(column[column != MISSING_LABEL], minlength=k)
+
+
+def _binary_labels(data: TaskData, split: str) -> tuple[list[int], np.ndarray]:
+    """The binary tasks and their labels (N', Tb) on the samples of ``split`` labelled in every one of them."""
+    binary = [t for t, c in enumerate(data.spec.num_classes) if c == 2]
+    labels = data.splits[split].labels[:, binary].numpy()
+    return binary, labels[(labels != MISSING_LABEL).all(axis=1)]
+
+
 def correlated_pairs(data: TaskData, k: int, split: str = "train") -> list[tuple[str, str, float]]:
     """The k binary-task pairs with the largest |correlation| of their labels on ``split``."""
-    binary = [t for t, c in enumerate(data.spec.num_classes) if c == 2]
-    if len(binary) < 2:
+    binary, labels = _binary_labels(data, split)
+    if len(binary) < 2 or len(labels) < 2:
         return []
-    labels = data.splits[split].labels[:, binary].numpy().T.astype(np.float64)
+    labels = labels.T.astype(np.float64)
     names = [data.spec.task_names[t] for t in binary]
     return [(names[i], names[j], corr) for i, j, corr in select_pairs(labels, k)]
 
 
 def positives_per_sample(data: TaskData, split: str = "train") -> np.ndarray | None:
     """How many binary tasks are positive in each sample of ``split`` (None without two binary tasks)."""
-    binary = [t for t, c in enumerate(data.spec.num_classes) if c == 2]
-    return data.splits[split].labels[:, binary].numpy().sum(axis=1) if len(binary) >= 2 else None
+    binary, labels = _binary_labels(data, split)
+    return labels.sum(axis=1) if len(binary) >= 2 else None
 
 
 def prior_predictor_scores(data: TaskData, fit: str = "train", scored: str = "test") -> dict[str, float]:
@@ -56,7 +73,7 @@ def prior_predictor_scores(data: TaskData, fit: str = "train", scored: str = "te
     """
     logits, labels = [], []
     for t, k in enumerate(data.spec.num_classes):
-        counts = np.bincount(data.splits[fit].labels[:, t].numpy(), minlength=k) + 0.5  # no share of exactly 0
+        counts = _class_counts(data.splits[fit].labels[:, t].numpy(), k) + 0.5  # no share of exactly 0
         shares = counts / counts.sum()
         column = data.splits[scored].labels[:, t].numpy()
         n = len(column)

@@ -30,8 +30,8 @@ from accelerate import Accelerator
 
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.evaluation.metrics import metrics_frame
-from mtl_cog.evaluation.predictions import Predictions, labelled_only, load_predictions
-from mtl_cog.evaluation.truth import truth_metrics
+from mtl_cog.evaluation.predictions import Predictions, load_predictions
+from mtl_cog.evaluation.truth import labelled_truth_metrics
 from mtl_cog.io import atomic_write
 from mtl_cog.reporting import plots
 from mtl_cog.reporting.shift_report import risk_coverage_figure
@@ -45,22 +45,21 @@ def write_report_files(run_dir: Path, predictions: Predictions, table: pd.DataFr
     ``predictions`` and ``table`` are the test predictions and their ``metrics_frame`` as the run holds
     them in memory (``mtl_cog.reporting.end_of_run``); nothing is read back from the files just written.
     """
-    # partly labelled data: every figure and truth metric of a task uses its labelled rows; the count
-    # calibration, which adds up a sample's tasks, the rows labelled in every task
-    labelled, aligned = labelled_only(predictions), labelled_only(predictions, every_task=True)
-    if predictions.true_probs is not None and len(aligned) >= 2:  # else left out (docs/mtl.md)
-        bins = sorted({int(c.split("@")[1]) for c in table.columns if c.startswith("ece@")} | {n_bins})
-        truth = metrics_frame(truth_metrics(aligned.task_names, aligned.logits, aligned.labels,
-                                            aligned.true_probs, bins))
+    # partly labelled data: each figure takes its labelled rows itself (a task's own, or those labelled in
+    # every task for the count calibration); the truth metrics the rows labelled in every task (docs/mtl.md)
+    bins = sorted({int(c.split("@")[1]) for c in table.columns if c.startswith("ece@")} | {n_bins})
+    scores = labelled_truth_metrics(predictions, bins)
+    if scores is not None:
+        truth = metrics_frame(scores)
         atomic_write(run_dir / rundir.TRUTH_METRICS, lambda tmp: truth.to_csv(tmp, index=False))
         table = table.merge(truth, on="task", how="left")
-    figure = plots.reliability_figure([labelled], run_dir.name, n_bins)
+    figure = plots.reliability_figure([predictions], run_dir.name, n_bins)
     png = plots.save_figure(figure, run_dir / rundir.RELIABILITY_PNG)
-    extra = {"smooth_reliability": plots.save_figure(plots.smooth_reliability_figure([labelled], run_dir.name),
+    extra = {"smooth_reliability": plots.save_figure(plots.smooth_reliability_figure([predictions], run_dir.name),
                                                      run_dir / rundir.SMOOTH_RELIABILITY_PNG)}
     extra["risk_coverage"] = plots.save_figure(risk_coverage_figure({run_dir.name: predictions}, "test split"),
                                                run_dir / rundir.RISK_COVERAGE_PNG)
-    counts = plots.count_calibration_figure([aligned], run_dir.name) if len(aligned) >= 2 else None
+    counts = plots.count_calibration_figure([predictions], run_dir.name)
     if counts is not None:
         extra["count_calibration"] = plots.save_figure(counts, run_dir / rundir.COUNT_CALIBRATION_PNG)
     return table, png, extra

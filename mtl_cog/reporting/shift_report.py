@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.evaluation import shift
 from mtl_cog.evaluation.groups import cells_frame
-from mtl_cog.evaluation.predictions import Predictions
+from mtl_cog.evaluation.predictions import Predictions, labelled_rows
 from mtl_cog.evaluation.selective import risk_coverage, task_confidence_error
 from mtl_cog.io import atomic_write
 from mtl_cog.reporting.plots import method_colors, save_figure  # (sets matplotlib's Agg backend first)
@@ -52,11 +52,12 @@ def shift_figure(curves: pd.DataFrame, title: str) -> Figure:
 
 
 def mean_risk_coverage(predictions: Predictions, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """Risk at ``points`` coverages in (0, 1], averaged over tasks (each task's curve interpolated there)."""
+    """Risk at ``points`` coverages in (0, 1], averaged over tasks (each task's curve interpolated there),
+    each task on its labelled rows (partly labelled data)."""
     grid = np.linspace(1 / points, 1, points)
     curves = []
     for logits, labels in zip(predictions.logits, predictions.labels):
-        coverage, risk = risk_coverage(*task_confidence_error(logits, labels))
+        coverage, risk = risk_coverage(*task_confidence_error(*labelled_rows(logits, labels)))
         curves.append(np.interp(grid, coverage, risk))
     return grid, np.mean(curves, axis=0)
 

@@ -32,7 +32,7 @@ from mtl_cog.evaluation.metrics import (
 )
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.predictions import load_predictions
-from mtl_cog.evaluation.truth import truth_metrics
+from mtl_cog.evaluation.truth import labelled_truth_metrics
 from mtl_cog.progress import track
 from mtl_cog.reporting.run_records import RunRecord, Variant
 
@@ -57,9 +57,8 @@ def score_variant(variant: Variant, bins: list[int], groups: list[str] | tuple[s
     scores = score_with_groups(predictions.task_names, predictions.logits, predictions.labels, bins, DEFAULT_PAIRS,
                                groups)
     scores.pop("groups", None)  # the cells stay in the run's group_metrics.csv
-    if predictions.true_probs is not None:
-        truth = truth_metrics(predictions.task_names, predictions.logits, predictions.labels,
-                              predictions.true_probs, bins)
+    truth = labelled_truth_metrics(predictions, bins)  # partly labelled: the rows labelled in every task
+    if truth is not None:
         for task in scores["tasks"]:
             scores["tasks"][task].update(truth["tasks"][task])
         scores["mean"].update(truth["mean"])

@@ -20,7 +20,7 @@ from scipy.special import expit, softmax
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.evaluation.binning import CLAMP, bin_sums, errors_from_sums, uniform_bin_index
 from mtl_cog.evaluation.multitask_metrics import count_calibration
-from mtl_cog.evaluation.predictions import Predictions
+from mtl_cog.evaluation.predictions import Predictions, labelled_only
 
 
 def calibration_inputs(logits: np.ndarray, labels: np.ndarray,
@@ -36,9 +36,10 @@ def calibration_inputs(logits: np.ndarray, labels: np.ndarray,
 
 
 def _pool(predictions: list[Predictions], task: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, bool]:
-    """Concatenate a task (or every task, ``task=None``) over the seeds' prediction files."""
+    """Concatenate a task (or every task, ``task=None``) over the seeds' prediction files; each task's
+    labelled rows only (partly labelled data)."""
     parts = []
-    for pred in predictions:
+    for pred in map(labelled_only, predictions):
         for t in range(len(pred.task_names)) if task is None else [task]:
             truth = None if pred.true_probs is None else pred.true_probs[t]
             parts.append(calibration_inputs(pred.logits[t], pred.labels[t], truth))
@@ -248,8 +249,12 @@ def count_calibration_figure(predictions: list[Predictions], title: str) -> Figu
     """Expected number of positive attributes Σ_t p_t per image against the actual count (binary tasks).
 
     Top: mean actual count per integer bin of the expected count (and the mean true expected count
-    Σ_t p*_t where known); bottom: images per bin. None with fewer than two binary tasks.
+    Σ_t p*_t where known); bottom: images per bin. None with fewer than two binary tasks. Partly labelled
+    data: the images labelled in every task (a count needs all of them); None with fewer than two.
     """
+    predictions = [labelled_only(p, every_task=True) for p in predictions]
+    if sum(len(p) for p in predictions) < 2:
+        return None
     binary = [t for t, z in enumerate(predictions[0].logits) if np.ndim(z) == 1]
     if len(binary) < 2:
         return None
