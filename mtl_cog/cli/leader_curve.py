@@ -18,8 +18,8 @@ e.g. LS for COG+LS).
 
 Written to ``--out`` (default ``runs/leader-curve-<dataset>-<method>``): ``runs/`` (one folder per
 run), ``curve.csv`` (arm, ratio, metric: mean over seeds of the task mean, 95 % t interval over
-seeds), ``paired.csv`` (the method minus its counterpart per ratio, paired by seed, with a
-verdict), ``curve.md`` (both, and the best ratio on validation NLL), ``curve.png``. The same
+seeds), ``paired.csv`` (the method minus its counterpart per ratio, and minus itself at ratio 1,
+paired by seed, with a verdict), ``curve.md`` (both, and the best ratio on validation NLL), ``curve.png``. The same
 command again reuses finished runs and resumes unfinished ones (``train --resume``).
 """
 
