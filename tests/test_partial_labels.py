@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_aggregators import ACCELERATOR, tiny_network
+from test_aggregators import tiny_network
 
 from mtl_cog.config import DataConfig, MethodConfig
 from mtl_cog.constants import MISSING_LABEL
@@ -25,6 +25,7 @@ from mtl_cog.objectives.aggregators import build_aggregator
 from mtl_cog.reporting.plots.reliability import _pool as reliability_pool
 from mtl_cog.reporting.run_report import write_run_report
 from mtl_cog.reporting.shift_report import mean_risk_coverage
+from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.aggregated_step import Aggregation, aggregated_loss
 from mtl_cog.training.step import batch_loss
 
@@ -179,7 +180,8 @@ def test_vtst_kl_term_on_a_masked_batch_is_the_term_on_each_tasks_labelled_rows(
 
 
 @pytest.mark.parametrize("aggregator", ["equal", "mgda"])
-def test_the_cog_leader_gradient_on_a_masked_batch_is_that_of_each_tasks_labelled_rows(aggregator):
+def test_the_cog_leader_gradient_on_a_masked_batch_is_that_of_each_tasks_labelled_rows(aggregator,
+                                                                                    fresh_accelerate_state):
     """COG-TS's leader (one temperature per task) follows the mean loss: task t's temperature gets
     (1/T) grad L_t of t's labelled rows, 0 for a task with no label in the batch, under any aggregator."""
     network = tiny_network(LAYOUT, calibrator="temperature")
@@ -195,7 +197,8 @@ def test_the_cog_leader_gradient_on_a_masked_batch_is_that_of_each_tasks_labelle
         batch_loss(network, objective, images, masked).backward()
     else:
         aggregation = Aggregation(build_aggregator(aggregator, LAYOUT.num_tasks), "features")
-        aggregated_loss(ACCELERATOR, network, objective, aggregation, images, masked,
+        # an accelerator of its own: another test may have reset accelerate's process-wide state
+        aggregated_loss(create_accelerator(), network, objective, aggregation, images, masked,
                         list(network.backbone.parameters())).backward.backward()
     got = network.calibrator.log_temperature.grad.clone()
     for t in range(LAYOUT.num_tasks):
