@@ -98,12 +98,14 @@ def _per_sample(logits: list[np.ndarray], labels: list[np.ndarray]) -> np.ndarra
             log_p = log_softmax(np.asarray(z, dtype=np.float64), axis=1)
             probs = np.exp(log_p)
             predicted = probs.argmax(1)
-            out[4, t] = probs[np.arange(len(y)), predicted]
-            out[0, t] = out[3, t] = predicted == y
-            out[1, t] = -log_p[np.arange(len(y)), y]
+            correct, nll, brier, outcome, confidence = out[:, t]  # views, in the order of PER_SAMPLE
+            confidence[...] = probs[np.arange(len(y)), predicted]
+            correct[...] = outcome[...] = predicted == y
+            nll[...] = -log_p[np.arange(len(y)), y]
             probs[np.arange(len(y)), y] -= 1
-            out[2, t] = (probs**2).sum(1)
-    np.clip(out[4], CLAMP, 1 - CLAMP, out=out[4])
+            brier[...] = (probs**2).sum(1)
+    confidences = out[PER_SAMPLE.index("confidence")]
+    np.clip(confidences, CLAMP, 1 - CLAMP, out=confidences)
     return out
 
 
