@@ -8,13 +8,14 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from mtl_cog.errors import UserError
 from mtl_cog.experiments import protocol, tuning
 
 KNOBS = [protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True), protocol.Knob("leader_ratio", 1e-3, 1.0, log=True)]
 
 
 def _study(tmp_path: Path, name: str = "ds-cog_fc", budget: int = 4, prune: bool = False) -> optuna.Study:
-    return tuning.open_study(tuning.storage_url(tmp_path), name, epochs=9, prune=prune, budget=budget)
+    return tuning.open_study(tuning.storage_url(tmp_path), name, epochs=9, prune=prune, budget=budget, knobs=KNOBS)
 
 
 def test_the_study_starts_with_the_halton_points_then_tpe(tmp_path):
@@ -31,6 +32,22 @@ def test_the_study_starts_with_the_halton_points_then_tpe(tmp_path):
     assert asked[:3] == starts  # the space-filling start, exactly
     assert all(1e-4 <= a["optim.follower_lr"] <= 1e-2 and 1e-3 <= a["leader_ratio"] <= 1 for a in asked)
     assert tuning.result(study, 6).best.params["optim.follower_lr"] == min(a["optim.follower_lr"] for a in asked)
+
+
+def test_a_study_reopened_over_another_search_is_refused_and_the_same_search_resumes(tmp_path):
+    study = _study(tmp_path)
+    study.tell(study.ask(), 0.5)
+    assert len(_study(tmp_path).trials) == 1  # the same search: resumed
+    wider = [protocol.Knob("optim.follower_lr", 3e-4, 3e-2, log=True), KNOBS[1]]
+    url = tuning.storage_url(tmp_path)
+    changes = {"range": dict(knobs=wider, epochs=9, prune=False),
+               "epochs": dict(knobs=KNOBS, epochs=5, prune=False),
+               "pruning": dict(knobs=KNOBS, epochs=9, prune=True),
+               "knobs": dict(knobs=KNOBS[:1], epochs=9, prune=False)}
+    for change in changes.values():  # each alone makes the trials incomparable
+        with pytest.raises(UserError, match=r"optim.follower_lr \[0.0001, 0.01\].*9 epochs; pruning off.*new --out"):
+            tuning.open_study(url, "ds-cog_fc", budget=4, **change)
+    assert _study(tmp_path).user_attrs[tuning.SEARCH_ATTR] == tuning.search_record(KNOBS, 9, False)
 
 
 def test_the_follower_start_rates_are_the_same_for_every_method():
@@ -61,7 +78,7 @@ def test_a_running_trial_leaves_the_tuning_unfinished(tmp_path):
 
 
 def test_a_dead_trial_is_retried_with_its_parameters_and_its_first_number(tmp_path):
-    study = tuning.open_study(tuning.storage_url(tmp_path), "s", epochs=9, prune=False, budget=2)
+    study = tuning.open_study(tuning.storage_url(tmp_path), "s", epochs=9, prune=False, budget=2, knobs=KNOBS)
     dead = study.ask({"optim.follower_lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
     study._storage.record_heartbeat(dead._trial_id)  # its worker beat once, then died
     retry = optuna.storages.RetryHeartbeatStaleTrialCallback(3)  # as open_study's, with a 1 s grace period

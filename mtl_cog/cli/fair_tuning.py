@@ -36,7 +36,7 @@ def run(studies: Studies, args: argparse.Namespace, runner) -> None:
                                          if args.scale == "cpu" else ())
     jobs, complete = [], 0
     for spec in studies.values():
-        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget)
+        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget, spec.knobs)
         tuning.enqueue_start(study, list(spec.knobs), args.budget)
         tuning.settle_stale(study)
         if not tuning.has_work(study, args.budget):
@@ -63,7 +63,7 @@ def tuning_todo(spec: tuning.StudySpec, args: argparse.Namespace) -> int:
     url = study_url(args)
     if url == tuning.storage_url(args.out / "tuning") and not (args.out / "tuning" / tuning.STUDY_FILE).is_file():
         return args.budget
-    study = tuning.open_study(url, spec.name, spec.epochs, args.prune, args.budget)
+    study = tuning.open_study(url, spec.name, spec.epochs, args.prune, args.budget, spec.knobs)
     done = [t for t in tuning.counted_trials(study, args.budget)[0] if t.state.is_finished()]
     return args.budget - len(done)
 
@@ -95,7 +95,7 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
     """Per (dataset, method): every trial (trials.csv) and the chosen one; refused unless every study is complete."""
     rows, incomplete = [], []
     for (dataset, method), spec in studies.items():
-        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget)
+        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget, spec.knobs)
         outcome = tuning.result(study, args.budget)
         if outcome.unfinished or outcome.best is None:
             incomplete.append(f"{spec.name} ({len(outcome.trials) - len(outcome.unfinished)} of {args.budget} "

@@ -215,7 +215,7 @@ def study_specs(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, s
 
 
 def dataset_follower_lr(dataset: str, args: argparse.Namespace) -> float:
-    """The data set's follower rate at this scale (configs/datasets/<ds>.yaml, then CPU_SCALE): every method's centre."""
+    """The data set's follower rate at this scale (its configs/datasets file, then CPU_SCALE): the ranges' centre."""
     path = CONFIGS / "datasets" / f"{dataset}.yaml"
     if not path.is_file():
         raise UserError(f"{path} is missing: the fair protocol centres the learning-rate range on its follower_lr.")

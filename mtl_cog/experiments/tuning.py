@@ -19,6 +19,9 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
   state each epoch. A worker that dies stops its heartbeat; the next worker to start marks the
   trial failed and retries it with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the
   retry continues the same run folder (``trial_NN`` is the first attempt's number).
+- **One search per study.** The study records its knobs and ranges, the epochs per trial and
+  whether pruning is on (``check_same_search``); reopening it for another search is refused
+  rather than ranking trials of two searches together.
 - **Pruning (optional, ``--prune``).** Successive halving (``optuna.pruners.SuccessiveHalvingPruner``,
   Jamieson & Talwalkar 2016; asynchronous, Li et al. 2020) on the per-epoch validation NLL, with
   the same rungs for every method (``pruner``). A pruned trial counts toward the budget and is
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,9 +77,12 @@ def pruner(prune: bool, epochs: int) -> optuna.pruners.BasePruner:
     return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_resource(epochs), reduction_factor=REDUCTION)
 
 
-def open_study(url: str, name: str, epochs: int, prune: bool, budget: int,
+def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob],
                seed: int = SAMPLER_SEED) -> optuna.Study:
-    """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner."""
+    """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner.
+
+    Refused when the study was started over another search (``check_same_search``).
+    """
     with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
@@ -83,8 +90,38 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int,
                              heartbeat_stale_trial_callback=retry)
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
                                          constant_liar=True)
-    return optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
-                               pruner=pruner(prune, epochs), load_if_exists=True)
+    study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
+                                pruner=pruner(prune, epochs), load_if_exists=True)
+    check_same_search(study, url, search_record(knobs, epochs, prune))
+    return study
+
+
+SEARCH_ATTR = "search"  # the study's user attribute that records what its trials searched
+
+
+def search_record(knobs: Sequence[Knob], epochs: int, prune: bool) -> dict:
+    """What makes two trials comparable: the knobs and their ranges, the epochs per trial, pruning on or off."""
+    return {"knobs": [[k.key, k.low, k.high, k.log] for k in knobs], "epochs": epochs, "prune": prune}
+
+
+def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
+    """Record the search when the study is new; refuse one whose trials searched something else.
+
+    Why: Optuna lets a resumed study suggest from a changed range, and the choice would then rank
+    trials of two different searches together (a protocol folder tuned before the range moved,
+    ``--prune`` added or dropped, other epochs) and call the result one study of ``budget`` trials.
+    """
+    stored = study.user_attrs.get(SEARCH_ATTR)
+    if stored is None:  # new (or from before the record existed: nothing to compare with)
+        study.set_user_attr(SEARCH_ATTR, record)
+        return
+    if stored != record:
+        def describe(r: dict) -> str:
+            ranges = ", ".join(f"{key} [{low:g}, {high:g}]" for key, low, high, _ in r["knobs"])
+            return f"{ranges}; {r['epochs']} epochs; pruning {'on' if r['prune'] else 'off'}"
+        raise UserError(f"{url}: study {study.study_name!r} was tuned over {describe(stored)}, and this run asks "
+                        f"for {describe(record)}: its trials are not comparable. Use a new --out (or "
+                        "--study-storage), or the settings the study was started with.")
 
 
 def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int) -> None:
@@ -227,7 +264,7 @@ class StudySpec:
 def worker_args(spec: StudySpec, url: str, budget: int, prune: bool) -> list[str]:
     """``mtl_cog.cli.tune``'s arguments for a worker of ``spec``."""
     return ["--storage", url, "--study", spec.name, "--config", str(spec.config), "--base-follower-lr",
-            f"{spec.base_follower_lr:g}", "--budget", str(budget), *(["--prune"] if prune else []), "--",
+            repr(spec.base_follower_lr), "--budget", str(budget), *(["--prune"] if prune else []), "--",
             *spec.overrides]
 
 
