@@ -50,6 +50,14 @@ def test_a_study_reopened_over_another_search_is_refused_and_the_same_search_res
     assert _study(tmp_path).user_attrs[tuning.SEARCH_ATTR] == tuning.search_record(KNOBS, 9, False)
 
 
+
+def test_a_study_pruned_on_each_epochs_own_nll_is_not_resumed_under_the_kept_checkpoint_rule(tmp_path):
+    """Its trials' reports are another quantity: the pruner would compare the two at one rung."""
+    study = _study(tmp_path, prune=True)
+    study.set_user_attr(tuning.SEARCH_ATTR, {**tuning.search_record(KNOBS, 9, True), "prune": True})  # older rule
+    with pytest.raises(UserError, match="pruning on each epoch's own validation NLL.*pruning on the kept checkpoint"):
+        _study(tmp_path, prune=True)
+
 def test_the_follower_start_rates_are_the_same_for_every_method():
     baseline = protocol.start_points(KNOBS[:1], 4)
     cog = protocol.start_points(KNOBS, 4)
@@ -114,3 +122,48 @@ def test_epochs_trained_by_a_pruned_trial_are_up_to_its_last_report(tmp_path):
     rows = tuning.trials_table(spec, tuning.result(study, 2))
     assert [r["state"] for r in rows] == ["pruned", "complete"] and math.isnan(rows[0]["val_nll"])
     assert [r["chosen"] for r in rows] == ["", "*"]
+
+
+class _RecordingTrial:
+    """The two calls pruning_hook makes on an Optuna trial; never prunes."""
+
+    def __init__(self):
+        self.reports = []
+
+    def report(self, value, step):
+        self.reports.append((step, value))
+
+    def should_prune(self):
+        return False
+
+
+def _epoch_end(epoch: int, nll: float, best_epoch: int):
+    from mtl_cog.training.loop import EpochEnd
+
+    return EpochEnd("stage_one", epoch, 0.0, {"mean": {"nll": nll}}, None, None, epoch == best_epoch, best_epoch, True)
+
+
+def test_pruning_reports_the_kept_checkpoints_nll_not_the_epochs_own(tmp_path):
+    """A noisy epoch after a good checkpoint reports that checkpoint's NLL, the value the study ranks by."""
+    from mtl_cog.cli.tune import pruning_hook
+    from mtl_cog.runs import rundir
+    from mtl_cog.runs.metrics_log import append_line
+
+    trial = _RecordingTrial()
+    hook = pruning_hook(trial, tmp_path).on_epoch_end
+    for epoch, nll, best in ((1, 0.9, 1), (2, 0.7, 2), (3, 1.4, 2), (4, 0.6, 4)):
+        append_line(tmp_path / rundir.METRICS, {"epoch": epoch, "stage": "stage_one", "val": {"nll": nll}})
+        hook(_epoch_end(epoch, nll, best))
+    assert trial.reports == [(1, 0.9), (2, 0.7), (3, 0.7), (4, 0.6)]
+
+    # A trial resumed after a kill: its first epoch did not improve; the kept NLL comes from the file.
+    resumed = _RecordingTrial()
+    pruning_hook(resumed, tmp_path).on_epoch_end(_epoch_end(5, 2.0, 4))
+    assert resumed.reports == [(5, 0.6)]
+
+
+def test_pruning_refuses_a_run_whose_kept_epoch_has_no_metrics_line(tmp_path):
+    from mtl_cog.cli.tune import pruning_hook
+
+    with pytest.raises(UserError, match="epoch 4"):
+        pruning_hook(_RecordingTrial(), tmp_path).on_epoch_end(_epoch_end(5, 2.0, 4))

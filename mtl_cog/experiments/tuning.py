@@ -23,8 +23,9 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
   whether pruning is on (``check_same_search``); reopening it for another search is refused
   rather than ranking trials of two searches together.
 - **Pruning (optional, ``--prune``).** Successive halving (``optuna.pruners.SuccessiveHalvingPruner``,
-  Jamieson & Talwalkar 2016; asynchronous, Li et al. 2020) on the per-epoch validation NLL, with
-  the same rungs for every method (``pruner``). A pruned trial counts toward the budget and is
+  Jamieson & Talwalkar 2016; asynchronous, Li et al. 2020) on the validation NLL each epoch
+  reports: that of the checkpoint the run keeps so far, the quantity finished trials are ranked
+  by (``mtl_cog/cli/tune.py``), with the same rungs for every method (``pruner``). A pruned trial counts toward the budget and is
   never chosen. ``expected_epoch_share`` gives the dry run's estimate; the report states the
   measured share of epochs trained.
 
@@ -97,11 +98,17 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
 
 
 SEARCH_ATTR = "search"  # the study's user attribute that records what its trials searched
+# What a pruned trial reports after each epoch (mtl_cog/cli/tune.py). Part of the search record: studies
+# pruned before this rule (recorded as ``True``) reported each epoch's own NLL, and the pruner must
+# not compare the two kinds of report at one rung.
+PRUNING_REPORTS = "the kept checkpoint's validation NLL"
 
 
 def search_record(knobs: Sequence[Knob], epochs: int, prune: bool) -> dict:
-    """What makes two trials comparable: the knobs and their ranges, the epochs per trial, pruning on or off."""
-    return {"knobs": [[k.key, k.low, k.high, k.log] for k in knobs], "epochs": epochs, "prune": prune}
+    """What makes two trials comparable: the knobs and their ranges, the epochs per trial, pruning off or what it
+    ranks by."""
+    return {"knobs": [[k.key, k.low, k.high, k.log] for k in knobs], "epochs": epochs,
+            "prune": PRUNING_REPORTS if prune else False}
 
 
 def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
@@ -118,7 +125,8 @@ def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
     if stored != record:
         def describe(r: dict) -> str:
             ranges = ", ".join(f"{key} [{low:g}, {high:g}]" for key, low, high, _ in r["knobs"])
-            return f"{ranges}; {r['epochs']} epochs; pruning {'on' if r['prune'] else 'off'}"
+            pruning = {False: "off", True: "on each epoch's own validation NLL"}.get(r["prune"], f"on {r['prune']}")
+            return f"{ranges}; {r['epochs']} epochs; pruning {pruning}"
         raise UserError(f"{url}: study {study.study_name!r} was tuned over {describe(stored)}, and this run asks "
                         f"for {describe(record)}: its trials are not comparable. Use a new --out (or "
                         "--study-storage), or the settings the study was started with.")
