@@ -322,6 +322,16 @@ def test_fair_dry_run_plans_tuning_then_seeds(capsys, tmp_path, monkeypatch):
     assert "estimated total:" in text and not (tmp_path / "out").exists()
 
 
+def test_a_tuning_seed_among_the_evaluation_seeds_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from mtl_cog.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="--tuning-seed 1 is also one of --seeds"):
+        reproduce.main(["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", "--tuning-seed", "1",
+                        "--datasets", "digits", "--methods", "baseline", "--out", "out"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_dry_run_writes_nothing(capsys, tmp_path, monkeypatch):
     from mtl_cog.cli import train
 
@@ -356,7 +366,8 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
 
     monkeypatch.chdir(tmp_path)
     argv = ["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", "--epochs", "2", "--datasets", "digits",
-            "--methods", "baseline", "cog_fc", "--posthoc-on", "baseline", "--out", "out", "--jobs", "2"]
+            "--methods", "baseline", "cog_fc", "--posthoc-on", "baseline", "--out", "out", "--jobs", "2",
+            "--tuning-seed", "7"]
     report = reproduce.main(argv)
     chosen = pd.read_csv(report / "chosen_settings.csv", keep_default_na=False)
     assert sorted(chosen["method"]) == ["baseline", "cog_fc"] and set(chosen["trials"]) == {2}
@@ -382,7 +393,9 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
     pair = paired[(paired["variant"] == "cog_fc") & (paired["counterpart"] == "baseline")]
     assert set(pair["metric"]) >= {"nll", "brier", "accuracy"}
     assert (pair["ci_low"] <= pair["mean_difference"]).all() and (pair["mean_difference"] <= pair["ci_high"]).all()
-    assert "Optuna study of 2 trials" in (report / "protocol.md").read_text()
+    assert "Optuna study of 2 trials (trained with seed 7;" in (report / "protocol.md").read_text()
+    assert set(chosen["tuning_seed"]) == {7}  # --tuning-seed took effect: the trials trained with it
+    assert load_config(tmp_path / "out" / "tuning" / "digits-baseline" / "trial_00" / "config.yaml").seed == 7
     capsys.readouterr()
     reproduce.main(argv)  # nothing left to train: every run is reused
     out = capsys.readouterr().out

@@ -36,7 +36,8 @@ def run(studies: Studies, args: argparse.Namespace, runner) -> None:
                                          if args.scale == "cpu" else ())
     jobs, complete = [], 0
     for spec in studies.values():
-        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget, spec.knobs)
+        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget, spec.knobs,
+                                   spec.trial_seed)
         tuning.enqueue_start(study, list(spec.knobs), args.budget)
         tuning.settle_stale(study)
         if not tuning.has_work(study, args.budget):
@@ -63,7 +64,7 @@ def tuning_todo(spec: tuning.StudySpec, args: argparse.Namespace) -> int:
     url = study_url(args)
     if url == tuning.storage_url(args.out / "tuning") and not (args.out / "tuning" / tuning.STUDY_FILE).is_file():
         return args.budget
-    study = tuning.open_study(url, spec.name, spec.epochs, args.prune, args.budget, spec.knobs)
+    study = tuning.open_study(url, spec.name, spec.epochs, args.prune, args.budget, spec.knobs, spec.trial_seed)
     done = [t for t in tuning.counted_trials(study, args.budget)[0] if t.state.is_finished()]
     return args.budget - len(done)
 
@@ -95,7 +96,8 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
     """Per (dataset, method): every trial (trials.csv) and the chosen one; refused unless every study is complete."""
     rows, incomplete = [], []
     for (dataset, method), spec in studies.items():
-        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget, spec.knobs)
+        study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget, spec.knobs,
+                                   spec.trial_seed)
         outcome = tuning.result(study, args.budget)
         if outcome.unfinished or outcome.best is None:
             incomplete.append(f"{spec.name} ({len(outcome.trials) - len(outcome.unfinished)} of {args.budget} "
@@ -110,7 +112,7 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
                      "trials": len(outcome.trials), "pruned": sum(t.state.name == "PRUNED" for t in outcome.trials),
                      "epoch_share": trained / (len(outcome.trials) * spec.epochs), "extra_trials": len(outcome.extras),
                      "val_in_sample": protocol.fits_on_validation(load_config(spec.config, list(spec.overrides))),
-                     "tuning_seed": protocol.TUNE_SEED, "trial": best.user_attrs.get("run", "")})
+                     "tuning_seed": spec.trial_seed, "trial": best.user_attrs.get("run", "")})
     if incomplete:
         raise UserError(f"tuning is incomplete for {', '.join(incomplete)}: every method must get its whole budget, "
                         "so nothing was chosen. Fix the cause and run the same command again: it continues there.")

@@ -121,6 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="override every run's train.epochs")
     parser.add_argument("--budget", type=whole_number(1, protocol.MAX_BUDGET, "a number of tuning trials"), default=3,
                         help="fair: tuning trials per method and data set (default 3)")
+    parser.add_argument("--tuning-seed", type=whole_number(0, MAX_SEED, "a seed"), default=protocol.TUNE_SEED,
+                        help=f"fair: the seed every tuning trial trains with (default {protocol.TUNE_SEED}; never one "
+                             "of --seeds). Another value is another draw of the tuning, to see how much the choices "
+                             "depend on it; use a new --out")
     parser.add_argument("--prune", action="store_true",
                         help="fair: successive halving of the tuning trials (the same rungs for every method)")
     parser.add_argument("--tune-workers", type=whole_number(1, 4096, "workers >= 1"), default=None, metavar="N",
@@ -197,7 +201,7 @@ def resolved_config(job: Job, args: argparse.Namespace) -> Config:
 
 
 def study_specs(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, str], tuning.StudySpec]:
-    """(dataset, method) -> its Optuna study of ``--budget`` trials (seed protocol.TUNE_SEED)."""
+    """(dataset, method) -> its Optuna study of ``--budget`` trials, each trained with seed ``--tuning-seed``."""
     if args.budget < 1:
         raise UserError(f"--budget must be >= 1. Got {args.budget}.")
     studies = {}
@@ -205,12 +209,12 @@ def study_specs(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, s
         base_rate = dataset_follower_lr(dataset, args)
         for config in method_configs(dataset, args.methods):
             folder = tuning_dir / f"{dataset}-{config.stem}"
-            probe = Job(dataset, config.stem, protocol.TUNE_SEED, config, folder / "trial")
+            probe = Job(dataset, config.stem, args.tuning_seed, config, folder / "trial")
             cfg = resolved_config(probe, args)
             overrides = [o for o in run_overrides(probe, args) if not o.startswith("run_name=")]
             studies[(dataset, config.stem)] = tuning.StudySpec(
                 dataset, config.stem, config, tuple(overrides), base_rate,
-                tuple(protocol.search_space(cfg, base_rate)), cfg.train.epochs, folder)
+                tuple(protocol.search_space(cfg, base_rate)), cfg.train.epochs, folder, args.tuning_seed)
     return studies
 
 
@@ -305,6 +309,9 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     args = parse_args(argv)
     for seed in args.seeds:  # refused now, not by every one of the training runs
         check_seed(seed, "--seeds")
+    if args.protocol == "fair" and args.tuning_seed in args.seeds:
+        raise UserError(f"--tuning-seed {args.tuning_seed} is also one of --seeds: the chosen setting would be "
+                        "evaluated on the seed it was chosen on. Use a tuning seed outside --seeds.")
     check_writable(args.out, "--out", folder=True)
     runs_dir, report_dir, tuning_dir = args.out / "runs", args.out / "report", args.out / "tuning"
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
@@ -351,7 +358,7 @@ def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.D
     else:
         atomic_write(report_dir / f"{CHOSEN}.csv", lambda tmp: chosen.to_csv(tmp, index=False))
         atomic_write_text(report_dir / f"{CHOSEN}.md", markdown_table(chosen))
-        lines += [f"Every method had an Optuna study of {args.budget} trials (seed {protocol.TUNE_SEED}; "
+        lines += [f"Every method had an Optuna study of {args.budget} trials (trained with seed {args.tuning_seed}; "
                   f"{tuning.start_count(args.budget)} Halton start points, then TPE"
                   + (", successive halving" if args.prune else "") + ") on validation NLL; "
                   "the chosen settings (chosen_settings.csv) were then run with seeds "

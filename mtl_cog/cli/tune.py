@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     base = load_config(args.config, args.overrides)
     knobs = protocol.search_space(base, args.base_follower_lr)
     folder = Path(base.output_dir)
-    study = tuning.open_study(args.storage, args.study, base.train.epochs, args.prune, args.budget, knobs)
+    study = tuning.open_study(args.storage, args.study, base.train.epochs, args.prune, args.budget, knobs, base.seed)
     tuning.enqueue_start(study, knobs, args.budget)
 
     def objective(trial: optuna.Trial) -> float:

@@ -19,15 +19,15 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
   state each epoch. A worker that dies stops its heartbeat; the next worker to start marks the
   trial failed and retries it with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the
   retry continues the same run folder (``trial_NN`` is the first attempt's number).
-- **One search per study.** The study records its knobs and ranges, the epochs per trial and
-  whether pruning is on (``check_same_search``); reopening it for another search is refused
+- **One search per study.** The study records its knobs and ranges, the epochs per trial,
+  pruning and the seed the trials train with (``check_same_search``); reopening it for another search is refused
   rather than ranking trials of two searches together.
 - **Pruning (optional, ``--prune``).** Successive halving (``optuna.pruners.SuccessiveHalvingPruner``,
   Jamieson & Talwalkar 2016; asynchronous, Li et al. 2020) on the validation NLL each epoch
   reports: that of the checkpoint the run keeps so far, the quantity finished trials are ranked
-  by (``mtl_cog/cli/tune.py``), with the same rungs for every method (``pruner``). A pruned trial counts toward the budget and is
-  never chosen. ``expected_epoch_share`` gives the dry run's estimate; the report states the
-  measured share of epochs trained.
+  by (``mtl_cog/cli/tune.py``), with the same rungs for every method (``pruner``). A pruned
+  trial counts toward the budget and is never chosen. ``expected_epoch_share`` gives the dry
+  run's estimate; the report states the measured share of epochs trained.
 
 A trial's value is the validation NLL (mean over tasks) of its run's best checkpoint, the COG
 paper's tuning criterion (App. B); the setting with the lowest value is chosen.
@@ -46,7 +46,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from mtl_cog.errors import UserError
-from mtl_cog.experiments.protocol import SAMPLER_SEED, Knob, start_points
+from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, Knob, start_points
 
 STUDY_FILE = "optuna.db"
 HEARTBEAT_SECONDS = 20  # a live trial's worker writes its heartbeat this often (a thread, whatever the epoch length)
@@ -78,9 +78,10 @@ def pruner(prune: bool, epochs: int) -> optuna.pruners.BasePruner:
     return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_resource(epochs), reduction_factor=REDUCTION)
 
 
-def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob],
+def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob], trial_seed: int,
                seed: int = SAMPLER_SEED) -> optuna.Study:
-    """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner.
+    """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner; every trial
+    trains with seed ``trial_seed`` (``--tuning-seed``), the sampler draws with ``seed``.
 
     Refused when the study was started over another search (``check_same_search``).
     """
@@ -93,7 +94,7 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
                                          constant_liar=True)
     study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
                                 pruner=pruner(prune, epochs), load_if_exists=True)
-    check_same_search(study, url, search_record(knobs, epochs, prune))
+    check_same_search(study, url, search_record(knobs, epochs, prune, trial_seed))
     return study
 
 
@@ -104,11 +105,11 @@ SEARCH_ATTR = "search"  # the study's user attribute that records what its trial
 PRUNING_REPORTS = "the kept checkpoint's validation NLL"
 
 
-def search_record(knobs: Sequence[Knob], epochs: int, prune: bool) -> dict:
+def search_record(knobs: Sequence[Knob], epochs: int, prune: bool, trial_seed: int) -> dict:
     """What makes two trials comparable: the knobs and their ranges, the epochs per trial, pruning off or what it
-    ranks by."""
+    ranks by, the seed every trial trains with."""
     return {"knobs": [[k.key, k.low, k.high, k.log] for k in knobs], "epochs": epochs,
-            "prune": PRUNING_REPORTS if prune else False}
+            "prune": PRUNING_REPORTS if prune else False, "trial_seed": trial_seed}
 
 
 def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
@@ -122,11 +123,12 @@ def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
     if stored is None:  # new (or from before the record existed: nothing to compare with)
         study.set_user_attr(SEARCH_ATTR, record)
         return
+    stored = {"trial_seed": TUNE_SEED, **stored}  # recorded before --tuning-seed existed: trained with the default
     if stored != record:
         def describe(r: dict) -> str:
             ranges = ", ".join(f"{key} [{low:g}, {high:g}]" for key, low, high, _ in r["knobs"])
             pruning = {False: "off", True: "on each epoch's own validation NLL"}.get(r["prune"], f"on {r['prune']}")
-            return f"{ranges}; {r['epochs']} epochs; pruning {pruning}"
+            return f"{ranges}; {r['epochs']} epochs; pruning {pruning}; trials trained with seed {r['trial_seed']}"
         raise UserError(f"{url}: study {study.study_name!r} was tuned over {describe(stored)}, and this run asks "
                         f"for {describe(record)}: its trials are not comparable. Use a new --out (or "
                         "--study-storage), or the settings the study was started with.")
@@ -263,6 +265,7 @@ class StudySpec:
     knobs: tuple[Knob, ...]
     epochs: int
     folder: Path
+    trial_seed: int  # the training seed of every trial (also in ``overrides``)
 
     @property
     def name(self) -> str:
