@@ -11,6 +11,7 @@ import pytest
 from mtl_cog.config import load_config
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import gpu_time, protocol
+from mtl_cog.experiments.sweep import validation_scores
 from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread, seed_t_interval, verdict
 from mtl_cog.reporting.trajectories import at_identity, calibrator_table, convergence
 
@@ -322,12 +323,17 @@ def test_fair_dry_run_plans_tuning_then_seeds(capsys, tmp_path, monkeypatch):
     assert "estimated total:" in text and not (tmp_path / "out").exists()
 
 
-def test_a_tuning_seed_among_the_evaluation_seeds_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra, message", [
+    (["--tuning-seeds", "1000", "1"], "--tuning-seeds and --seeds share 1:"),  # evaluated on a seed it was chosen on
+    (["--tuning-seeds", "1000", "1001", "--prune"], "--prune with 2 --tuning-seeds"),  # pruned on one seed's epochs
+    (["--tuning-seeds", "1000", "1000"], "--tuning-seeds"),  # a repeat
+])
+def test_tuning_seeds_that_would_mislead_are_refused_before_anything_is_written(tmp_path, monkeypatch, extra, message):
     from mtl_cog.cli import reproduce
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError, match="--tuning-seed 1 is also one of --seeds"):
-        reproduce.main(["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", "--tuning-seed", "1",
+    with pytest.raises(UserError, match=message):
+        reproduce.main(["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", *extra,
                         "--datasets", "digits", "--methods", "baseline", "--out", "out"])
     assert not (tmp_path / "out").exists()
 
@@ -367,7 +373,7 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     argv = ["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", "--epochs", "2", "--datasets", "digits",
             "--methods", "baseline", "cog_fc", "--posthoc-on", "baseline", "--out", "out", "--jobs", "2",
-            "--tuning-seed", "7"]
+            "--tuning-seeds", "7", "8"]
     report = reproduce.main(argv)
     chosen = pd.read_csv(report / "chosen_settings.csv", keep_default_na=False)
     assert sorted(chosen["method"]) == ["baseline", "cog_fc"] and set(chosen["trials"]) == {2}
@@ -376,7 +382,11 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
     for method in ("baseline", "cog_fc"):
         trials = pd.read_csv(tmp_path / "out" / "tuning" / f"digits-{method}" / "trials.csv", keep_default_na=False)
         assert list(trials["chosen"]).count("*") == 1 and trials["val_nll"].notna().all()
-        assert set(trials["state"]) == {"complete"} and sorted(trials["run"]) == ["trial_00", "trial_01"]
+        assert set(trials["state"]) == {"complete"}
+        assert sorted(trials["run"]) == ["trial_00-seed7 trial_00-seed8", "trial_01-seed7 trial_01-seed8"]
+        for row in trials.itertuples():  # a trial's value: the mean of its runs' validation NLL
+            runs = [tmp_path / "out" / "tuning" / f"digits-{method}" / name for name in row.run.split()]
+            assert row.val_nll == pytest.approx(sum(validation_scores(r, [15])["nll"] for r in runs) / 2)
     # the two start points: the same follower rates for both methods
     rates = [pd.read_csv(tmp_path / "out" / "tuning" / f"digits-{m}" / "trials.csv")["optim.follower_lr"].tolist()
              for m in ("baseline", "cog_fc")]
@@ -393,9 +403,12 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
     pair = paired[(paired["variant"] == "cog_fc") & (paired["counterpart"] == "baseline")]
     assert set(pair["metric"]) >= {"nll", "brier", "accuracy"}
     assert (pair["ci_low"] <= pair["mean_difference"]).all() and (pair["mean_difference"] <= pair["ci_high"]).all()
-    assert "Optuna study of 2 trials (trained with seed 7;" in (report / "protocol.md").read_text()
-    assert set(chosen["tuning_seed"]) == {7}  # --tuning-seed took effect: the trials trained with it
-    assert load_config(tmp_path / "out" / "tuning" / "digits-baseline" / "trial_00" / "config.yaml").seed == 7
+    assert "Optuna study of 2 trials (each trial trained with seed(s) 7 8, valued by the mean;" in \
+        (report / "protocol.md").read_text()
+    assert set(chosen["tuning_seeds"]) == {"7 8"}  # --tuning-seeds took effect: the trials trained with them
+    for seed in (7, 8):
+        assert load_config(tmp_path / "out" / "tuning" / "digits-baseline" / f"trial_00-seed{seed}" /
+                           "config.yaml").seed == seed
     capsys.readouterr()
     reproduce.main(argv)  # nothing left to train: every run is reused
     out = capsys.readouterr().out

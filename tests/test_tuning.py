@@ -16,7 +16,7 @@ KNOBS = [protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True), protocol.Knob
 
 def _study(tmp_path: Path, name: str = "ds-cog_fc", budget: int = 4, prune: bool = False) -> optuna.Study:
     return tuning.open_study(tuning.storage_url(tmp_path), name, epochs=9, prune=prune, budget=budget, knobs=KNOBS,
-                             trial_seed=1000)
+                             trial_seeds=[1000])
 
 
 def test_the_study_starts_with_the_halton_points_then_tpe(tmp_path):
@@ -41,31 +41,33 @@ def test_a_study_reopened_over_another_search_is_refused_and_the_same_search_res
     assert len(_study(tmp_path).trials) == 1  # the same search: resumed
     wider = [protocol.Knob("optim.follower_lr", 3e-4, 3e-2, log=True), KNOBS[1]]
     url = tuning.storage_url(tmp_path)
-    same = dict(knobs=KNOBS, epochs=9, prune=False, trial_seed=1000)
+    same = dict(knobs=KNOBS, epochs=9, prune=False, trial_seeds=[1000])
     changes = {"range": {**same, "knobs": wider}, "epochs": {**same, "epochs": 5}, "pruning": {**same, "prune": True},
-               "knobs": {**same, "knobs": KNOBS[:1]}, "tuning seed": {**same, "trial_seed": 1001}}
+               "knobs": {**same, "knobs": KNOBS[:1]}, "tuning seed": {**same, "trial_seeds": [1001]},
+               "tuning seeds": {**same, "trial_seeds": [1000, 1001]}}
     for change in changes.values():  # each alone makes the trials incomparable
         with pytest.raises(UserError, match=r"optim.follower_lr \[0.0001, 0.01\].*9 epochs; pruning off; trials "
-                                            r"trained with seed 1000.*new --out"):
+                                            r"trained with seed\(s\) 1000.*new --out"):
             tuning.open_study(url, "ds-cog_fc", budget=4, **change)
-    assert _study(tmp_path).user_attrs[tuning.SEARCH_ATTR] == tuning.search_record(KNOBS, 9, False, 1000)
+    assert _study(tmp_path).user_attrs[tuning.SEARCH_ATTR] == tuning.search_record(KNOBS, 9, False, [1000])
 
 
-def test_a_study_recorded_before_the_tuning_seed_was_recorded_resumes_with_the_default_seed(tmp_path):
+@pytest.mark.parametrize("recorded", [{}, {"trial_seed": 1000}])  # before seeds were recorded; one seed, as an int
+def test_a_study_recorded_in_an_older_form_resumes_with_the_same_seed_and_is_refused_another(tmp_path, recorded):
     study = _study(tmp_path)
-    old = {k: v for k, v in tuning.search_record(KNOBS, 9, False, 1000).items() if k != "trial_seed"}
-    study.set_user_attr(tuning.SEARCH_ATTR, old)
+    old = {k: v for k, v in tuning.search_record(KNOBS, 9, False, [1000]).items() if k != "trial_seeds"}
+    study.set_user_attr(tuning.SEARCH_ATTR, old | recorded)
     _study(tmp_path)  # its trials trained with seed 1000, the default then and now
-    with pytest.raises(UserError, match="seed 1000.*seed 1001"):
+    with pytest.raises(UserError, match=r"seed\(s\) 1000, and this run.*seed\(s\) 1000 1001"):
         tuning.open_study(tuning.storage_url(tmp_path), "ds-cog_fc", epochs=9, prune=False, budget=4, knobs=KNOBS,
-                          trial_seed=1001)
-
+                          trial_seeds=[1000, 1001])
 
 
 def test_a_study_pruned_on_each_epochs_own_nll_is_not_resumed_under_the_kept_checkpoint_rule(tmp_path):
     """Its trials' reports are another quantity: the pruner would compare the two at one rung."""
     study = _study(tmp_path, prune=True)
-    study.set_user_attr(tuning.SEARCH_ATTR, {**tuning.search_record(KNOBS, 9, True, 1000), "prune": True})  # older rule
+    older_rule = {**tuning.search_record(KNOBS, 9, True, [1000]), "prune": True}
+    study.set_user_attr(tuning.SEARCH_ATTR, older_rule)
     with pytest.raises(UserError, match="pruning on each epoch's own validation NLL.*pruning on the kept checkpoint"):
         _study(tmp_path, prune=True)
 
@@ -98,7 +100,7 @@ def test_a_running_trial_leaves_the_tuning_unfinished(tmp_path):
 
 def test_a_dead_trial_is_retried_with_its_parameters_and_its_first_number(tmp_path):
     study = tuning.open_study(tuning.storage_url(tmp_path), "s", epochs=9, prune=False, budget=2, knobs=KNOBS,
-                              trial_seed=1000)
+                              trial_seeds=[1000])
     dead = study.ask({"optim.follower_lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
     study._storage.record_heartbeat(dead._trial_id)  # its worker beat once, then died
     retry = optuna.storages.RetryHeartbeatStaleTrialCallback(3)  # as open_study's, with a 1 s grace period
@@ -130,7 +132,7 @@ def test_epochs_trained_by_a_pruned_trial_are_up_to_its_last_report(tmp_path):
     assert tuning.epochs_trained(study.trials[0], 9) == 3
     study.tell(study.ask(), 0.5)
     assert tuning.epochs_trained(study.trials[1], 9) == 9
-    spec = tuning.StudySpec("ds", "cog_fc", Path("c.yaml"), (), 1e-3, tuple(KNOBS), 9, tmp_path, 1000)
+    spec = tuning.StudySpec("ds", "cog_fc", Path("c.yaml"), (), 1e-3, tuple(KNOBS), 9, tmp_path, (1000,))
     rows = tuning.trials_table(spec, tuning.result(study, 2))
     assert [r["state"] for r in rows] == ["pruned", "complete"] and math.isnan(rows[0]["val_nll"])
     assert [r["chosen"] for r in rows] == ["", "*"]

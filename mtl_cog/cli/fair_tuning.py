@@ -37,7 +37,7 @@ def run(studies: Studies, args: argparse.Namespace, runner) -> None:
     jobs, complete = [], 0
     for spec in studies.values():
         study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget, spec.knobs,
-                                   spec.trial_seed)
+                                   spec.trial_seeds)
         tuning.enqueue_start(study, list(spec.knobs), args.budget)
         tuning.settle_stale(study)
         if not tuning.has_work(study, args.budget):
@@ -64,7 +64,7 @@ def tuning_todo(spec: tuning.StudySpec, args: argparse.Namespace) -> int:
     url = study_url(args)
     if url == tuning.storage_url(args.out / "tuning") and not (args.out / "tuning" / tuning.STUDY_FILE).is_file():
         return args.budget
-    study = tuning.open_study(url, spec.name, spec.epochs, args.prune, args.budget, spec.knobs, spec.trial_seed)
+    study = tuning.open_study(url, spec.name, spec.epochs, args.prune, args.budget, spec.knobs, spec.trial_seeds)
     done = [t for t in tuning.counted_trials(study, args.budget)[0] if t.state.is_finished()]
     return args.budget - len(done)
 
@@ -80,13 +80,14 @@ def print_plan(studies: Studies, args: argparse.Namespace, measured) -> tuple[fl
         estimate = gpu_time.estimate_run(probe, measured)
         sources.add(estimate.source)
         trials += todo
-        full += todo * estimate.seconds
+        full += todo * estimate.seconds * len(spec.trial_seeds)  # a trial trains once per tuning seed
         pruned += todo * estimate.seconds * tuning.expected_epoch_share(args.budget, spec.epochs)
     seconds += pruned if args.prune else full
+    with_prune = (f"~{gpu_time.format_duration(pruned)} with --prune (successive halving, synchronous estimate; "
+                  f"{'on' if args.prune else 'off'})") if len(args.tuning_seeds) == 1 else \
+        f"{len(args.tuning_seeds)} runs per trial (--tuning-seeds; --prune needs one)"
     print(f"tuning: {len(studies)} studies × {args.budget} trials, {trials} still to run: "
-          f"~{gpu_time.format_duration(full)} of device time without pruning, "
-          f"~{gpu_time.format_duration(pruned)} with --prune (successive halving, synchronous estimate; "
-          f"{'on' if args.prune else 'off'})")
+          f"~{gpu_time.format_duration(full)} of device time without pruning, {with_prune}")
     for (dataset, method), spec in studies.items():
         print(f"  tune {dataset}/{method}: {args.budget} trials of " + ", ".join(k.key for k in spec.knobs))
     return seconds, sources
@@ -97,7 +98,7 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
     rows, incomplete = [], []
     for (dataset, method), spec in studies.items():
         study = tuning.open_study(study_url(args), spec.name, spec.epochs, args.prune, args.budget, spec.knobs,
-                                   spec.trial_seed)
+                                   spec.trial_seeds)
         outcome = tuning.result(study, args.budget)
         if outcome.unfinished or outcome.best is None:
             incomplete.append(f"{spec.name} ({len(outcome.trials) - len(outcome.unfinished)} of {args.budget} "
@@ -112,7 +113,7 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
                      "trials": len(outcome.trials), "pruned": sum(t.state.name == "PRUNED" for t in outcome.trials),
                      "epoch_share": trained / (len(outcome.trials) * spec.epochs), "extra_trials": len(outcome.extras),
                      "val_in_sample": protocol.fits_on_validation(load_config(spec.config, list(spec.overrides))),
-                     "tuning_seed": spec.trial_seed, "trial": best.user_attrs.get("run", "")})
+                     "tuning_seeds": " ".join(map(str, spec.trial_seeds)), "trial": best.user_attrs.get("run", "")})
     if incomplete:
         raise UserError(f"tuning is incomplete for {', '.join(incomplete)}: every method must get its whole budget, "
                         "so nothing was chosen. Fix the cause and run the same command again: it continues there.")

@@ -121,10 +121,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="override every run's train.epochs")
     parser.add_argument("--budget", type=whole_number(1, protocol.MAX_BUDGET, "a number of tuning trials"), default=3,
                         help="fair: tuning trials per method and data set (default 3)")
-    parser.add_argument("--tuning-seed", type=whole_number(0, MAX_SEED, "a seed"), default=protocol.TUNE_SEED,
-                        help=f"fair: the seed every tuning trial trains with (default {protocol.TUNE_SEED}; never one "
-                             "of --seeds). Another value is another draw of the tuning, to see how much the choices "
-                             "depend on it; use a new --out")
+    parser.add_argument("--tuning-seeds", type=whole_number(0, MAX_SEED, "a seed"), nargs="+",
+                        default=[protocol.TUNE_SEED], metavar="SEED",
+                        help=f"fair: every tuning trial trains once per seed and is valued by the mean (default "
+                             f"{protocol.TUNE_SEED}; never one of --seeds). Several seeds damp the tuning's own "
+                             "noise; another seed is another draw of the tuning. Use a new --out for another value"),
     parser.add_argument("--prune", action="store_true",
                         help="fair: successive halving of the tuning trials (the same rungs for every method)")
     parser.add_argument("--tune-workers", type=whole_number(1, 4096, "workers >= 1"), default=None, metavar="N",
@@ -140,7 +141,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser, parallel_flag="--jobs")
     args = parser.parse_args(argv)
-    for flag, values in (("--seeds", args.seeds), ("--datasets", args.datasets), ("--methods", args.methods)):
+    for flag, values in (("--seeds", args.seeds), ("--tuning-seeds", args.tuning_seeds), ("--datasets", args.datasets),
+                         ("--methods", args.methods)):
         distinct(values, flag)  # one folder per (dataset, method, seed): a repeat would race two jobs on it
     args.datasets = args.datasets or list(DATASETS[args.scale])
     if args.scale == "cpu" and set(args.datasets) - set(CPU_SCALE):
@@ -209,12 +211,13 @@ def study_specs(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, s
         base_rate = dataset_follower_lr(dataset, args)
         for config in method_configs(dataset, args.methods):
             folder = tuning_dir / f"{dataset}-{config.stem}"
-            probe = Job(dataset, config.stem, args.tuning_seed, config, folder / "trial")
+            probe = Job(dataset, config.stem, args.tuning_seeds[0], config, folder / "trial")
             cfg = resolved_config(probe, args)
             overrides = [o for o in run_overrides(probe, args) if not o.startswith("run_name=")]
             studies[(dataset, config.stem)] = tuning.StudySpec(
                 dataset, config.stem, config, tuple(overrides), base_rate,
-                tuple(protocol.search_space(cfg, base_rate)), cfg.train.epochs, folder, args.tuning_seed)
+                tuple(protocol.search_space(cfg, base_rate)), cfg.train.epochs, folder,
+                tuple(args.tuning_seeds))
     return studies
 
 
@@ -309,9 +312,13 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     args = parse_args(argv)
     for seed in args.seeds:  # refused now, not by every one of the training runs
         check_seed(seed, "--seeds")
-    if args.protocol == "fair" and args.tuning_seed in args.seeds:
-        raise UserError(f"--tuning-seed {args.tuning_seed} is also one of --seeds: the chosen setting would be "
-                        "evaluated on the seed it was chosen on. Use a tuning seed outside --seeds.")
+    shared = sorted(set(args.tuning_seeds) & set(args.seeds))
+    if args.protocol == "fair" and shared:
+        raise UserError(f"--tuning-seeds and --seeds share {' '.join(map(str, shared))}: the chosen setting would be "
+                        "evaluated on a seed it was chosen on. Use tuning seeds outside --seeds.")
+    if args.protocol == "fair" and args.prune and len(args.tuning_seeds) > 1:
+        raise UserError(f"--prune with {len(args.tuning_seeds)} --tuning-seeds: successive halving stops a trial on "
+                        "one run's epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
     check_writable(args.out, "--out", folder=True)
     runs_dir, report_dir, tuning_dir = args.out / "runs", args.out / "report", args.out / "tuning"
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
@@ -358,7 +365,8 @@ def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.D
     else:
         atomic_write(report_dir / f"{CHOSEN}.csv", lambda tmp: chosen.to_csv(tmp, index=False))
         atomic_write_text(report_dir / f"{CHOSEN}.md", markdown_table(chosen))
-        lines += [f"Every method had an Optuna study of {args.budget} trials (trained with seed {args.tuning_seed}; "
+        lines += [f"Every method had an Optuna study of {args.budget} trials (each trial trained with seed(s) "
+                  f"{' '.join(map(str, args.tuning_seeds))}, valued by the mean; "
                   f"{tuning.start_count(args.budget)} Halton start points, then TPE"
                   + (", successive halving" if args.prune else "") + ") on validation NLL; "
                   "the chosen settings (chosen_settings.csv) were then run with seeds "

@@ -1,15 +1,17 @@
 """Tuning worker: trains trials of one Optuna study until it holds its budget (the fair protocol runs these).
 
     python -m mtl_cog.cli.tune --storage sqlite:///OUT/tuning/optuna.db --study digits-cog_fc \\
-        --config configs/digits/cog_fc.yaml --base-follower-lr 1e-3 --budget 8 [--prune] -- key=value ...
+        --config configs/digits/cog_fc.yaml --base-follower-lr 1e-3 --budget 8 [--prune] \
+        [--trial-seeds 1000 1001 1002] -- key=value ...
 
 ``scripts/reproduce.py --protocol fair`` starts one or more of these per study, locally or as
 Slurm jobs (the same launchers as every run); several workers may share a study. Each trial is
-one training run in ``<output_dir>/trial_NN`` (the overrides after ``--`` are the protocol's:
-scale, seed, output folder), trained in this process so that successive halving can stop it
-between epochs. A worker killed mid-trial leaves the run folder's saved state; the next worker
-retries that trial with the same parameters and continues the folder
-(``mtl_cog/experiments/tuning.py``). Exit code 0 when the study has its budget of trials.
+one training run per tuning seed, ``<output_dir>/trial_NN`` with one seed or
+``trial_NN-seed<S>`` with several (the overrides after ``--`` are the protocol's: scale, seed,
+output folder), trained in this process so that successive halving can stop it between epochs;
+its value is the mean of its runs' best validation NLL. A worker killed mid-trial leaves the run
+folders' saved state; the next worker retries that trial with the same parameters and continues
+them (``mtl_cog/experiments/tuning.py``). Exit code 0 when the study has its budget of trials.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--base-follower-lr", type=float, required=True, help="f0, the centre of the rate range")
     parser.add_argument("--budget", type=int, required=True, help="trials of the study (every method the same)")
     parser.add_argument("--prune", action="store_true", help="successive halving on the per-epoch validation NLL")
+    parser.add_argument("--trial-seeds", type=int, nargs="+", default=None, metavar="SEED",
+                        help="train every trial once per seed, its value the mean (default: the config's seed)")
     parser.add_argument("overrides", nargs="*", help="the protocol's overrides (after --)")
     return parser.parse_args(argv)
 
@@ -73,9 +77,15 @@ def kept_checkpoint_nll(end: EpochEnd, run_dir: Path) -> float:
     return float(kept[-1]["val"]["nll"])
 
 
-def trial_config(args: argparse.Namespace, setting: dict[str, float], run_dir: Path) -> Config:
-    return load_config(args.config, [*args.overrides, *protocol.as_overrides(setting), f"output_dir={run_dir.parent}",
-                                     f"run_name={run_dir.name}"])
+def trial_config(args: argparse.Namespace, setting: dict[str, float], seed: int, run_dir: Path) -> Config:
+    return load_config(args.config, [*args.overrides, f"seed={seed}", *protocol.as_overrides(setting),
+                                     f"output_dir={run_dir.parent}", f"run_name={run_dir.name}"])
+
+
+def trial_runs(folder: Path, number: int, seeds: list[int]) -> list[tuple[int, Path]]:
+    """(seed, run folder) of trial ``number``: ``trial_NN`` with one seed, ``trial_NN-seed<S>`` with several."""
+    name = f"trial_{number:02d}"
+    return [(seeds[0], folder / name)] if len(seeds) == 1 else [(s, folder / f"{name}-seed{s}") for s in seeds]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,22 +93,29 @@ def main(argv: list[str] | None = None) -> int:
     base = load_config(args.config, args.overrides)
     knobs = protocol.search_space(base, args.base_follower_lr)
     folder = Path(base.output_dir)
-    study = tuning.open_study(args.storage, args.study, base.train.epochs, args.prune, args.budget, knobs, base.seed)
+    seeds = args.trial_seeds or [base.seed]
+    if args.prune and len(seeds) > 1:  # the pruner would see one seed's epochs and rank the mean of several
+        raise UserError(f"--prune with {len(seeds)} tuning seeds: successive halving stops a trial on one run's "
+                        "epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
+    study = tuning.open_study(args.storage, args.study, base.train.epochs, args.prune, args.budget, knobs, seeds)
     tuning.enqueue_start(study, knobs, args.budget)
 
     def objective(trial: optuna.Trial) -> float:
         setting = protocol.resolve(tuning.suggest(trial, knobs))
-        run_dir = folder / f"trial_{tuning.first_attempt(trial):02d}"
+        runs = trial_runs(folder, tuning.first_attempt(trial), seeds)
         trial.set_user_attr("overrides", " ".join(protocol.as_overrides(setting)))
-        trial.set_user_attr("run", run_dir.name)
-        cfg = trial_config(args, setting, run_dir)
-        state = run_state(run_dir, cfg)
-        print(f"{args.study} trial {trial.number} ({run_dir.name}): {' '.join(protocol.as_overrides(setting))}"
-              + {DONE: ", already trained", UNFINISHED: ", continues its run"}.get(state, ""), flush=True)
-        if state != DONE:
-            fit(cfg, resume_dir=run_dir if state == UNFINISHED else None,
-                hooks=pruning_hook(trial, run_dir) if args.prune else None)
-        return validation_scores(run_dir, cfg.eval.bins)["nll"]
+        trial.set_user_attr("run", " ".join(run_dir.name for _, run_dir in runs))
+        nlls = []
+        for seed, run_dir in runs:
+            cfg = trial_config(args, setting, seed, run_dir)
+            state = run_state(run_dir, cfg)
+            print(f"{args.study} trial {trial.number} ({run_dir.name}): {' '.join(protocol.as_overrides(setting))}"
+                  + {DONE: ", already trained", UNFINISHED: ", continues its run"}.get(state, ""), flush=True)
+            if state != DONE:
+                fit(cfg, resume_dir=run_dir if state == UNFINISHED else None,
+                    hooks=pruning_hook(trial, run_dir) if args.prune else None)
+            nlls.append(validation_scores(run_dir, cfg.eval.bins)["nll"])
+        return sum(nlls) / len(nlls)  # NaN (a failed trial) if a run did not finish
 
     while tuning.has_work(study, args.budget):
         study.optimize(objective, n_trials=1)

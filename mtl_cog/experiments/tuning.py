@@ -20,8 +20,8 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
   trial failed and retries it with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the
   retry continues the same run folder (``trial_NN`` is the first attempt's number).
 - **One search per study.** The study records its knobs and ranges, the epochs per trial,
-  pruning and the seed the trials train with (``check_same_search``); reopening it for another search is refused
-  rather than ranking trials of two searches together.
+  pruning and the seeds the trials train with (``check_same_search``); reopening it for another
+  search is refused rather than ranking trials of two searches together.
 - **Pruning (optional, ``--prune``).** Successive halving (``optuna.pruners.SuccessiveHalvingPruner``,
   Jamieson & Talwalkar 2016; asynchronous, Li et al. 2020) on the validation NLL each epoch
   reports: that of the checkpoint the run keeps so far, the quantity finished trials are ranked
@@ -30,7 +30,9 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
   run's estimate; the report states the measured share of epochs trained.
 
 A trial's value is the validation NLL (mean over tasks) of its run's best checkpoint, the COG
-paper's tuning criterion (App. B); the setting with the lowest value is chosen.
+paper's tuning criterion (App. B), averaged over the trial's runs when it trains with several
+seeds (``--tuning-seeds``: one seed's best validation NLL varies by as much as the settings
+differ, docs/protocol.md "Real images"); the setting with the lowest value is chosen.
 """
 
 from __future__ import annotations
@@ -78,10 +80,10 @@ def pruner(prune: bool, epochs: int) -> optuna.pruners.BasePruner:
     return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_resource(epochs), reduction_factor=REDUCTION)
 
 
-def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob], trial_seed: int,
-               seed: int = SAMPLER_SEED) -> optuna.Study:
+def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob],
+               trial_seeds: Sequence[int], seed: int = SAMPLER_SEED) -> optuna.Study:
     """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner; every trial
-    trains with seed ``trial_seed`` (``--tuning-seed``), the sampler draws with ``seed``.
+    trains once per seed of ``trial_seeds`` (``--tuning-seeds``), the sampler draws with ``seed``.
 
     Refused when the study was started over another search (``check_same_search``).
     """
@@ -94,7 +96,7 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
                                          constant_liar=True)
     study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
                                 pruner=pruner(prune, epochs), load_if_exists=True)
-    check_same_search(study, url, search_record(knobs, epochs, prune, trial_seed))
+    check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds))
     return study
 
 
@@ -105,11 +107,11 @@ SEARCH_ATTR = "search"  # the study's user attribute that records what its trial
 PRUNING_REPORTS = "the kept checkpoint's validation NLL"
 
 
-def search_record(knobs: Sequence[Knob], epochs: int, prune: bool, trial_seed: int) -> dict:
+def search_record(knobs: Sequence[Knob], epochs: int, prune: bool, trial_seeds: Sequence[int]) -> dict:
     """What makes two trials comparable: the knobs and their ranges, the epochs per trial, pruning off or what it
-    ranks by, the seed every trial trains with."""
+    ranks by, the seeds every trial trains with (its value is their mean)."""
     return {"knobs": [[k.key, k.low, k.high, k.log] for k in knobs], "epochs": epochs,
-            "prune": PRUNING_REPORTS if prune else False, "trial_seed": trial_seed}
+            "prune": PRUNING_REPORTS if prune else False, "trial_seeds": [int(s) for s in trial_seeds]}
 
 
 def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
@@ -123,12 +125,15 @@ def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
     if stored is None:  # new (or from before the record existed: nothing to compare with)
         study.set_user_attr(SEARCH_ATTR, record)
         return
-    stored = {"trial_seed": TUNE_SEED, **stored}  # recorded before --tuning-seed existed: trained with the default
+    # Recorded before the seeds were: trained with the default; with one seed, recorded as ``trial_seed``.
+    stored = {k: v for k, v in stored.items() if k != "trial_seed"} | {
+        "trial_seeds": stored.get("trial_seeds", [stored.get("trial_seed", TUNE_SEED)])}
     if stored != record:
         def describe(r: dict) -> str:
             ranges = ", ".join(f"{key} [{low:g}, {high:g}]" for key, low, high, _ in r["knobs"])
             pruning = {False: "off", True: "on each epoch's own validation NLL"}.get(r["prune"], f"on {r['prune']}")
-            return f"{ranges}; {r['epochs']} epochs; pruning {pruning}; trials trained with seed {r['trial_seed']}"
+            seeds = " ".join(map(str, r["trial_seeds"]))
+            return f"{ranges}; {r['epochs']} epochs; pruning {pruning}; trials trained with seed(s) {seeds}"
         raise UserError(f"{url}: study {study.study_name!r} was tuned over {describe(stored)}, and this run asks "
                         f"for {describe(record)}: its trials are not comparable. Use a new --out (or "
                         "--study-storage), or the settings the study was started with.")
@@ -265,7 +270,7 @@ class StudySpec:
     knobs: tuple[Knob, ...]
     epochs: int
     folder: Path
-    trial_seed: int  # the training seed of every trial (also in ``overrides``)
+    trial_seeds: tuple[int, ...]  # every trial trains once per seed; its value is the mean (mtl_cog/cli/tune.py)
 
     @property
     def name(self) -> str:
@@ -275,7 +280,8 @@ class StudySpec:
 def worker_args(spec: StudySpec, url: str, budget: int, prune: bool) -> list[str]:
     """``mtl_cog.cli.tune``'s arguments for a worker of ``spec``."""
     return ["--storage", url, "--study", spec.name, "--config", str(spec.config), "--base-follower-lr",
-            repr(spec.base_follower_lr), "--budget", str(budget), *(["--prune"] if prune else []), "--",
+            repr(spec.base_follower_lr), "--budget", str(budget), *(["--prune"] if prune else []),
+            "--trial-seeds", *map(str, spec.trial_seeds), "--",
             *spec.overrides]
 
 
