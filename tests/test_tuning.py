@@ -77,16 +77,25 @@ def test_the_follower_start_rates_are_the_same_for_every_method():
     assert [p["optim.follower_lr"] for p in baseline] == [p["optim.follower_lr"] for p in cog]
 
 
-def test_the_budget_counts_the_first_trials_that_did_not_fail_and_extras_are_never_chosen(tmp_path):
-    study = _study(tmp_path, budget=2)
+def test_a_failed_trial_uses_up_its_budget_and_extras_are_never_chosen(tmp_path):
+    study = _study(tmp_path, budget=3)
     first = study.ask()
-    study.tell(first, state=TrialState.FAIL)  # a failed trial does not use up the budget
-    assert tuning.has_work(study, 2) and tuning.remaining(study, 2) == 2
+    study.tell(first, state=TrialState.FAIL)  # a diverged trial: the method gets no extra proposal for it
+    assert tuning.has_work(study, 3) and tuning.remaining(study, 3) == 2
     for value in (0.5, 0.7, 0.1):  # the third is an extra (two workers asked at once)
         study.tell(study.ask(), value)
-    outcome = tuning.result(study, 2)
-    assert [t.number for t in outcome.trials] == [1, 2] and [t.number for t in outcome.extras] == [3]
-    assert outcome.best.value == 0.5 and not outcome.unfinished and not tuning.has_work(study, 2)
+    outcome = tuning.result(study, 3)
+    assert [t.number for t in outcome.trials] == [0, 1, 2] and [t.number for t in outcome.extras] == [3]
+    assert outcome.best.value == 0.5 and not outcome.unfinished and not tuning.has_work(study, 3)
+
+
+def test_a_trial_lost_with_its_worker_does_not_count(tmp_path):
+    study = _study(tmp_path, budget=2)
+    lost = study.ask()
+    lost.set_user_attr(tuning.LOST, True)  # restored from a bundle after its machine was lost: asked again
+    study.tell(lost, state=TrialState.FAIL)
+    assert tuning.remaining(study, 2) == 2
+    assert [t.number for t in tuning.result(study, 2).uncounted] == [0]
 
 
 def test_a_running_trial_leaves_the_tuning_unfinished(tmp_path):
@@ -113,6 +122,8 @@ def test_a_dead_trial_is_retried_with_its_parameters_and_its_first_number(tmp_pa
     retry = study.ask()
     assert retry.params == dead.params and tuning.first_attempt(retry) == 0  # continues trial_00
     assert tuning.has_work(study, 2)
+    study.tell(retry, 0.4)
+    assert [t.number for t in tuning.counted_trials(study, 2)[0]] == [1]  # the retry stands in for the dead one
 
 
 def test_successive_halving_expected_share_known_answers():

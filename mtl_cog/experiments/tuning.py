@@ -92,12 +92,25 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
         retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
         storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
                              heartbeat_stale_trial_callback=retry)
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
-                                         constant_liar=True)
-    study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
+    study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler(seed, budget),
                                 pruner=pruner(prune, epochs), load_if_exists=True)
     check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds))
     return study
+
+
+def sampler(seed: int, budget: int) -> optuna.samplers.TPESampler:
+    """TPE (seeded, multivariate, constant liar for parallel workers) after ``start_count(budget)`` start points.
+
+    A worker re-seeds it before every trial with ``seed + <trials so far>`` (``reseed``), so a proposal
+    depends only on the study's history and the seed, not on what the worker's sampler drew before:
+    a tuning killed and resumed (or restored from a results bundle) proposes what an uninterrupted one would.
+    """
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
+                                      constant_liar=True)
+
+
+def reseed(study: optuna.Study, seed: int, budget: int) -> None:
+    study.sampler = sampler(seed + len(study.get_trials(deepcopy=False)), budget)
 
 
 SEARCH_ATTR = "search"  # the study's user attribute that records what its trials searched
@@ -139,11 +152,12 @@ def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
                         "--study-storage), or the settings the study was started with.")
 
 
-def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int) -> None:
-    """Enqueue the Halton start points, once: a resumed or shared study keeps the ones it has."""
+def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> None:
+    """Enqueue the Halton start points (scrambled with ``seed``), once: a resumed or shared study keeps the
+    ones it has."""
     if study.trials:
         return
-    for point in start_points(knobs, start_count(budget)):
+    for point in start_points(knobs, start_count(budget), seed):
         study.enqueue_trial(point, skip_if_exists=True)
 
 
@@ -160,9 +174,22 @@ def first_attempt(trial: FrozenTrial | optuna.Trial) -> int:
     return trial.number if retried is None else retried
 
 
+LOST = "lost"  # user attribute of a trial whose worker died (retried with the same parameters): not counted
+
+
 def counted_trials(study: optuna.Study, budget: int) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
-    """(the budget's trials, extras): the first ``budget`` trials that did not fail, in number order."""
-    alive = [t for t in study.get_trials(deepcopy=False) if t.state in COUNTED]
+    """(the budget's trials, extras): the first ``budget`` trials in number order, failed ones included.
+
+    A trial that failed (diverged, refused its setting, crashed) counts toward its method's budget
+    and is never chosen: a method gets no extra proposals by failing. Only a trial whose *worker*
+    died is not counted: Optuna's heartbeat retries it with the same parameters
+    (``RetryHeartbeatStaleTrialCallback`` marks the retry with ``failed_trial``), or a restore from a
+    results bundle re-enqueues it (``LOST``); the retry stands in its place.
+    """
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
+    alive = [t for t in trials if t.state in COUNTED or (t.state == TrialState.FAIL and t.number not in retried
+                                                         and not t.user_attrs.get(LOST))]
     return alive[:budget], alive[budget:]
 
 
@@ -210,6 +237,7 @@ class StudyResult:
     extras: list[FrozenTrial]
     best: FrozenTrial | None  # lowest value among the complete ones
     unfinished: list[FrozenTrial]  # running or waiting: the tuning is not over
+    uncounted: list[FrozenTrial]  # failed because their worker died; retried in their place
 
 
 def result(study: optuna.Study, budget: int) -> StudyResult:
@@ -219,7 +247,9 @@ def result(study: optuna.Study, budget: int) -> StudyResult:
     unfinished = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     if len(trials) < budget:
         unfinished += [None] * (budget - len(trials))  # type: ignore[list-item]  (never asked)
-    return StudyResult(trials, extras, best, unfinished)
+    listed = {t.number for t in [*trials, *extras]}
+    uncounted = [t for t in study.get_trials(deepcopy=False) if t.number not in listed and t.state.is_finished()]
+    return StudyResult(trials, extras, best, unfinished, uncounted)
 
 
 def epochs_trained(trial: FrozenTrial, epochs: int) -> int:
@@ -264,35 +294,29 @@ class StudySpec:
 
     dataset: str
     method: str
-    config: Path
+    config: tuple[Path, ...]  # config files, merged in order
     overrides: tuple[str, ...]  # the protocol's (scale, seed, output folder = the study's folder)
     base_follower_lr: float
     knobs: tuple[Knob, ...]
     epochs: int
     folder: Path
-    trial_seeds: tuple[int, ...]  # every trial trains once per seed; its value is the mean (mtl_cog/cli/tune.py)
+    trial_seeds: tuple[int, ...]  # every trial trains once per seed; its value is the mean (experiments/fair_tuning.py)
+    draw: str = "1"  # the tuning draw: another draw has other trial seeds and another sampler seed
+    sampler_seed: int = SAMPLER_SEED
 
     @property
     def name(self) -> str:
-        return f"{self.dataset}-{self.method}"
-
-
-def worker_args(spec: StudySpec, url: str, budget: int, prune: bool) -> list[str]:
-    """``mtl_cog.cli.tune``'s arguments for a worker of ``spec``."""
-    return ["--storage", url, "--study", spec.name, "--config", str(spec.config), "--base-follower-lr",
-            repr(spec.base_follower_lr), "--budget", str(budget), *(["--prune"] if prune else []),
-            "--trial-seeds", *map(str, spec.trial_seeds), "--",
-            *spec.overrides]
+        return f"{self.dataset}-{self.method}" + ("" if self.draw == "1" else f"-d{self.draw}")
 
 
 def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
     """trials.csv: every trial of the study (the budget's and the extras), its settings, value, epochs, choice."""
     rows = []
-    for trial in [*outcome.trials, *outcome.extras]:
+    for trial in sorted([*outcome.trials, *outcome.extras, *outcome.uncounted], key=lambda t: t.number):
         rows.append({"trial": trial.number, "run": trial.user_attrs.get("run", ""), "state": trial.state.name.lower(),
-                     "counted": trial in outcome.trials,
+                     "counted": trial in outcome.trials, "draw": spec.draw,
                      **{k: v for k, v in trial.params.items()},
-                     "overrides": trial.user_attrs.get("overrides", ""),
+                     "overrides": trial.user_attrs.get("overrides", ""), "reason": trial.user_attrs.get("reason", ""),
                      "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
                      "epochs_trained": epochs_trained(trial, spec.epochs),
                      "chosen": "*" if outcome.best is not None and trial.number == outcome.best.number else ""})
