@@ -170,7 +170,7 @@ def _epoch_end(epoch: int, nll: float, best_epoch: int):
 
 def test_pruning_reports_the_kept_checkpoints_nll_not_the_epochs_own(tmp_path):
     """A noisy epoch after a good checkpoint reports that checkpoint's NLL, the value the study ranks by."""
-    from mtl_cog.cli.tune import pruning_hook
+    from mtl_cog.experiments.fair_tuning import pruning_hook
     from mtl_cog.runs import rundir
     from mtl_cog.runs.metrics_log import append_line
 
@@ -188,7 +188,7 @@ def test_pruning_reports_the_kept_checkpoints_nll_not_the_epochs_own(tmp_path):
 
 
 def test_pruning_refuses_a_run_whose_kept_epoch_has_no_metrics_line(tmp_path):
-    from mtl_cog.cli.tune import pruning_hook
+    from mtl_cog.experiments.fair_tuning import pruning_hook
 
     with pytest.raises(UserError, match="epoch 4"):
         pruning_hook(_RecordingTrial(), tmp_path).on_epoch_end(_epoch_end(5, 2.0, 4))

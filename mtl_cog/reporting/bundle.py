@@ -106,8 +106,10 @@ def write_bundle(folder: Path, bundle: Bundle) -> None:
     """Write every file of ``bundle`` into ``folder`` (created), ``runs.csv`` last."""
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / CAMPAIGN, json.dumps(bundle.campaign, indent=1, sort_keys=True) + "\n")
-    atomic_write_bytes(folder / RESULTS, _csv_bytes(bundle.results, ["run", "split", "task", "metric"], gz=True))
-    atomic_write_bytes(folder / CURVES, _csv_bytes(bundle.curves, ["run", "split", "metric", "epoch"], gz=True))
+    results = bundle.results.astype({"value": float})  # object columns (after a concat) ignore float_format
+    curves = bundle.curves.astype({"value": float, "epoch": int})
+    atomic_write_bytes(folder / RESULTS, _csv_bytes(results, ["run", "split", "task", "metric"], gz=True))
+    atomic_write_bytes(folder / CURVES, _csv_bytes(curves, ["run", "split", "metric", "epoch"], gz=True))
     if len(bundle.trials):
         atomic_write_bytes(folder / TRIALS, _csv_bytes(bundle.trials, ["study", "trial"], gz=False))
     atomic_write_bytes(folder / RUNS, _csv_bytes(bundle.runs, ["run"], gz=False))

@@ -20,13 +20,15 @@ disagrees with its bundle).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from mtl_cog.errors import UserError
 from mtl_cog.io import atomic_write, atomic_write_text
-from mtl_cog.reporting.bundle import Bundle, wide_scores
+from mtl_cog.reporting.bundle import Bundle, read_bundle, wide_scores
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
 from mtl_cog.reporting.paired import PAIRED_METRICS, paired_differences
 from mtl_cog.reporting.tables import markdown_table
@@ -188,3 +190,47 @@ def write_bundle_report(bundle: Bundle, out: Path) -> Path:
             sections += [f"## {name}", "", text, ""]
     atomic_write_text(out / "report.md", "\n".join(sections))
     return out / "report.md"
+
+
+# ------------------------------------------------------------------------------------------ docs/ tables
+# A results table in docs/ sits between these markers and is generated from a committed bundle:
+#     <!-- bundle-table: results/<campaign>/bundle <table> [where <pandas query>] -->
+#     ... the table, as markdown_of writes it ...
+#     <!-- /bundle-table -->
+MARKER = re.compile(r"<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: where (?P<query>.+?))? -->\n"
+                    r"(?P<body>.*?)<!-- /bundle-table -->", re.DOTALL)
+
+
+def regenerate_docs(root: Path, check: bool = False) -> list[str]:
+    """Rewrite every bundle-table block under ``root/docs`` (and the README) from its bundle; with ``check``,
+    write nothing. -> the blocks that disagreed with their bundle (``file: table``)."""
+    stale, cache = [], {}
+    for page in sorted([*(root / "docs").rglob("*.md"), root / "README.md"]):
+        if not page.is_file():
+            continue
+        text = page.read_text()
+
+        def table_for(match: re.Match) -> str:
+            path = root / match["bundle"]
+            if path not in cache:
+                bundle = read_bundle(path)
+                if bundle is None:
+                    raise UserError(f"{page}: bundle-table names {match['bundle']}, which holds no results bundle.")
+                cache[path] = bundle_tables(bundle)
+            tables = cache[path]
+            if match["table"] not in tables:
+                raise UserError(f"{page}: bundle {match['bundle']} has no table {match['table']!r} "
+                                f"(it has {', '.join(tables)}).")
+            frame = tables[match["table"]]
+            if match["query"]:
+                frame = frame.query(match["query"])
+            body = markdown_of(frame.reset_index(drop=True)) + "\n"
+            if body != match["body"]:
+                stale.append(f"{page.relative_to(root)}: {match['table']} of {match['bundle']}")
+            head = match.group(0)[: match.start("body") - match.start(0)]
+            return f"{head}{body}<!-- /bundle-table -->"
+
+        new = MARKER.sub(table_for, text)
+        if new != text and not check:
+            atomic_write_text(page, new)
+    return stale
