@@ -170,4 +170,5 @@ def test_a_campaign_killed_at_a_random_point_finishes_with_the_uninterrupted_res
         b = gzip.decompress((killed / "bundle" / name).read_bytes())
         assert a == b, name
     keep = ["run", "status", "config_digest", "epochs_run", "converged", "val_size", "test_size", "train_size"]
-    assert pd.read_csv(whole / "bundle" / bundles.RUNS)[keep].equals(pd.read_csv(killed / "bundle" / bundles.RUNS)[keep])
+    runs = [pd.read_csv(folder / "bundle" / bundles.RUNS)[keep] for folder in (whole, killed)]
+    assert runs[0].equals(runs[1])

@@ -210,7 +210,7 @@ def regenerate_docs(root: Path, check: bool = False) -> list[str]:
             continue
         text = page.read_text()
 
-        def table_for(match: re.Match) -> str:
+        def table_for(match: re.Match, page: Path = page) -> str:
             path = root / match["bundle"]
             if path not in cache:
                 bundle = read_bundle(path)
