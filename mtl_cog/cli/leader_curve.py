@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from mtl_cog.cli.config_args import combination_file
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser, distinct, real_number, whole_number
@@ -51,7 +52,9 @@ BASELINE, TS = "baseline", "ts"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, required=True, help="a COG method config (configs/<ds>/cog_fc.yaml)")
+    parser.add_argument("--config", type=Path, default=None, help="a COG method config (configs/<ds>/cog_fc.yaml)")
+    parser.add_argument("--data", default=None, metavar="NAME", help="with --method: configs/<NAME>/<method>.yaml")
+    parser.add_argument("--method", default=None, metavar="NAME", help="with --data: configs/<data>/<NAME>.yaml")
     parser.add_argument("--ratios", type=real_number(0, 1, low_open=True, what="a leader/follower ratio"),
                         nargs="+", default=list(curve.RATIOS),
                         help="leader/follower ratios in (0, 1] (default: 1e-3 3e-3 ... 0.3 1)")
@@ -71,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     campaign.add_campaign_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="overrides for every run, e.g. train.epochs=10")
     args = parser.parse_args(argv)
+    if args.data or args.method:
+        if args.config is not None or not (args.data and args.method):
+            raise UserError("--data and --method name the config together, instead of --config.")
+        args.config = combination_file(args.data, args.method)
+    elif args.config is None:
+        raise UserError("give --data and --method (or --config configs/<data>/<method>.yaml).")
     args.ratios = curve.check_ratios(args.ratios)
     distinct(args.seeds, "--seeds")  # one folder per (ratio, seed)
     return args

@@ -19,7 +19,7 @@ import torch
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import load_config
-from mtl_cog.config.arguments import Parser
+from mtl_cog.config.arguments import Parser, add_deprecated_alias
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.io import atomic_write_text
@@ -79,11 +79,14 @@ def table(dataset: str, layout: LogitLayout) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", required=True, help="a folder of configs/, e.g. celeba")
+    parser.add_argument("--data", help="a folder of configs/, e.g. celeba (required)")
+    add_deprecated_alias(parser, "--dataset", "--data")
     parser.add_argument("--classes", required=True, help="classes per task: 2x40, 10, 2,2,10")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
-    text = table(args.dataset, LogitLayout(parse_classes(args.classes)))
+    if not args.data:
+        raise UserError("parameter-counts: --data is required (a folder of configs/, e.g. --data celeba).")
+    text = table(args.data, LogitLayout(parse_classes(args.classes)))
     print(text)
     if args.out:
         atomic_write_text(args.out, text)

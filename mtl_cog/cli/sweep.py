@@ -35,10 +35,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from mtl_cog.cli.config_args import combination_file
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser
-from mtl_cog.config.compose import combination_path, config_files
 from mtl_cog.errors import ConfigError, UserError, run_cli
 from mtl_cog.experiments import campaign, gpu_time
 from mtl_cog.experiments.launcher import add_launcher_arguments, check_launcher, make_launcher, processes_per_run
@@ -100,15 +100,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif args.config is None or args.grid is None:
         raise UserError("--config and --grid are required (or --resume SWEEP_DIR).")
     return args
-
-
-def combination_file(dataset: str, method: str) -> Path:
-    """``configs/<dataset>/<method>.yaml``, the one file a sweep records and every run reads."""
-    files = config_files(CONFIGS, dataset, method)
-    if len(files) != 1:
-        raise UserError(f"--data {dataset} --method {method}: {combination_path(CONFIGS, dataset, method)} "
-                        "does not exist yet; run scripts/generate_configs.py.")
-    return files[0]
 
 
 def campaign_of(args: argparse.Namespace, out: Path) -> tuple[campaign.Campaign, list[dict[str, str]]]:
