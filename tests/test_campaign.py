@@ -172,3 +172,25 @@ def test_a_campaign_killed_at_a_random_point_finishes_with_the_uninterrupted_res
     keep = ["run", "status", "config_digest", "epochs_run", "converged", "val_size", "test_size", "train_size"]
     runs = [pd.read_csv(folder / "bundle" / bundles.RUNS)[keep] for folder in (whole, killed)]
     assert runs[0].equals(runs[1])
+
+
+@pytest.mark.slow
+def test_a_fair_protocol_resumes_its_tuning_from_the_bundle_on_a_fresh_clone(tmp_path, monkeypatch, capsys):
+    """The study file is lost with the machine; the bundle's trials are restored into a new study, so no trial
+    and no final run trains again, and the same settings are chosen."""
+    from mtl_cog.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--protocol", "fair", "--budget", "2", "--seeds", "0", "--epochs", "2", "--data", "digits",
+            "--method", "cog_fc", "--jobs", "1", "--threads", "1"]
+    reproduce.main([*argv, "--out", "first"])
+    chosen = pd.read_csv(tmp_path / "first" / "report" / "chosen_settings.csv")
+    shutil.copytree(tmp_path / "first" / "bundle", tmp_path / "fresh" / "bundle")
+    capsys.readouterr()
+    reproduce.main([*argv, "--out", "fresh"])
+    out = capsys.readouterr().out
+    assert "1 already complete, 0 worker(s) to run" in out
+    assert "final runs: 1 planned (1 in the bundle, 0 finished, 0 to resume, 0 to train)" in out
+    again = pd.read_csv(tmp_path / "fresh" / "report" / "chosen_settings.csv")
+    assert again["settings"].tolist() == chosen["settings"].tolist()
+    assert not list((tmp_path / "fresh").glob("tuning/*/trial_*"))  # nothing trained

@@ -188,7 +188,8 @@ def wide_scores(bundle: Bundle, runs: pd.DataFrame | None = None) -> pd.DataFram
     if bundle.results.empty or runs.empty:
         return pd.DataFrame(columns=["run", "split", "task", "data", "method", "role", "draw", "trial", "ratio",
                                      "seed"])
-    wide = bundle.results[bundle.results["run"].isin(set(runs["run"]))].pivot_table(
+    scored = bundle.results[bundle.results["run"].isin(set(runs["run"])) & (bundle.results["split"] != "calibrator")]
+    wide = scored.pivot_table(
         index=["run", "split", "task"], columns="metric", values="value", aggfunc="first").reset_index()
     wide.columns.name = None
     labels = runs[["run", "data", "method", "role", "draw", "trial", "ratio", "seed"]]

@@ -15,6 +15,9 @@ disagrees with its bundle).
 - ``chosen``: the chosen trial of every study (``trials.csv``), and whether draws chose alike;
 - ``convergence``: per role, data set, draw and method: runs that settled under the convergence
   rule (``trajectories.convergence_of_curves``), and the calibrator's whole move;
+- ``calibrators``: every learned calibrator's final values, distance from the identity and whole move;
+  ``exercised`` is false where it stayed within 1 % of the identity (then the method was not tested at this
+  budget, and the summary says so instead of ranking it);
 - ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs.
 """
 
@@ -26,9 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mtl_cog.constants import IDENTITY_TOLERANCE, IDENTITY_VALUES
 from mtl_cog.errors import UserError
 from mtl_cog.io import atomic_write, atomic_write_text
 from mtl_cog.reporting.bundle import Bundle, read_bundle, wide_scores
+from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
 from mtl_cog.reporting.paired import PAIRED_METRICS, paired_differences
 from mtl_cog.reporting.tables import markdown_table
@@ -153,6 +158,29 @@ def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(tables, ignore_index=True), pd.concat(pairs, ignore_index=True)
 
 
+def calibrators(bundle: Bundle) -> pd.DataFrame:
+    """Per run with a learned calibrator: its final values (min / median / max), the largest distance from the
+    identity, the whole move over training, and whether it was exercised at all (moved >= 1 % from identity)."""
+    runs = bundle.done()
+    rows = bundle.results[(bundle.results["split"] == CALIBRATOR_SPLIT) & bundle.results["run"].isin(set(runs["run"]))]
+    out = []
+    labels = runs.set_index("run")
+    for (run, parameter), group in rows.groupby(["run", "metric"], sort=True):
+        values = group["value"].to_numpy(dtype=float)
+        identity = IDENTITY_VALUES.get(parameter)
+        distance = float(np.abs(values - identity).max()) if identity is not None else np.nan
+        move = bundle.curves[(bundle.curves["run"] == run) & (bundle.curves["split"] == "calibrator")
+                             & (bundle.curves["metric"] == "from_last")].sort_values("epoch")["value"]
+        row = labels.loc[run]
+        out.append({"data": row["data"], "draw": "" if pd.isna(row["draw"]) else str(row["draw"]),
+                    "method": row["method"], "role": row["role"], "ratio": row["ratio"], "seed": row["seed"],
+                    "parameter": parameter, "min": values.min(), "median": float(np.median(values)),
+                    "max": values.max(), "from_identity": distance,
+                    "whole_move": float(move.iloc[0]) if len(move) else np.nan,
+                    "exercised": bool(distance >= IDENTITY_TOLERANCE) if identity is not None else True})
+    return pd.DataFrame(out)
+
+
 def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     """Every table of the campaign by name (empty tables left out)."""
     table = summary(bundle)
@@ -161,7 +189,8 @@ def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     curve, curve_pair = curves(bundle)
     tables = {"summary": summary_cells(table) if not table.empty else table, "summary_values": table,
               "paired": pair, "verdicts": verdicts(pair), "chosen": chosen(bundle),
-              "convergence": convergence_counts(conv), "convergence_runs": conv, "curve": curve,
+              "convergence": convergence_counts(conv), "convergence_runs": conv, "calibrators": calibrators(bundle),
+              "curve": curve,
               "curve_paired": curve_pair}
     return {name: frame for name, frame in tables.items() if not frame.empty}
 

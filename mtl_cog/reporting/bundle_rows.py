@@ -10,7 +10,6 @@ the run converged (``trajectories.convergence_of_curves``: the same rule every r
 
 from __future__ import annotations
 
-import math
 import platform
 from pathlib import Path
 
@@ -20,11 +19,12 @@ from mtl_cog.evaluation.posthoc import calibrate
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import read_jsonl
-from mtl_cog.reporting.trajectories import convergence_of_curves, curve_rows, read_metrics_lines
+from mtl_cog.reporting.trajectories import calibrator_trajectory, convergence_of_curves, curve_rows, read_metrics_lines
 from mtl_cog.runs import rundir
 from mtl_cog.runs.digests import verify_digests
 
 RESULT_METRICS = ("accuracy", "nll", "brier", "ece@15", "smece")  # what tables and verdicts read; bins 15
+CALIBRATOR_SPLIT = "calibrator"  # results rows of the learned calibrator's final values (task, parameter, value)
 BINS = [15]
 
 
@@ -47,6 +47,15 @@ def results_rows(run_dir: Path, posthoc: tuple[str, ...] = ()) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=["split", "task", "metric", "value"])
     frame.attrs["sizes"] = {"val": len(val.labels[0]), "test": len(test.labels[0])}
     return frame
+
+
+def calibrator_rows(run_dir: Path) -> pd.DataFrame:
+    """The learned calibrator at the last epoch (split ``calibrator``, task, metric = its parameter, e.g.
+    ``temperature``): what "did COG-TS move its temperatures?" is answered from."""
+    trajectory = calibrator_trajectory(run_dir)
+    last = trajectory[trajectory["epoch"] == trajectory["epoch"].max()] if not trajectory.empty else trajectory
+    return pd.DataFrame({"split": CALIBRATOR_SPLIT, "task": last["task"].astype(str), "metric": last["parameter"],
+                         "value": last["value"].astype(float)}, columns=["split", "task", "metric", "value"])
 
 
 def run_facts(run_dir: Path) -> dict:
@@ -75,9 +84,10 @@ def run_rows(run_dir: Path, labels: dict, posthoc: tuple[str, ...] = ()) -> tupl
     run_dir = Path(run_dir)
     name = labels["run"]
     results = results_rows(run_dir, posthoc)
+    sizes = results.attrs["sizes"]
+    results = pd.concat([results, calibrator_rows(run_dir)], ignore_index=True)
     curves = curve_rows(run_dir)
     result = convergence_of_curves(curves)
-    sizes = results.attrs["sizes"]
     row = {"status": "done", "reason": "", "val_size": sizes["val"], "test_size": sizes["test"],
            "converged": "" if result is None else bool(result.converged), "versions": "", "commit": "",
            **run_facts(run_dir), **labels}
@@ -101,7 +111,3 @@ def environment() -> dict:
 
 def versions_text(env: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in env.items() if k != "platform")
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
