@@ -75,6 +75,8 @@ def test_run_names_follow_one_rule():
     assert campaign.run_name(method="cog_fc", ratio=0.1, seed=0) == "cog_fc-r0.1-seed0"
     assert campaign.run_name(method="cog_fc", ratio=1.0, seed=0) == "cog_fc-r1-seed0"
     assert campaign.run_name(data="d", method="m", draw=2, seed=0) == "d-m-d2-seed0"
+    assert campaign.run_name(trial=3) == "trial_03" and campaign.run_name(trial=3, seed=7) == "trial_03-seed7"
+    assert campaign.run_name(index=7) == "run_07"
 
 
 def test_a_bad_spec_refuses_the_whole_campaign_naming_it(tmp_path):

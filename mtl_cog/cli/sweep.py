@@ -114,7 +114,8 @@ def campaign_of(args: argparse.Namespace, out: Path) -> tuple[campaign.Campaign,
         except ConfigError as err:
             raise ConfigError(f"grid combination {combo}: {err}") from None
         labels = campaign.Labels(cfg.data.task, cfg.method.name, "sweep", cfg.seed, trial=f"{i:02d}")
-        specs.append(campaign.RunSpec(f"run_{i:02d}", (args.config,), overrides, out / f"run_{i:02d}", labels))
+        name = campaign.run_name(index=i)
+        specs.append(campaign.RunSpec(name, (args.config,), overrides, out / name, labels))
     return campaign.Campaign(f"sweep-{args.config.stem}", out, specs), combos
 
 

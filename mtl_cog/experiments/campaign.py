@@ -99,15 +99,17 @@ class Planned:
     state: str  # bundled / done / unfinished / new
 
 
-def run_name(*, data: str = "", method: str = "", draw: int = 1, ratio: float | None = None,
-             seed: int | None = None) -> str:
-    """The one rule for a run folder's name: ``<data>-<method>[-d<draw>]-r<ratio>-seed<S>``, leaving out what is
-    not set (the first tuning draw has no ``-d``, so one-draw campaigns keep their names).
-
-    ``r<ratio>`` prints the ratio with 6 significant digits and reads back as the same number
-    (``leader_curve.check_ratios`` refuses two ratios with one name).
+def run_name(*, data: str = "", method: str = "", draw: int = 1, ratio: float | None = None, trial: int | None = None,
+             index: int | None = None, seed: int | None = None) -> str:
+    """The one rule for a run folder's name, leaving out what a campaign does not vary:
+    ``<data>-<method>[-d<draw>]-r<ratio>-trial_<NN>-run_<NN>-seed<S>`` (a reproduction's
+    ``digits-cog_fc-seed0``, a curve's ``cog_fc-r0.1-seed0``, a tuning trial's ``trial_03`` or
+    ``trial_03-seed1000``, a sweep's ``run_07``). The first tuning draw has no ``-d``, so one-draw
+    campaigns keep their names; ``r<ratio>`` prints 6 significant digits and reads back as the same
+    number (``leader_curve.check_ratios`` refuses two ratios with one name).
     """
     parts = [data, method, "" if draw == 1 else f"d{draw}", "" if ratio is None else f"r{ratio:.6g}",
+             "" if trial is None else f"trial_{trial:02d}", "" if index is None else f"run_{index:02d}",
              "" if seed is None else f"seed{seed}"]
     return "-".join(p for p in parts if p)
 

@@ -249,8 +249,9 @@ def kept_checkpoint_nll(end: EpochEnd, run_dir: Path) -> float:
 
 def trial_runs(folder: Path, number: int, seeds: list[int]) -> list[tuple[int, Path]]:
     """(seed, run folder) of trial ``number``: ``trial_NN`` with one seed, ``trial_NN-seed<S>`` with several."""
-    name = f"trial_{number:02d}"
-    return [(seeds[0], folder / name)] if len(seeds) == 1 else [(s, folder / f"{name}-seed{s}") for s in seeds]
+    if len(seeds) == 1:
+        return [(seeds[0], folder / campaign.run_name(trial=number))]
+    return [(s, folder / campaign.run_name(trial=number, seed=s)) for s in seeds]
 
 
 def parse_worker_args(argv: list[str] | None = None) -> argparse.Namespace:
