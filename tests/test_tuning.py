@@ -192,3 +192,34 @@ def test_pruning_refuses_a_run_whose_kept_epoch_has_no_metrics_line(tmp_path):
 
     with pytest.raises(UserError, match="epoch 4"):
         pruning_hook(_RecordingTrial(), tmp_path).on_epoch_end(_epoch_end(5, 2.0, 4))
+
+
+def test_a_range_is_widened_past_the_edge_its_choice_sat_at_within_the_knobs_limits():
+    rate = protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True)
+    assert protocol.widened(rate, "highest") == protocol.Knob("optim.follower_lr", 1e-4, 0.1, log=True)
+    assert protocol.widened(rate, "lowest").low == pytest.approx(1e-5)
+    ratio = protocol.Knob(protocol.LEADER_RATIO_KEY, 1e-3, 1.0, log=True, ceiling=1.0)
+    assert protocol.widened(ratio, "highest") is None  # ratio 1 is no hierarchy: the top of COG's range
+    assert protocol.widened(ratio, "lowest").low == pytest.approx(1e-4)
+    eps = protocol.LOSS_KNOBS["ls"]
+    assert protocol.widened(eps, "lowest").low == eps.floor  # 0.02 - 0.09 would be negative
+    assert protocol.widened(protocol.widened(eps, "lowest"), "lowest") is None  # at its floor: nothing to widen
+
+
+def test_widen_makes_a_new_study_only_for_choices_at_an_edge(tmp_path):
+    import pandas as pd
+
+    from mtl_cog.experiments import fair_tuning
+
+    def spec(method):
+        return tuning.StudySpec("d", method, (Path("c.yaml"),), (f"output_dir={tmp_path / ('d-' + method)}",), 1e-3,
+                                (protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True),), 5,
+                                tmp_path / f"d-{method}", (1000,))
+    studies = {("d", m, "1"): spec(m) for m in ("a", "b")}
+    chosen = pd.DataFrame([{"dataset": "d", "method": "a", "draw": "1", "at_edge": "optim.follower_lr=highest"},
+                           {"dataset": "d", "method": "b", "draw": "1", "at_edge": ""}])
+    wider = fair_tuning.widen(studies, chosen, 1)
+    assert list(wider) == [("d", "a", "1")]
+    new = wider[("d", "a", "1")]
+    assert new.name == "d-a-w1" and new.knobs[0].high == pytest.approx(0.1) and new.folder.name == "d-a-w1"
+    assert f"output_dir={tmp_path / 'd-a-w1'}" in new.overrides

@@ -26,6 +26,8 @@ workers make TPE's proposals depend on timing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
@@ -102,7 +104,8 @@ def worker_args(spec: tuning.StudySpec, url: str, args: argparse.Namespace, camp
             repr(spec.base_follower_lr), "--budget", str(args.budget), *(["--prune"] if args.prune else []),
             "--trial-seeds", *map(str, spec.trial_seeds), "--draw", spec.draw, "--sampler-seed",
             str(spec.sampler_seed), "--data", spec.dataset, "--method", spec.method, "--campaign", campaign_name,
-            "--bundle-out", str(args.out), "--", *spec.overrides]
+            "--bundle-out", str(args.out), "--widening", str(spec.widening), "--knobs", json.dumps([[k.key, k.low, k.high, k.log] for k in spec.knobs]),
+            "--", *spec.overrides]
 
 
 def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles.Bundle | None) -> int:
@@ -190,6 +193,7 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
         rows.append({"dataset": dataset, "method": method, "draw": draw, "settings": best.user_attrs["overrides"],
                      "val_nll": best.value, "at_edge": " ".join(protocol.range_edges(list(spec.knobs), best.params)),
                      "ranges": " ".join(f"{k.key}=[{k.low:g},{k.high:g}]" for k in spec.knobs),
+                     "widened": spec.widening,
                      "trials": len(outcome.trials), "failed": sum(t.state == TrialState.FAIL for t in outcome.trials),
                      "pruned": sum(t.state == TrialState.PRUNED for t in outcome.trials),
                      "epoch_share": trained / (len(outcome.trials) * spec.epochs), "extra_trials": len(outcome.extras),
@@ -199,6 +203,33 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
         raise UserError(f"tuning is incomplete for {', '.join(incomplete)}: every method must get its whole budget, "
                         "so nothing was chosen. Fix the cause and run the same command again: it continues there.")
     return pd.DataFrame(rows)
+
+
+MAX_WIDENINGS = 2  # at most this many re-tunings of one method; a choice still at an edge is then reported
+
+
+def widen(studies: Studies, chosen: pd.DataFrame, widening: int) -> Studies:
+    """New studies, one per method whose choice sat at a widenable edge of a knob's range: the same budget over
+    the range extended past that edge (``protocol.widened``); the method's earlier study stays recorded.
+
+    A chosen knob in the outer 5 % of its range means the range, not the method, bounded the result, so
+    the method is tuned again rather than compared at a setting it was not allowed to leave.
+    """
+    out = {}
+    for row in chosen.itertuples():
+        key = (row.dataset, row.method, str(row.draw))
+        spec = studies[key]
+        sides = dict(edge.split("=") for edge in str(row.at_edge).split())
+        knobs = [(protocol.widened(k, sides[k.key]) or k) if k.key in sides else k for k in spec.knobs]
+        if tuple(knobs) == spec.knobs:
+            continue
+        name = dataclasses.replace(spec, widening=widening).name
+        out[key] = dataclasses.replace(spec, knobs=tuple(knobs), widening=widening,
+                                       folder=spec.folder.parent / name,
+                                       overrides=tuple(o if not o.startswith("output_dir=") else
+                                                       f"output_dir={spec.folder.parent / name}"
+                                                       for o in spec.overrides))
+    return out
 
 
 def bundles_trials(out: Path, study: str, table: pd.DataFrame) -> None:
@@ -271,6 +302,9 @@ def parse_worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--method", default="", help="the method's name (a label in the bundle)")
     parser.add_argument("--campaign", default="", help="the campaign whose bundle records the trials")
     parser.add_argument("--bundle-out", type=Path, default=None, help="the campaign's --out (its bundle/)")
+    parser.add_argument("--widening", type=int, default=0, help="re-tunings over widened ranges (a label)")
+    parser.add_argument("--knobs", default=None, help="JSON [[key, low, high, log], ...]: the study's ranges "
+                        "(default: the protocol's search space; a widened study passes its own)")
     parser.add_argument("overrides", nargs="*", help="the protocol's overrides (after --)")
     return parser.parse_args(argv)
 
@@ -279,7 +313,8 @@ def work(argv: list[str] | None = None) -> int:
     """A tuning worker: trains trials of one study until it holds its budget; exit 0 when it does."""
     args = parse_worker_args(argv)
     base = load_config(args.config, args.overrides)
-    knobs = protocol.search_space(base, args.base_follower_lr)
+    knobs = [protocol.Knob(key, low, high, log) for key, low, high, log in json.loads(args.knobs)] if args.knobs \
+        else protocol.search_space(base, args.base_follower_lr)
     folder = Path(base.output_dir)
     seeds = args.trial_seeds or [base.seed]
     if args.prune and len(seeds) > 1:  # the pruner would see one seed's epochs and rank the mean of several
@@ -290,6 +325,7 @@ def work(argv: list[str] | None = None) -> int:
     tuning.enqueue_start(study, knobs, args.budget, args.sampler_seed)
     spec = tuning.StudySpec(args.data, args.method, tuple(args.config), tuple(args.overrides), args.base_follower_lr,
                             tuple(knobs), base.train.epochs, folder, tuple(seeds), args.draw, args.sampler_seed)
+    spec = dataclasses.replace(spec, widening=args.widening)
 
     def trial_specs(trial: optuna.Trial, setting: dict[str, float]) -> list[tuple[campaign.RunSpec, Config]]:
         number = tuning.first_attempt(trial)

@@ -303,10 +303,12 @@ class StudySpec:
     trial_seeds: tuple[int, ...]  # every trial trains once per seed; its value is the mean (experiments/fair_tuning.py)
     draw: str = "1"  # the tuning draw: another draw has other trial seeds and another sampler seed
     sampler_seed: int = SAMPLER_SEED
+    widening: int = 0  # re-tunings over widened ranges after a choice sat at a range edge (fair_tuning.widen)
 
     @property
     def name(self) -> str:
-        return f"{self.dataset}-{self.method}" + ("" if self.draw == "1" else f"-d{self.draw}")
+        return (f"{self.dataset}-{self.method}" + ("" if self.draw == "1" else f"-d{self.draw}")
+                + ("" if not self.widening else f"-w{self.widening}"))
 
 
 def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
