@@ -104,7 +104,8 @@ def worker_args(spec: tuning.StudySpec, url: str, args: argparse.Namespace, camp
             repr(spec.base_follower_lr), "--budget", str(args.budget), *(["--prune"] if args.prune else []),
             "--trial-seeds", *map(str, spec.trial_seeds), "--draw", spec.draw, "--sampler-seed",
             str(spec.sampler_seed), "--data", spec.dataset, "--method", spec.method, "--campaign", campaign_name,
-            "--bundle-out", str(args.out), "--widening", str(spec.widening), "--knobs", json.dumps([[k.key, k.low, k.high, k.log] for k in spec.knobs]),
+            "--bundle-out", str(args.out), "--widening", str(spec.widening),
+            "--knobs", json.dumps([[k.key, k.low, k.high, k.log] for k in spec.knobs]),
             "--", *spec.overrides]
 
 
