@@ -47,23 +47,46 @@ def test_ratio_one_sets_the_leader_to_the_follower_rate_and_lifts_the_refusal():
 
 
 def test_the_plan_has_every_ratio_and_seed_and_the_references(tmp_path):
-    refs = {"baseline": (Path("b.yaml"),), "ls": (Path("ls.yaml"),)}
-    runs = curve.plan("cog_ls", "digits", (Path("c.yaml"),), refs, 1e-3, [0.01, 1.0], [0, 1], tmp_path,
-                      ["train.epochs=2"], shared_rate=False)
+    refs = {"baseline": ((Path("b.yaml"),), ()), "ls": ((Path("ls.yaml"),), ("method.label_smoothing=0.05",))}
+    runs = curve.plan("cog_ls", "digits", ((Path("c.yaml"),), ("optim.follower_lr=0.002",)), refs, 1e-3, [0.01, 1.0],
+                      [0, 1], tmp_path, ["train.epochs=2"], shared_rate=False)
     names = sorted(r.run_dir.name for r in runs)
     assert names == sorted(["cog_ls-r0.01-seed0", "cog_ls-r0.01-seed1", "cog_ls-r1-seed0", "cog_ls-r1-seed1",
                             "baseline-seed0", "baseline-seed1", "ls-seed0", "ls-seed1"])
-    assert all(r.overrides[0] == "train.epochs=2" for r in runs)  # the user's first, the curve's own win
+    assert all("train.epochs=2" in r.overrides for r in runs)  # the user's after the tuned ones; the curve's win
+    assert [r.overrides[0] for r in runs if r.labels.method == "ls"] == ["method.label_smoothing=0.05"] * 2
+    assert all("method.label_smoothing=0.05" not in r.overrides for r in runs if r.labels.method != "ls")
     assert {r.labels.ratio for r in runs if r.labels.method == "baseline"} == {None}
     assert [r.posthoc for r in runs if r.labels.method == "baseline"] == [("ts",), ("ts",)]
 
 
 def test_a_protocol_folder_without_the_method_is_refused(tmp_path):
     with pytest.raises(UserError, match="no final run of digits/cog_fc"):
-        curve.protocol_run_config(tmp_path, "digits", "cog_fc")
+        curve.protocol_run_source(tmp_path, "digits", "cog_fc")
     (tmp_path / "runs" / "digits-cog_fc-seed3").mkdir(parents=True)
     (tmp_path / "runs" / "digits-cog_fc-seed3" / "config.yaml").write_text("seed: 3\n")
-    assert curve.protocol_run_config(tmp_path, "digits", "cog_fc").parent.name == "digits-cog_fc-seed3"
+    configs, overrides = curve.protocol_run_source(tmp_path, "digits", "cog_fc")
+    assert configs[0].parent.name == "digits-cog_fc-seed3" and overrides == ()
+
+
+def test_a_protocol_known_only_from_its_bundle_gives_the_tuned_settings(tmp_path):
+    """A fresh clone: the protocol's run folders are gone, its committed bundle records each final run's spec."""
+    from mtl_cog.experiments import campaign
+    from mtl_cog.reporting import bundle as bundles
+
+    config = REPO / "configs" / "digits" / "cog_fc.yaml"
+    spec = campaign.RunSpec("digits-cog_fc-seed0", (config,), ("seed=0", "optim.follower_lr=0.002", "tracking=none"),
+                            tmp_path / "runs" / "digits-cog_fc-seed0",
+                            campaign.Labels("digits", "cog_fc", "final", 0, "1"))
+    planned = campaign.plan(campaign.Campaign("reproduce-fair-cpu", tmp_path, [spec]))
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": spec.run, "campaign": "reproduce-fair-cpu", "data": "digits",
+                                                   "method": "cog_fc", "role": "final", "draw": "1", "seed": 0,
+                                                   "status": "done", "config_digest": planned[0].digest}
+    collector = campaign.Collector(campaign.Campaign("reproduce-fair-cpu", tmp_path, [spec], command=["x"]), planned)
+    collector.update(lambda b: b.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
+                                         pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
+    configs, overrides = curve.protocol_run_source(tmp_path, "digits", "cog_fc")
+    assert configs == (config,) and overrides == ("optim.follower_lr=0.002",)  # seed and tracking are the curve's
 
 
 def _scores():

@@ -85,19 +85,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def references(args: argparse.Namespace, cfg: Config, dataset: str) -> dict[str, tuple[Path, ...]]:
+def references(args: argparse.Namespace, cfg: Config, dataset: str) -> dict[str, curve.Source]:
     """{name: config files} of the reference arms: the baseline, and the method's trained counterpart if another."""
     names = [BASELINE]
     counterpart = (cfg.method.counterpart or "").split("+")[0]
     if counterpart and counterpart not in names:
         names.append(counterpart)
     if args.protocol_dir is not None:
-        return {name: (curve.protocol_run_config(args.protocol_dir, dataset, name),) for name in names}
+        return {name: curve.protocol_run_source(args.protocol_dir, dataset, name) for name in names}
     paths = {name: args.config.parent / f"{name}.yaml" for name in names}
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise UserError(f"the reference config(s) {', '.join(missing)} are missing (they sit next to --config).")
-    return {name: (path,) for name, path in paths.items()}
+    return {name: ((path,), ()) for name, path in paths.items()}
 
 
 def build_plan(args: argparse.Namespace) -> tuple[campaign.Campaign, str, str]:
@@ -108,14 +108,15 @@ def build_plan(args: argparse.Namespace) -> tuple[campaign.Campaign, str, str]:
         raise UserError(f"{args.config}: method {method!r} has no leader (method.leader is empty): a leader-rate "
                         "curve needs a COG method.")
     base, extra = args.config, list(args.overrides)
+    source: curve.Source = ((base,), ())
     if args.protocol_dir is not None:
-        base = curve.protocol_run_config(args.protocol_dir, dataset, args.config.stem)
-        cfg = load_config(base, extra)
+        source = curve.protocol_run_source(args.protocol_dir, dataset, args.config.stem)
+        cfg = load_config(list(source[0]), [*source[1], *extra])
     follower = args.follower_lr or cfg.optim.follower_lr
     out = args.out or Path("runs") / f"leader-curve-{dataset}-{method}"
     refs = references(args, cfg, dataset)
     shared_rate = args.protocol_dir is None and args.follower_lr is not None  # the references share the given rate
-    specs = curve.plan(method, dataset, (base,), refs, follower, args.ratios, args.seeds, out / "runs", extra,
+    specs = curve.plan(method, dataset, source, refs, follower, args.ratios, args.seeds, out / "runs", extra,
                        shared_rate)
     counterpart = cfg.method.counterpart or BASELINE
     return campaign.Campaign(f"leader-curve-{dataset}-{method}", out, specs,

@@ -238,6 +238,27 @@ def code_commit() -> str:
     return head.stdout.strip()[:12] + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def spec_record(p: Planned) -> dict:
+    """What ``campaign.json`` keeps of a run: its digest and how to compose its config again (config files
+    relative to the clone where they lie in it, overrides), so a fresh clone can rebuild it from the bundle."""
+    def portable(path: Path) -> str:
+        try:
+            return str(Path(path).resolve().relative_to(Path(PACKAGE_PARENT)))
+        except ValueError:
+            return str(path)
+    return {"digest": p.digest, "configs": [portable(c) for c in p.spec.configs], "overrides": list(p.spec.overrides)}
+
+
+def recorded_spec(bundle: bundles.Bundle, run: str) -> tuple[tuple[Path, ...], tuple[str, ...]] | None:
+    """(config files, overrides) of ``run`` as ``campaign.json`` records it; None when it records no more than a
+    digest. Relative config paths are read from this clone."""
+    record = bundle.campaign.get("specs", {}).get(run)
+    if not isinstance(record, dict) or "configs" not in record:
+        return None
+    configs = tuple(Path(c) if Path(c).is_absolute() else Path(PACKAGE_PARENT) / c for c in record["configs"])
+    return configs, tuple(record.get("overrides", ()))
+
+
 class Collector:
     """Records finished runs into the campaign's bundle, one at a time under a file lock (several processes,
     e.g. tuning workers, may collect into one bundle)."""
@@ -252,7 +273,7 @@ class Collector:
 
     def _campaign_record(self, old: dict | None) -> dict:
         specs = dict((old or {}).get("specs", {}))
-        specs.update({name: p.digest for name, p in self.planned.items()})
+        specs.update({name: spec_record(p) for name, p in self.planned.items()})
         command = self.campaign.command or (old or {}).get("command", [])  # a tuning worker keeps the driver's
         return {"format": bundles.FORMAT, "campaign": self.campaign.name, "command": command,
                 "counterparts": {**(old or {}).get("counterparts", {}), **self.campaign.counterparts},

@@ -20,7 +20,8 @@ import math
 from pathlib import Path
 
 from mtl_cog.errors import UserError
-from mtl_cog.experiments.campaign import Labels, RunSpec, run_name
+from mtl_cog.experiments.campaign import Labels, RunSpec, recorded_spec, run_name
+from mtl_cog.reporting.bundle import bundle_dir, read_bundle
 
 # log grid 1e-3 .. 1 (1, 3 per decade); 1 = no hierarchy, allowed here without the usual refusal
 RATIOS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
@@ -50,20 +51,33 @@ def curve_overrides(follower_lr: float, ratio: float) -> list[str]:
     return [f"{FOLLOWER_KEY}={follower_lr:.6g}", f"{LEADER_KEY}={leader:.6g}", *([ALLOW_EQUAL] if ratio >= 1 else [])]
 
 
-def protocol_run_config(protocol_dir: Path, dataset: str, method: str) -> Path:
-    """The resolved config.yaml of the fair protocol's final run of (dataset, method): its tuned settings.
+# The settings a final run of the protocol composes, minus what the curve sets itself.
+CURVE_OWNED = ("seed=", "output_dir=", "run_name=", "tracking=", "wandb_group=", "wandb_job_type=")
 
-    Every final run of a method in ``<protocol_dir>/runs`` has the same settings but its seed,
-    so the first one found stands for all.
+
+def protocol_run_source(protocol_dir: Path, dataset: str, method: str) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """(config files, overrides) of the fair protocol's final run of (dataset, method): its tuned settings.
+
+    Every final run of a method (first tuning draw) has the same settings but its seed, so one stands for all:
+    its resolved ``config.yaml`` where the run folder exists, else what the protocol's results bundle
+    records of it (a fresh clone holding only the committed bundle).
     """
     runs = sorted((protocol_dir / "runs").glob(f"{dataset}-{method}-seed*/config.yaml"))
-    if not runs:
-        chosen = protocol_dir / "report" / "chosen_settings.csv"
-        hint = f" ({chosen} exists: its final runs have not started)" if chosen.is_file() else ""
-        raise UserError(f"--protocol-dir {protocol_dir}: no final run of {dataset}/{method} "
-                        f"(runs/{dataset}-{method}-seed*/config.yaml){hint}; finish `reproduce --protocol fair` "
-                        "for it first, or give --follower-lr instead.")
-    return runs[0]
+    if runs:
+        return (runs[0],), ()
+    bundle = read_bundle(bundle_dir(protocol_dir))
+    if bundle is not None:
+        rows = bundle.runs[(bundle.runs["role"] == "final") & (bundle.runs["data"] == dataset)
+                           & (bundle.runs["method"] == method) & (bundle.runs["draw"].astype(str).isin(["1", ""]))]
+        for run in sorted(rows["run"]):
+            source = recorded_spec(bundle, run)
+            if source is not None:
+                return source[0], tuple(o for o in source[1] if not o.startswith(CURVE_OWNED))
+    chosen = protocol_dir / "report" / "chosen_settings.csv"
+    hint = f" ({chosen} exists: its final runs have not started)" if chosen.is_file() else ""
+    raise UserError(f"--protocol-dir {protocol_dir}: no final run of {dataset}/{method} "
+                    f"(runs/{dataset}-{method}-seed*/config.yaml, or its results bundle){hint}; finish "
+                    "`reproduce --protocol fair` for it first, or give --follower-lr instead.")
 
 
 def chosen_edges(protocol_dir: Path, dataset: str, method: str) -> str:
@@ -78,23 +92,27 @@ def chosen_edges(protocol_dir: Path, dataset: str, method: str) -> str:
     return ""
 
 
-def plan(method: str, dataset: str, configs: tuple[Path, ...], references: dict[str, tuple[Path, ...]],
-         follower_lr: float, ratios: list[float], seeds: list[int], runs_dir: Path, extra: list[str],
-         shared_rate: bool) -> list[RunSpec]:
+Source = tuple[tuple[Path, ...], tuple[str, ...]]  # (config files, overrides) a run composes before the curve's
+
+
+def plan(method: str, dataset: str, source: Source, references: dict[str, Source], follower_lr: float,
+         ratios: list[float], seeds: list[int], runs_dir: Path, extra: list[str], shared_rate: bool) -> list[RunSpec]:
     """Every run of the curve: ``method`` at each ratio x seed, each reference method x seed (the baseline's runs
     also fit post-hoc TS, the band ``baseline+ts``).
 
-    ``extra``: the user's overrides, applied to every run before the curve's own (which win); ``shared_rate``:
-    the references train at ``follower_lr`` too (else at their own, e.g. tuned, rate).
+    ``extra``: the user's overrides, applied to every run after its source's and before the curve's own (which
+    win); ``shared_rate``: the references train at ``follower_lr`` too (else at their own, e.g. tuned, rate).
     """
+    configs, tuned = source
     runs = [RunSpec(run_name(method=method, ratio=ratio, seed=seed), configs,
-                    (*extra, *curve_overrides(follower_lr, ratio), f"seed={seed}", "tracking=none"),
+                    (*tuned, *extra, *curve_overrides(follower_lr, ratio), f"seed={seed}", "tracking=none"),
                     runs_dir / run_name(method=method, ratio=ratio, seed=seed),
                     Labels(dataset, method, "curve", seed, ratio=ratio))
             for ratio in ratios for seed in seeds]
     rate = (f"{FOLLOWER_KEY}={follower_lr:.6g}",) if shared_rate else ()
-    runs += [RunSpec(run_name(method=name, seed=seed), paths, (*extra, *rate, f"seed={seed}", "tracking=none"),
+    runs += [RunSpec(run_name(method=name, seed=seed), paths, (*ref_tuned, *extra, *rate, f"seed={seed}",
+                                                                "tracking=none"),
                      runs_dir / run_name(method=name, seed=seed), Labels(dataset, name, "curve", seed),
                      posthoc=("ts",) if name == "baseline" else ())
-             for name, paths in references.items() for seed in seeds]
+             for name, (paths, ref_tuned) in references.items() for seed in seeds]
     return runs

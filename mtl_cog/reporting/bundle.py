@@ -4,7 +4,8 @@ A campaign (``mtl_cog.experiments.campaign``: a sweep, a leader curve, a reprodu
 writes ``<out>/bundle/`` as its runs finish, small enough to commit (a 40-task run adds ~10 kB):
 
 - ``campaign.json``: ``format``, ``campaign`` (its name: two campaigns never share a bundle),
-  ``command``, ``specs`` ({run: config digest} of every planned run), ``counterparts``
+  ``command``, ``specs`` ({run: {digest, configs, overrides}} of every planned run: what composes it
+  again on a fresh clone), ``counterparts``
   ({method: counterpart}, what the paired comparisons pair), ``environment`` (python, torch,
   platform, the code's commit);
 - ``runs.csv``: one row per run (``RUN_COLUMNS``): what it was (data, method, role, tuning draw,
@@ -169,7 +170,8 @@ def check_bundle(folder: Path, bundle: Bundle) -> None:
     bad_status = sorted(set(runs["status"]) - set(STATUSES))
     if bad_status:
         problems.append(f"status {bad_status} (expected one of {', '.join(STATUSES)})")
-    specs = bundle.campaign.get("specs", {})
+    specs = {run: record["digest"] if isinstance(record, dict) else record  # a digest alone in older bundles
+             for run, record in bundle.campaign.get("specs", {}).items()}
     other = [r for r, d in zip(runs["run"], runs["config_digest"]) if r in specs and specs[r] != d]
     if other:
         problems.append(f"config digests in {RUNS} differ from {CAMPAIGN}'s for {', '.join(other[:3])}")
