@@ -158,7 +158,7 @@ def test_the_run_report_draws_partly_labelled_predictions(tmp_path):
     assert report is not None and report.png.is_file()
 
 
-# ------------------------------------------------- the other places that fit or score on labels (issue 21 audit)
+# ------------------------------------ the other places that fit or score on labels (an audit of every use of labels)
 
 
 def test_vtst_kl_term_on_a_masked_batch_is_the_term_on_each_tasks_labelled_rows():
