@@ -22,7 +22,7 @@ from mtl_cog.evaluation.truth import labelled_truth_metrics, truth_metrics
 from mtl_cog.models.heads import VariationalHeads
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective, set_partial_labels
 from mtl_cog.objectives.aggregators import build_aggregator
-from mtl_cog.reporting.plots.reliability import _pool as reliability_pool
+from mtl_cog.reporting.plots.reliability import pool_task as reliability_pool
 from mtl_cog.reporting.run_report import write_run_report
 from mtl_cog.reporting.shift_report import mean_risk_coverage
 from mtl_cog.training.accelerator import create_accelerator
