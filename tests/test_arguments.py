@@ -1,5 +1,5 @@
 """Command-line values are checked where they are declared (``mtl_cog.config.arguments``), launchers
-refuse what Slurm would reject, and a dry run refuses what the real command refuses (docs/failure_paths.md).
+refuse what Slurm would reject, and a dry run refuses what the real command refuses (docs/guides/failure_paths.md).
 
 Every case goes through the command's ``main`` under ``run_cli``: one ``error:`` line, exit 2.
 """

@@ -21,7 +21,7 @@ Sections (each one module of ``mtl_cog/benchmarks/``; ``--skip`` leaves some out
 - ``memory``: peak RSS of a CelebA-sized cache read for a whole epoch, above the model's own
   (target <= 1 GiB).
 
-docs/benchmarks.md explains each measurement.
+docs/guides/benchmarks.md explains each measurement.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from mtl_cog.cli import (
     compare,
     evaluate,
     generate_configs,
+    generate_reference,
     launch,
     leader_curve,
     list_front,
@@ -44,6 +45,7 @@ COMMANDS = {
     "calibration-drift": calibration_drift,
     "list-front": list_front,
     "generate-configs": generate_configs,
+    "generate-reference": generate_reference,
     "launch": launch,
 }
 

@@ -247,3 +247,15 @@ def convergence_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
                      "stage_two_nll_gain_last_20pct": result.stage_two_nll_gain_last,
                      "converged": result.converged, "why_not": result.why_not()})
     return pd.DataFrame(rows)
+
+
+def epoch_curve_table(runs: list[tuple[str, str, int, Path]], metrics: tuple[str, ...] = ("nll",)) -> pd.DataFrame:
+    """Per run and stage-one epoch: the validation task mean of each of ``metrics`` (long: dataset, method, seed,
+    run, epoch, split, metric, value), the curves a report draws beside the convergence verdict."""
+    rows = []
+    for dataset, method, seed, run_dir in runs:
+        for line in read_metrics_lines(run_dir)[0]:
+            rows += [{"dataset": dataset, "method": method, "seed": seed, "run": str(run_dir), "epoch": line["epoch"],
+                      "split": "val", "metric": metric, "value": float(line["val"][metric])}
+                     for metric in metrics if isinstance(line["val"].get(metric), (int, float))]
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "run", "epoch", "split", "metric", "value"])

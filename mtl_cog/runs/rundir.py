@@ -1,7 +1,7 @@
 """The run folder: the name of every file a run writes (defined here only), and its checks.
 
-Write order and what each file means: ``docs/run_folder.md``; how each failure is handled:
-``docs/failure_paths.md``.
+Write order and what each file means: ``docs/reference/run_folder.md``; how each failure is handled:
+``docs/guides/failure_paths.md``.
 
 A folder is a run folder when it holds ``mtl_cog_run.json`` (``RUN_MARKER``), written when the
 run creates the folder; folders of runs made before the marker existed are recognised by their

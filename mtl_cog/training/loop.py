@@ -12,7 +12,7 @@ Callers that need more than the run folder pass ``Hooks`` (for example
 ``scripts/calibration_drift.py`` reads the validation predictions after every epoch); nothing
 else differs between them. The write order at the end of an epoch (metrics line, then state,
 then best model) is what lets ``mtl_cog.runs.training_state.restore_run`` repair a run killed
-at any moment; the data flow of one step and of one evaluation is in ``docs/architecture.md``.
+at any moment; the data flow of one step and of one evaluation is in ``docs/explanation/architecture.md``.
 """
 
 from __future__ import annotations
