@@ -76,10 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.data or args.method:
         if args.config is not None or not (args.data and args.method):
-            raise UserError("--data and --method name the config together, instead of --config.")
+            raise UserError("--method and --data name the config together, instead of --config.")
         args.config = combination_file(args.data, args.method)
     elif args.config is None:
-        raise UserError("give --data and --method (or --config configs/<data>/<method>.yaml).")
+        raise UserError("give --method and --data (or --config configs/<data>/<method>.yaml).")
     args.ratios = curve.check_ratios(args.ratios)
     distinct(args.seeds, "--seeds")  # one folder per (ratio, seed)
     return args

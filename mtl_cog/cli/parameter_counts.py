@@ -1,7 +1,7 @@
 """Parameter counts of every method's network (backbone / heads / calibrator) and its leader.
 
-    python scripts/parameter_counts.py --dataset celeba --classes 2x40
-    python scripts/parameter_counts.py --dataset cifar100 --classes 100 --out counts.md
+    python scripts/parameter_counts.py --data celeba --classes 2x40
+    python scripts/parameter_counts.py --data cifar100 --classes 100 --out counts.md
 
 Builds the network of each configs/<dataset>/<method>.yaml (no data needed: ``--classes`` gives
 the tasks' class counts, e.g. ``2x40`` for 40 binary attributes, ``10``, or ``2,2,10``) and

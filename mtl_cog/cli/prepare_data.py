@@ -1,8 +1,8 @@
 """Decode a data set once into its memory-mapped uint8 cache (what training would do on first use).
 
-    python scripts/prepare_data.py --task celeba --data-root /data [--image-size 32] [--cache-dir DIR]
+    python scripts/prepare_data.py --data celeba --data-root /data [--image-size 32] [--cache-dir DIR]
     python scripts/prepare_data.py --config configs/celeba/cog_fc.yaml data.root=/data
-    python scripts/prepare_data.py --task celeba --data-root /data --rebuild   # decode again regardless
+    python scripts/prepare_data.py --data celeba --data-root /data --rebuild   # decode again regardless
     python scripts/prepare_data.py --config configs/fashion_mosaic/baseline.yaml --describe 15   # + label statistics
 
 Prints the cache folder and the size of each split. Running it again only verifies the cache

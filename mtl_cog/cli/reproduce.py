@@ -10,7 +10,7 @@
 Every ``configs/<dataset>/*.yaml`` is a method (new method configs are picked up without changing
 this script). Two protocols:
 
-- ``fair`` (docs/protocol.md): per data set and method, an Optuna study of ``--budget`` trials on
+- ``fair`` (docs/explanation/protocol.md): per data set and method, an Optuna study of ``--budget`` trials on
   validation NLL over the same knobs for everyone (the follower learning rate for every method,
   baseline included; the leader/follower ratio for COG variants; label smoothing epsilon, focal
   gamma, ...; ``--prune``: successive halving, the same for all), then ``--seeds`` runs of the
@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="OUT/runs, OUT/tuning, OUT/report, OUT/bundle")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="configs", help="fair: equal tuning budget")
     parser.add_argument("--scale", default="cpu", metavar="NAME",
-                        help=f"configs/scales/NAME/ ({', '.join(scale_names(CONFIGS))}; default cpu)")
+                        help=f"a folder of configs/scales ({', '.join(scale_names(CONFIGS))}; default cpu)")
     parser.add_argument("--data", nargs="+", default=None, metavar="NAME",
                         help="data sets (default: cpu: digits synthetic; paper: celeba svhn cifar10 cifar100; "
                              "another scale: every data set it has a file for)")
@@ -338,7 +338,7 @@ def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.D
                   + (", successive halving" if args.prune else "") + ") on validation NLL"
                   + (f", in each of {args.draws} independent draws" if args.draws > 1 else "") + "; failed trials "
                   "count toward the budget. The chosen settings (chosen_settings.csv) were then run with seeds "
-                  f"{' '.join(map(str, args.seeds))}. See docs/protocol.md.", "", markdown_table(chosen)]
+                  f"{' '.join(map(str, args.seeds))}. See docs/explanation/protocol.md.", "", markdown_table(chosen)]
         if args.prune:
             share = (chosen["epoch_share"] * chosen["trials"]).sum() / chosen["trials"].sum()
             lines += ["", f"Pruning: {int(chosen['pruned'].sum())} of {int(chosen['trials'].sum())} trials stopped "

@@ -1,7 +1,7 @@
 """The fair comparison protocol: the same tuning budget for every method, then seeds of the chosen setting.
 
 Why: a comparison in which one method's learning rates were tuned and its competitors' were not
-measures the tuning, not the method (issue: COG-FC once got 4x the baseline's follower rate).
+measures the tuning, not the method (COG-FC once got 4x the baseline's follower rate).
 So, per data set and method (``scripts/reproduce.py --protocol fair``):
 
 1. **Tune** with ``budget`` trials (seed ``TUNE_SEED``, never one of the evaluation seeds, so the
@@ -49,7 +49,7 @@ from mtl_cog.models.calibrators import CALIBRATORS
 
 TUNE_SEED = 1000
 SAMPLER_SEED = 0
-FOLLOWER_RANGE = (0.1, 10.0)  # x the data set's configured follower rate (the former 0.5-4x bound: issue 19)
+FOLLOWER_RANGE = (0.1, 10.0)  # x the data set's configured follower rate (the former 0.5-4x range bound every choice)
 LEADER_RATIO = (1e-3, 1.0)  # leader_lr = ratio x follower_lr; 1 = no hierarchy
 LEADER_RATIO_KEY = "leader_ratio"  # the knob's name in a study (resolved into optim.leader_lr)
 ALLOW_EQUAL = "optim.allow_leader_lr_geq_follower"  # the schema refuses leader >= follower without it

@@ -32,7 +32,7 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
 A trial's value is the validation NLL (mean over tasks) of its run's best checkpoint, the COG
 paper's tuning criterion (App. B), averaged over the trial's runs when it trains with several
 seeds (``--tuning-seeds``: one seed's best validation NLL varies by as much as the settings
-differ, docs/protocol.md "Real images"); the setting with the lowest value is chosen.
+differ, docs/results/real_images.md); the setting with the lowest value is chosen.
 """
 
 from __future__ import annotations
