@@ -64,6 +64,8 @@ def test_the_report_regenerates_from_the_bundle_alone(tmp_path):
     paired = pd.read_csv(tmp_path / "out" / "paired.csv")
     nll = paired[paired["metric"] == "nll"].iloc[0]
     assert nll["mean_difference"] == pytest.approx(-0.01) and nll["n_seeds"] == 2
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "cog_ts" in html and "http://" not in html and "https://" not in html
     with pytest.raises(UserError, match="no such table"):
         report.main(["--bundle", str(tmp_path / "bundle"), "--markdown", "nope"])
     with pytest.raises(UserError, match="no results bundle"):

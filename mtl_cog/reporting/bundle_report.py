@@ -34,6 +34,7 @@ from mtl_cog.errors import UserError
 from mtl_cog.io import atomic_write, atomic_write_text
 from mtl_cog.reporting.bundle import Bundle, read_bundle, wide_scores
 from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
+from mtl_cog.reporting.html_report import ReportTables, write_html_report
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
 from mtl_cog.reporting.paired import PAIRED_METRICS, paired_differences
 from mtl_cog.reporting.tables import markdown_table
@@ -204,8 +205,44 @@ def markdown_of(frame: pd.DataFrame) -> str:
     return markdown_table(shown)
 
 
+def _label(data: str, draw: str, draws: int) -> str:
+    """A data set's section of report.html: one per tuning draw when there are several (never pooled)."""
+    return data if draws <= 1 or not draw else f"{data} (draw {draw})"
+
+
+def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables:
+    """``report.html``'s input from the bundle alone. The per-task panels show the task metrics; reliability
+    diagrams need each prediction's bin, which a bundle does not keep (``compare`` over the run folders draws
+    them)."""
+    summary = tables.get("summary_values", pd.DataFrame())
+    if summary.empty:
+        return ReportTables(pd.DataFrame(columns=["dataset", "method", "n_seeds"]))
+    draws = summary["draw"].nunique()
+    label = lambda frame: [_label(d, str(w), draws) for d, w in zip(frame["data"], frame["draw"])]  # noqa: E731
+    frame = summary.assign(dataset=label(summary)).rename(columns={"seeds": "n_seeds"})
+    paired_table = tables.get("paired", pd.DataFrame())
+    if not paired_table.empty:
+        paired_table = paired_table.assign(dataset=[_label(d, str(w), draws) for d, w in
+                                                    zip(paired_table["dataset"], paired_table["draw"])])
+    scores = _final_scores(bundle)
+    per_task = scores[scores["task"] != "mean"].assign(dataset=lambda f: label(f))
+    per_task = per_task.groupby(["dataset", "method", "task"], sort=False)[
+        [m for m in SUMMARY_METRICS if m in per_task]].mean().reset_index()
+    runs = bundle.done()
+    curves = bundle.curves[bundle.curves["split"] == "val"].merge(
+        runs[["run", "data", "draw", "method", "seed", "role"]], on="run")
+    curves = curves[curves["role"] == "final"].assign(dataset=lambda f: label(f))
+    leader = tables.get("curve", pd.DataFrame())
+    leader = leader.rename(columns={"data": "dataset"}) if not leader.empty else leader
+    notes = [f"Computed from the results bundle of campaign {bundle.name} alone ({len(runs)} finished runs); "
+             "per-task reliability diagrams need the run folders (mtl-cog compare)."]
+    return ReportTables(frame, paired=paired_table, per_task=per_task, curves=curves, leader_curve=leader,
+                        notes=notes, title=f"Campaign {bundle.name}")
+
+
 def write_bundle_report(bundle: Bundle, out: Path) -> Path:
-    """Each table as ``<name>.csv`` and ``<name>.md`` in ``out``, and ``report.md`` with all of them."""
+    """Each table as ``<name>.csv`` and ``<name>.md`` in ``out``, ``report.md`` with all of them, and
+    ``report.html`` (``mtl_cog.reporting.html_report``)."""
     out.mkdir(parents=True, exist_ok=True)
     tables = bundle_tables(bundle)
     sections = [f"# Campaign {bundle.name}", "", f"{len(bundle.runs)} runs in the bundle ("
@@ -218,6 +255,7 @@ def write_bundle_report(bundle: Bundle, out: Path) -> Path:
         if not name.endswith(("_runs", "_values")):
             sections += [f"## {name}", "", text, ""]
     atomic_write_text(out / "report.md", "\n".join(sections))
+    write_html_report(out / "report.html", html_tables(bundle, tables))
     return out / "report.md"
 
 
