@@ -102,9 +102,9 @@ def test_the_digest_ignores_where_a_run_lies_not_what_it_is():
 
 
 def test_a_bundle_is_written_deterministically_and_read_back(tmp_path):
-    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {"r": "d1"}})
-    row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "r", "campaign": "c", "status": "done", "config_digest": "d1",
-                                                   "seed": 0}
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {"r": "1234e567"}})
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "r", "campaign": "c", "status": "done", "seed": 0,
+                                                   "config_digest": "1234e567"}  # reads as a float unless kept text
     results = pd.DataFrame([{"run": "r", "split": "test", "task": "mean", "metric": "nll", "value": 0.123456789}])
     curves = pd.DataFrame([{"run": "r", "epoch": 1, "split": "val", "metric": "nll", "value": 0.5}])
     bundle.add_run(row, results, curves)

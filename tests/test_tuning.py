@@ -89,6 +89,23 @@ def test_a_failed_trial_uses_up_its_budget_and_extras_are_never_chosen(tmp_path)
     assert outcome.best.value == 0.5 and not outcome.unfinished and not tuning.has_work(study, 3)
 
 
+def test_an_interrupted_trial_is_asked_again_and_continues_its_run_folder(tmp_path):
+    study = _study(tmp_path, budget=2)
+    study.enqueue_trial({"optim.follower_lr": 1e-3})
+
+    def objective(trial):
+        trial.suggest_float("optim.follower_lr", 1e-4, 1e-2, log=True)
+        tuning.retry_lost(trial)  # what the worker does on Ctrl-C, before Optuna marks the trial failed
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        study.optimize(objective, n_trials=1)
+    assert study.trials[0].state == TrialState.FAIL
+    assert [t.number for t in tuning.counted_trials(study, 2)[0]] == [1]  # the waiting retry counts, not the lost one
+    retry = study.ask({"optim.follower_lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    assert retry.params == {"optim.follower_lr": 1e-3} and tuning.first_attempt(retry) == 0
+
+
 def test_a_trial_lost_with_its_worker_does_not_count(tmp_path):
     study = _study(tmp_path, budget=2)
     lost = study.ask()

@@ -369,6 +369,9 @@ def work(argv: list[str] | None = None) -> int:
                     fit(cfg, resume_dir=spec_.run_dir if state == UNFINISHED else None,
                         hooks=pruning_hook(trial, spec_.run_dir) if args.prune else None)
                 nlls.append(validation_nll(spec_.run_dir, cfg))
+        except KeyboardInterrupt:  # the worker is stopped, not the trial failed: asked again, not counted
+            tuning.retry_lost(trial)
+            raise
         except optuna.TrialPruned as pruned:
             trial.set_user_attr("reason", str(pruned))
             record(specs, "pruned", str(pruned))

@@ -171,7 +171,19 @@ def first_attempt(trial: FrozenTrial | optuna.Trial) -> int:
     if not isinstance(trial, FrozenTrial):
         trial = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
     retried = trial.system_attrs.get("failed_trial")  # RetryHeartbeatStaleTrialCallback's mark: the first attempt
+    retried = trial.user_attrs.get(RETRY_OF, retried)  # an interrupted worker's (``retry_lost``)
     return trial.number if retried is None else retried
+
+
+RETRY_OF = "retry_of"
+
+
+def retry_lost(trial: optuna.Trial) -> None:
+    """The worker running ``trial`` is being stopped (Ctrl-C, a campaign interrupted): Optuna will mark the trial
+    failed, which must not count against the method. Mark it ``LOST`` and ask for it again with the same
+    parameters; the retry continues the same run folder (``first_attempt``)."""
+    trial.set_user_attr(LOST, True)
+    trial.study.enqueue_trial(trial.params, user_attrs={RETRY_OF: first_attempt(trial)})
 
 
 LOST = "lost"  # user attribute of a trial whose worker died (retried with the same parameters): not counted

@@ -147,7 +147,8 @@ def read_bundle(folder: Path) -> Bundle | None:
                         "git, or delete the bundle folder to collect it anew.") from None
     if not (folder / RUNS).is_file():
         return Bundle(campaign)
-    runs = _read_csv(folder / RUNS, RUN_COLUMNS, dtype={"run": str, "draw": str, "trial": str, "commit": str})
+    # every runs.csv column as text: a hex digest such as 1234e567... would otherwise be read as a float
+    runs = _read_csv(folder / RUNS, RUN_COLUMNS, dtype=str).fillna("")
     results = _read_csv(folder / RESULTS, RESULT_COLUMNS, dtype={"run": str, "task": str})
     curves = _read_csv(folder / CURVES, CURVE_COLUMNS, dtype={"run": str})
     trials = _read_csv(folder / TRIALS, None) if (folder / TRIALS).is_file() else pd.DataFrame()
