@@ -119,22 +119,21 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
     if len(rows) <= present:
         return 0
     distributions = {k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in spec.knobs}
-    for row in rows.iloc[present:].itertuples():
-        params = {k: float(getattr(row, _column(k))) for k in distributions}
-        attrs = {"overrides": row.overrides, "run": row.run, "reason": str(getattr(row, "reason", "") or "")}
-        state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(row.state, TrialState.FAIL)
-        lost = row.state in ("running", "waiting")  # its worker died with the machine: asked again
-        value = float(row.val_nll) if state == TrialState.COMPLETE else None
+    for row in rows.iloc[present:].to_dict("records"):
+        params = {k: float(row[k]) for k in distributions}
+        reason = row.get("reason")
+        attrs = {"overrides": row["overrides"], "run": row["run"],
+                 "reason": "" if reason is None or pd.isna(reason) else str(reason)}
+        state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(row["state"], TrialState.FAIL)
+        in_flight = row["state"] in ("running", "waiting")  # its worker died with the machine: asked again
+        lost = in_flight or not row.get("counted", True)
+        value = float(row["val_nll"]) if state == TrialState.COMPLETE else None
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions=distributions, value=value, state=state,
             user_attrs={**attrs, **({tuning.LOST: True} if lost else {})}))
-        if lost:
-            study.enqueue_trial(params)
+        if in_flight:
+            study.enqueue_trial(params, user_attrs={tuning.RETRY_OF: int(row["trial"])})
     return len(rows) - present
-
-
-def _column(key: str) -> str:
-    return key.replace(".", "_")  # pandas itertuples renames dotted columns
 
 
 def tuning_todo(spec: tuning.StudySpec, args: argparse.Namespace) -> int:

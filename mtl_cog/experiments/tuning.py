@@ -265,9 +265,9 @@ def result(study: optuna.Study, budget: int) -> StudyResult:
 
 
 def epochs_trained(trial: FrozenTrial, epochs: int) -> int:
-    """Epochs a trial trained: all of them when complete, up to its last report when pruned."""
-    if trial.state == TrialState.PRUNED and trial.intermediate_values:
-        return max(trial.intermediate_values)
+    """Epochs a trial trained: all of them when complete, up to its last report when pruned or failed."""
+    if trial.state in (TrialState.PRUNED, TrialState.FAIL):
+        return max(trial.intermediate_values, default=0)
     return epochs
 
 
@@ -330,7 +330,10 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
         rows.append({"trial": trial.number, "run": trial.user_attrs.get("run", ""), "state": trial.state.name.lower(),
                      "counted": trial in outcome.trials, "draw": spec.draw,
                      **{k: v for k, v in trial.params.items()},
-                     "overrides": trial.user_attrs.get("overrides", ""), "reason": trial.user_attrs.get("reason", ""),
+                     "overrides": trial.user_attrs.get("overrides", ""),
+                     "reason": trial.user_attrs.get("reason", "") or (
+                         "its worker stopped; asked again with the same parameters" if trial in outcome.uncounted
+                         else ""),
                      "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
                      "epochs_trained": epochs_trained(trial, spec.epochs),
                      "chosen": "*" if outcome.best is not None and trial.number == outcome.best.number else ""})

@@ -109,8 +109,10 @@ def chosen(bundle: Bundle) -> pd.DataFrame:
     picked = trials[trials["chosen"] == "*"].copy()
     keep = ["study", "draw", "trial", "overrides", "val_nll"]
     table = picked[[c for c in keep if c in picked]].copy()
-    counts = trials.groupby("study").agg(trials=("trial", "size"), failed=("state", lambda s: int((s == "fail").sum())),
-                                         pruned=("state", lambda s: int((s == "pruned").sum())))
+    counted = trials[trials["counted"].astype(str) == "True"] if "counted" in trials else trials
+    counts = counted.groupby("study").agg(trials=("trial", "size"),
+                                          failed=("state", lambda s: int((s == "fail").sum())),
+                                          pruned=("state", lambda s: int((s == "pruned").sum())))
     return table.merge(counts, left_on="study", right_index=True, how="left").sort_values("study")
 
 
@@ -255,7 +257,8 @@ def write_bundle_report(bundle: Bundle, out: Path) -> Path:
         if not name.endswith(("_runs", "_values")):
             sections += [f"## {name}", "", text, ""]
     atomic_write_text(out / "report.md", "\n".join(sections))
-    write_html_report(out / "report.html", html_tables(bundle, tables))
+    if "summary_values" in tables:  # report.html is about finished final runs; a tuning in progress has none yet
+        write_html_report(out / "report.html", html_tables(bundle, tables))
     return out / "report.md"
 
 
