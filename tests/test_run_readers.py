@@ -12,10 +12,13 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 from test_robustness import script, tiny, user_error
 
-from mtl_cog.errors import RunFolderError
+from mtl_cog.errors import CheckpointError, NonFiniteOutputError, PredictionFileError, RunFolderError
 from mtl_cog.evaluation.predictions import Predictions, load_predictions, save_predictions
 from mtl_cog.runs import rundir
 from mtl_cog.runs.finished import check_finished_run, finished_predictions
@@ -108,3 +111,60 @@ def test_a_missing_file_and_a_folder_that_is_no_run(runs, tmp_path):
         finished_predictions(a)
     with pytest.raises(RunFolderError, match="is not a run folder"):
         check_finished_run(tmp_path / "nothing")
+
+
+# ----------------------------------------------------------------- weights that would predict NaN
+
+
+def _old_run_with(run: Path, edit) -> None:
+    """``run`` as a run from before digests, its best checkpoint edited by ``edit(name, tensor) -> tensor``."""
+    state = load_file(str(run / rundir.BEST_MODEL))
+    save_file({k: edit(k, v) for k, v in state.items()}, str(run / rundir.BEST_MODEL))
+    (run / rundir.DIGESTS).unlink()
+
+
+def _first(name: str):
+    seen = []
+
+    def pick(key: str) -> bool:
+        if key.endswith(name) and not seen:
+            seen.append(key)
+            return True
+        return False
+    return pick
+
+
+@pytest.mark.parametrize("edit, message", [
+    # one BatchNorm variance below zero: its square root makes every later activation NaN
+    (lambda pick: lambda k, v: v.clone().index_fill_(0, torch.tensor([0]), -0.5) if pick(k) else v,
+     "running_var holds 1 negative value"),
+    # random weights of the right shapes and dtypes (variances drawn from a normal: half negative)
+    (lambda pick: lambda k, v: torch.randn_like(v) if v.is_floating_point() else v, "negative value"),
+])
+def test_weights_with_an_impossible_running_variance_are_refused(runs, edit, message, tmp_path, capsys):
+    a, _ = runs
+    _old_run_with(a, edit(_first("running_var")))
+    with pytest.warns(UserWarning, match="no digests.json"), pytest.raises(CheckpointError, match=message):
+        load_run(a)
+    err = user_error("evaluate", ["--run", str(a), "--out", str(tmp_path / "m.json")], capsys)
+    assert "values no training writes" in err and not (tmp_path / "m.json").exists()
+
+
+def test_a_network_whose_outputs_are_not_finite_is_refused_wherever_it_predicts(runs, tmp_path, capsys):
+    """Finite weights in range that overflow float32: predict_proba and evaluate refuse instead of returning NaN."""
+    a, _ = runs
+    _old_run_with(a, lambda k, v: v * 1e30 if v.is_floating_point() and k.endswith("weight") else v)
+    with pytest.warns(UserWarning, match="no digests.json"):
+        run = load_run(a)
+    images = np.zeros((4, 3, 32, 32), np.uint8)
+    with pytest.raises(NonFiniteOutputError, match="NaN or infinite logits for 4 of 4 images"):
+        run.predict_proba(images)
+    err = user_error("evaluate", ["--run", str(a), "--out", str(tmp_path / "m.json")], capsys)
+    assert "NaN or infinite logits" in err and not (tmp_path / "m.json").exists()
+
+
+def test_no_prediction_file_with_nan_logits_is_written(tmp_path):
+    bad = Predictions(["a"], [np.array([0.1, np.nan])], [np.array([0, 1])])
+    with pytest.raises(PredictionFileError, match="NaN or infinite"):
+        save_predictions(tmp_path / "p.npz", bad)
+    assert not (tmp_path / "p.npz").exists()

@@ -28,8 +28,9 @@ def check_finished_run(run_dir: str | Path, files: Iterable[str] = (), allow_unf
                        unfinished_option: str = "") -> Config:
     """The config of the finished run in ``run_dir``, once ``files`` (names inside it) are checked; else a
     ``RunFolderError`` naming the run and the file (``check_run_files`` says what is checked)."""
+    cfg = rundir.load_run_config(run_dir)  # first: a folder that is no run, or a broken config, says so
     check_run_files(run_dir, files, allow_unfinished, unfinished_option)
-    return rundir.load_run_config(run_dir)  # validated against the schema: every key and value
+    return cfg
 
 
 def check_run_files(run_dir: str | Path, files: Iterable[str] = (), allow_unfinished: bool = False,

@@ -32,6 +32,7 @@ from mtl_cog.data.images import resize_center_crop
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TaskSpec
 from mtl_cog.errors import RunFolderError, UserError
+from mtl_cog.evaluation.inference import check_finite_logits
 from mtl_cog.models.network import build_network
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.runs import rundir
@@ -117,7 +118,9 @@ class TrainedRun:
         step = int(batch_size or self.config.train.eval_batch_size)
         outputs = [self.network(self.transform(batch[i:i + step].to(self.device))).float().cpu()
                    for i in range(0, len(batch), step)]
-        return torch.cat(outputs).numpy() if outputs else np.zeros((0, self.spec.layout.total), np.float32)
+        logits = torch.cat(outputs).numpy() if outputs else np.zeros((0, self.spec.layout.total), np.float32)
+        check_finite_logits(logits, f"the network of {self.run_dir}")
+        return logits
 
     def predict_proba(self, images: ImageBatch, batch_size: int | None = None) -> dict[str, np.ndarray]:
         """{task: P(y=1) of shape (N,) for a binary task, or (N, K) class probabilities}, calibrator applied."""
