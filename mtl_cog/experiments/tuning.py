@@ -46,9 +46,11 @@ from pathlib import Path
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from mtl_cog.errors import UserError
 from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, Knob, start_points
+from mtl_cog.experiments.study_storage import check_storage, shown
 
 STUDY_FILE = "optuna.db"
 HEARTBEAT_SECONDS = 20  # a live trial's worker writes its heartbeat this often (a thread, whatever the epoch length)
@@ -85,17 +87,24 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
     """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner; every trial
     trains once per seed of ``trial_seeds`` (``--tuning-seeds``), the sampler draws with ``seed``.
 
-    Refused when the study was started over another search (``check_same_search``).
+    Refused when the storage cannot hold a study (``study_storage.check_storage``, before anything is
+    written) or the study was started over another search (``check_same_search``).
     """
-    with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
-        storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
-                             heartbeat_stale_trial_callback=retry)
+    check_storage(url)
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
                                          constant_liar=True)
-    study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
-                                pruner=pruner(prune, epochs), load_if_exists=True)
+    try:
+        with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
+            storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
+                                 heartbeat_stale_trial_callback=retry)
+        study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
+                                    pruner=pruner(prune, epochs), load_if_exists=True)
+    except SQLAlchemyError as err:  # what the checks cannot see: a server that refuses, a database gone mid-way
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"study storage {shown(url)} cannot be opened ({cause[:300]}). Check that the database "
+                        "is reachable and writable, or use another --study-storage.") from None
     check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds))
     return study
 
