@@ -23,7 +23,7 @@ from mtl_cog.errors import ReportError, UserError, run_cli
 from mtl_cog.evaluation.assess import AssessSettings, assess
 from mtl_cog.evaluation.metrics import BINNED_FAMILIES
 from mtl_cog.evaluation.robustness import metric_name
-from mtl_cog.io import atomic_write
+from mtl_cog.io import atomic_write, check_writable, output_folder
 from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.reporting import plots
 from mtl_cog.runs import rundir
@@ -98,9 +98,10 @@ def front_table(runs: list[Path], eps: float, ece: str) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    check_writable(args.out, "--out", folder=True)  # before the work, not after it
     certified = metric_name(args.eps)
     table = front_table(lipschitz_runs(args.runs), args.eps, args.ece)
-    args.out.mkdir(parents=True, exist_ok=True)
+    output_folder(args.out, "--out")
     atomic_write(args.out / "list_front.csv", lambda tmp: table.to_csv(tmp, index=False))
     for dataset, rows in table.groupby("dataset"):
         figure = plots.lipschitz_front_figure(rows, str(dataset), certified, args.ece)

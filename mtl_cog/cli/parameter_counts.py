@@ -22,7 +22,7 @@ from mtl_cog.config import load_config
 from mtl_cog.config.arguments import Parser
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.io import atomic_write_text
+from mtl_cog.io import atomic_write_text, check_writable
 from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 
@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--classes", required=True, help="classes per task: 2x40, 10, 2,2,10")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
+    if args.out:
+        check_writable(args.out, "--out")  # before the work, not after it
     text = table(args.dataset, LogitLayout(parse_classes(args.classes)))
     print(text)
     if args.out:
