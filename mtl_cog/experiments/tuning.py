@@ -18,7 +18,9 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
 - **Resume.** Every trial trains a run folder ``OUT/tuning/<study>/trial_NN`` that saves its
   state each epoch. A worker that dies stops its heartbeat; the next worker to start marks the
   trial failed and retries it with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the
-  retry continues the same run folder (``trial_NN`` is the first attempt's number).
+  retry continues the same run folder. ``NN`` counts first attempts only (``run_numbers``), so a
+  retry, which Optuna numbers after the trials asked so far, shifts no later folder: an interrupted
+  tuning names the same folders and ``trials.csv`` rows as an uninterrupted one.
 - **One search per study.** The study records its knobs and ranges, the epochs per trial,
   pruning and the seeds the trials train with (``check_same_search``); reopening it for another
   search is refused rather than ranking trials of two searches together.
@@ -40,7 +42,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -101,6 +103,8 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
                                  heartbeat_stale_trial_callback=retry)
         study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
                                     pruner=pruner(prune, epochs), load_if_exists=True)
+        if not study.trials and NUMBERING_ATTR not in study.user_attrs:  # new: folders count first attempts
+            study.set_user_attr(NUMBERING_ATTR, BY_FIRST_ATTEMPTS)
     except SQLAlchemyError as err:  # what the checks cannot see: a server that refuses, a database gone mid-way
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"study storage {shown(url)} cannot be opened ({cause[:300]}). Check that the database "
@@ -162,11 +166,40 @@ def suggest(trial: optuna.Trial, knobs: list[Knob]) -> dict[str, float]:
 
 
 def first_attempt(trial: FrozenTrial | optuna.Trial) -> int:
-    """The number of the trial this one retries (itself if none): it names the run folder."""
+    """The number of the trial this one retries (itself if none)."""
     if not isinstance(trial, FrozenTrial):
         trial = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
     retried = trial.system_attrs.get("failed_trial")  # RetryHeartbeatStaleTrialCallback's mark: the first attempt
     return trial.number if retried is None else retried
+
+
+# How a study numbers its trial_NN folders (a user attribute set when the study is created). Studies
+# from before it keep what they started with, the first attempt's trial number, so that their
+# folders keep their names when they are resumed.
+NUMBERING_ATTR = "run_numbers"
+BY_FIRST_ATTEMPTS = "first attempts in order"
+
+
+def run_numbers(study: optuna.Study) -> dict[int, int]:
+    """Optuna's trial number -> the NN of the trial's run folder ``trial_NN``.
+
+    NN is the trial's place among the study's first attempts (trials that retry none), a retry
+    taking its first attempt's: what an uninterrupted tuning numbers them. Optuna numbers a retry
+    after every trial asked so far, so numbering folders by Optuna's numbers would shift every
+    later folder once a worker was killed. The first attempts before a trial exist when it is
+    asked, so its NN never changes.
+    """
+    trials = study.get_trials(deepcopy=False)
+    if study.user_attrs.get(NUMBERING_ATTR) != BY_FIRST_ATTEMPTS:
+        return {t.number: first_attempt(t) for t in trials}
+    firsts = sorted(t.number for t in trials if "failed_trial" not in t.system_attrs)
+    place = {number: i for i, number in enumerate(firsts)}
+    return {t.number: place[first_attempt(t)] for t in trials}
+
+
+def run_number(trial: optuna.Trial) -> int:
+    """The NN of ``trial``'s run folder ``trial_NN`` (``run_numbers``)."""
+    return run_numbers(trial.study)[trial.number]
 
 
 def counted_trials(study: optuna.Study, budget: int) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
@@ -218,7 +251,13 @@ class StudyResult:
     trials: list[FrozenTrial]  # the budget's trials
     extras: list[FrozenTrial]
     best: FrozenTrial | None  # lowest value among the complete ones
-    unfinished: list[FrozenTrial]  # running or waiting: the tuning is not over
+    unfinished: list[FrozenTrial]  # running or waiting, and None for each never asked: the tuning is not over
+    numbers: dict[int, int] = field(default_factory=dict)  # Optuna's trial number -> its trial_NN (run_numbers)
+
+    @property
+    def finished(self) -> int:
+        """The budget's trials that ended (complete or pruned): what "k of budget trials finished" counts."""
+        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in self.trials)
 
 
 def result(study: optuna.Study, budget: int) -> StudyResult:
@@ -228,7 +267,7 @@ def result(study: optuna.Study, budget: int) -> StudyResult:
     unfinished = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     if len(trials) < budget:
         unfinished += [None] * (budget - len(trials))  # type: ignore[list-item]  (never asked)
-    return StudyResult(trials, extras, best, unfinished)
+    return StudyResult(trials, extras, best, unfinished, run_numbers(study))
 
 
 def epochs_trained(trial: FrozenTrial, epochs: int) -> int:
@@ -298,7 +337,8 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
     """trials.csv: every trial of the study (the budget's and the extras), its settings, value, epochs, choice."""
     rows = []
     for trial in [*outcome.trials, *outcome.extras]:
-        rows.append({"trial": trial.number, "run": trial.user_attrs.get("run", ""), "state": trial.state.name.lower(),
+        rows.append({"trial": outcome.numbers.get(trial.number, trial.number), "run": trial.user_attrs.get("run", ""),
+                     "state": trial.state.name.lower(),
                      "counted": trial in outcome.trials,
                      **{k: v for k, v in trial.params.items()},
                      "overrides": trial.user_attrs.get("overrides", ""),
