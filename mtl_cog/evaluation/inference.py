@@ -52,6 +52,8 @@ def check_finite_logits(logits: np.ndarray, where: str = "the network") -> None:
     statistics, training stops at a non-finite loss), so they mean weights that are damaged in a way
     no range check sees, or a network that diverged.
     """
+    if np.isfinite(logits).all():  # also the empty batch
+        return
     bad = ~np.isfinite(logits).reshape(len(logits), -1).all(axis=1)
     if bad.any():
         raise NonFiniteOutputError(
