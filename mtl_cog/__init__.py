@@ -2,7 +2,7 @@
 
 ``load_run(run_dir)`` opens a finished run for prediction (``mtl_cog.runs.trained``); training
 is ``mtl_cog.training.fit(cfg)``; the commands are ``mtl_cog.cli``. The layers are described
-in ``docs/architecture.md``.
+in ``docs/explanation/architecture.md``.
 
 The root imports nothing: ``load_run`` and ``TrainedRun`` are loaded on first access (PEP 562's
 module ``__getattr__``), so ``import mtl_cog.errors`` or ``mtl_cog.config`` costs neither torch's

@@ -3,7 +3,7 @@
 # (202,599 images, 40 binary tasks, COG-FC) with bf16 autocast and channels_last, through the real
 # training loop (mtl_cog.training.step.train_one_epoch, via mtl_cog/benchmarks/epoch_check.py) with the
 # uint8 images kept on the GPU. Reports images/s, achieved TFLOP/s against the card's dense bf16 peak,
-# and the epoch time (docs/benchmarks.md).
+# and the epoch time (docs/guides/benchmarks.md).
 #
 #   bash scripts/gpu_check.sh [OUT.json]            # CUDA: the full check, killed after 8 minutes
 #   bash scripts/gpu_check.sh --tiny [OUT.json]     # any machine: same code path, tiny sizes (CPU test)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements of docs/data.md ("Fashion-MNIST and the fashion mosaic"), resumable: each step
+# The measurements of docs/guides/data.md ("Fashion-MNIST and the fashion mosaic"), resumable: each step
 # skips what an earlier call finished, so it can be stopped and started again, and several copies
 # may run at once on different seed orders (a run folder another process holds is skipped).
 #   nice -n 10 bash scripts/measure_fashion.sh [OUT] [SEEDS...]     # default: measure 0 1 2

@@ -12,7 +12,7 @@ class inherits that ambiguity.
 Why this shape (CelebA: 40 binary attributes, prevalence 2 %..83 %, correlated):
 
 - prevalences spread from about 4 % (``top_above_trouser``) to about 73 % (``holds_top``)
-  (docs/data.md lists every task's, computed from the built data);
+  (docs/guides/data.md lists every task's, computed from the built data);
 - the tasks depend on each other: the number of items varies (Binomial(4, 0.7)), a tile is empty
   or holds footwear or a top but never two of these (they exclude each other), ``holds_sneaker``
   implies ``holds_footwear``, the count tasks partition the pictures, and so on;

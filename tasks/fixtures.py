@@ -1,4 +1,4 @@
-"""Tiny data sets written in exactly the official on-disk formats (described in docs/data.md).
+"""Tiny data sets written in exactly the official on-disk formats (described in docs/guides/data.md).
 
 Helpers, not tests: each writes under ``root`` the files a task module reads and returns what a
 test needs to check the result (paths and the labels written).

@@ -1,6 +1,6 @@
-"""The layers of docs/architecture.md, enforced: imports point downwards only, and none hides in a function.
+"""The layers of docs/explanation/architecture.md, enforced: imports point downwards only, and none hides in a function.
 
-The layers are read from the table in docs/architecture.md, the one place they are written down: a row's
+The layers are read from the table in docs/explanation/architecture.md, the one place they are written down: a row's
 first cell names its modules (``errors.py``) or folders (``config/``, the top-level ``tasks/``).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ARCHITECTURE = REPO / "docs" / "architecture.md"
+ARCHITECTURE = REPO / "docs" / "explanation" / "architecture.md"
 SOURCES = sorted([*REPO.glob("mtl_cog/**/*.py"), *REPO.glob("tasks/*.py")])
 
 
@@ -81,7 +81,7 @@ def test_the_table_names_every_layer():
     assert sorted(set(LAYERS.values())) == list(range(len(set(LAYERS.values()))))  # one rank per table row
     for prefix in LAYERS:  # every row names something that exists
         path = REPO / Path(*prefix.split("."))
-        assert path.is_dir() or path.with_suffix(".py").is_file(), f"{prefix} in docs/architecture.md does not exist"
+        assert path.is_dir() or path.with_suffix(".py").is_file(), f"{prefix} in {ARCHITECTURE.name} does not exist"
 
 
 def test_every_module_has_a_layer():
@@ -141,4 +141,5 @@ def test_the_module_list_is_complete_and_current():
     block = ARCHITECTURE.read_text().split("## Every module, one line each")[1].split("```")[1]
     expected = module_list()
     assert block.strip("\n").splitlines() == expected, (
-        "docs/architecture.md's module list is out of date; replace its block with:\n" + "\n".join(expected))
+        f"{ARCHITECTURE.relative_to(REPO)}'s module list is out of date; replace its block with:\n"
+        + "\n".join(expected))

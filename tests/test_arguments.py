@@ -1,5 +1,5 @@
 """Command-line values are checked where they are declared (``mtl_cog.config.arguments``), launchers
-refuse what Slurm would reject, and a dry run refuses what the real command refuses (docs/failure_paths.md).
+refuse what Slurm would reject, and a dry run refuses what the real command refuses (docs/guides/failure_paths.md).
 
 Every case goes through the command's ``main`` under ``run_cli``: one ``error:`` line, exit 2.
 """
@@ -62,7 +62,7 @@ def test_the_parser_reports_one_error_line(capsys):
     ("reproduce", ["--seeds", "0", "0", "--dry-run"], "--seeds lists 0 more than once"),
     ("reproduce", ["--seeds", "-1", "--dry-run"], "--seeds: expected a seed in [0, 4294967295]"),
     ("reproduce", ["--budget", "1000000000", "--protocol", "fair", "--dry-run"], "--budget: expected a number of"),
-    ("reproduce", ["--methods", "baseline", "baseline", "--dry-run"], "--methods lists baseline more than once"),
+    ("reproduce", ["--methods", "baseline", "baseline", "--dry-run"], "--method lists baseline more than once"),
     ("reproduce", ["--jobs", "0", "--dry-run"], "--jobs: expected runs at a time >= 1"),
     ("parameter_counts", ["--dataset", "celeba", "--classes", "2x100000000"], "100,000,000 tasks"),
     ("parameter_counts", ["--dataset", "cifar100", "--classes", "50000"], "matrix-calibrator entries"),
@@ -175,7 +175,7 @@ def test_a_dry_run_refuses_a_resume_key_the_real_resume_refuses(finished, tmp_pa
 
 @pytest.mark.parametrize("command, argv", [
     ("sweep", ["--config", str(REPO / "configs" / "synthetic" / "baseline.yaml"), "--grid", "seed=0,1", "--dry-run"]),
-    ("reproduce", ["--datasets", "synthetic", "--methods", "baseline", "--seeds", "0", "--dry-run"]),
+    ("reproduce", ["--data", "synthetic", "--method", "baseline", "--seeds", "0", "--dry-run"]),
 ])
 def test_sweep_and_reproduce_dry_runs_refuse_what_the_real_command_refuses(command, argv, tmp_path, capsys,
                                                                           monkeypatch):

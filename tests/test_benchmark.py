@@ -104,9 +104,9 @@ def test_step_ratio_builds_each_method_from_its_config():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--methods", "cog_fc,no_such_method"], "unknown method 'no_such_method'.*Available: .*cog_fc"),
-    (["--methods", ","], "names no method"),
-    (["--methods", "cog_fc,cog_fc"], "names a method twice"),
+    (["--method", "cog_fc,no_such_method"], "unknown method 'no_such_method'.*Available: .*cog_fc"),
+    (["--method", ","], "names no method"),
+    (["--method", "cog_fc,cog_fc"], "names a method twice"),
     (["--skip", "steps,bogus"], "unknown section.*bogus"),
     (["--out", "/no/such/folder/bench.json"], "does not exist or is not writable"),
     (["--jpeg-images", "5"], "--jpeg-images must be >= 10"),
@@ -133,7 +133,7 @@ def test_out_that_is_a_folder_is_refused(monkeypatch, tmp_path):
 
 def test_the_command_prints_one_error_line_and_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--quick", "--methods", "nope"],
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--quick", "--method", "nope"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: unknown method 'nope'")

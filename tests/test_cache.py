@@ -615,7 +615,7 @@ def test_small_blocks_give_the_same_cache(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_cache_build_benchmark_runs_and_reports_its_targets(tmp_path):
-    """The measurement script (docs/data.md) on a tiny scale: numbers present and plausible."""
+    """The measurement script (docs/guides/data.md) on a tiny scale: numbers present and plausible."""
     result = cache_build.main(["--work", str(tmp_path), "--images", "40", "80", "--sizes", "8", "--distinct", "5",
                                "--verify-images", "600", "--epoch-steps", "1", "--repeats", "1",
                                "--out", str(tmp_path / "r.json")])

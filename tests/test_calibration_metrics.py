@@ -1,4 +1,4 @@
-"""Known answers for the metrics beyond binned ECE and for the multi-task metrics (docs/metrics.md)."""
+"""Known answers for the metrics beyond binned ECE and for the multi-task metrics (docs/explanation/metrics.md)."""
 
 import numpy as np
 import pytest

@@ -129,7 +129,7 @@ def test_a_sweep_takes_data_and_method_as_its_combination_file(tmp_path):
 
 
 def documented_text() -> list[tuple[Path, str]]:
-    paths = [REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("mtl_cog/**/*.py"), *REPO.glob("scripts/*"),
+    paths = [REPO / "README.md", *REPO.glob("docs/**/*.md"), *REPO.glob("mtl_cog/**/*.py"), *REPO.glob("scripts/*"),
              *REPO.glob("configs/**/*.yaml")]
     return [(p, p.read_text().replace("\\\n", " ")) for p in paths if p.is_file()]  # joins continued lines
 

@@ -1,10 +1,10 @@
-"""Every failure path safe: nothing lost, nothing silently wrong, no traceback (docs/failure_paths.md).
+"""Every failure path safe: nothing lost, nothing silently wrong, no traceback (docs/guides/failure_paths.md).
 
-Grouped by the families of docs/failure_paths.md. Each case goes through a real entry point
+Grouped by the families of docs/guides/failure_paths.md. Each case goes through a real entry point
 (``mtl_cog.cli.<command>.main`` under ``run_cli``, exactly what ``python scripts/<command>.py``
 runs) or a real subprocess where the launcher, a signal or a resource limit is the point. The
 single-line bad-input cases of the same families are in the tables of ``test_robustness.py``.
-It stays one file over 450 lines because it mirrors docs/failure_paths.md family by family, so that
+It stays one file over 450 lines because it mirrors docs/guides/failure_paths.md family by family, so that
 a reader checks the document against one file.
 """
 
@@ -176,8 +176,9 @@ def test_accelerate_launch_user_error_is_one_line_without_launcher_warnings():
 
 
 def test_readme_launch_lines_name_a_shipped_config_and_quiet():
-    text = (REPO / "README.md").read_text()
-    top, running = text.split("## Running")[0], text.split("## Running")[1].split("\n## ")[0].split("### ")[0]
+    top = (REPO / "README.md").read_text()
+    guide = (REPO / "docs" / "guides" / "training.md").read_text()
+    running = guide.split("## Running")[1].split("\n## ")[0]
     lines = [line for line in (top + running).splitlines() if "accelerate launch" in line]
     assert len(lines) >= 5
     for line in lines:

@@ -1,5 +1,5 @@
 """``mtl-cog launch`` (``python -m mtl_cog.cli.launch``): a failed multi-process launch ends with one ``error:``
-line per failed process and no torchrun traceback, whichever process died (docs/failure_paths.md)."""
+line per failed process and no torchrun traceback, whichever process died (docs/guides/failure_paths.md)."""
 
 from __future__ import annotations
 

@@ -31,6 +31,12 @@ def test_ratios_are_sorted_and_distinct():
     assert curve.check_ratios([1, 0.01, 0.01, 0.1]) == [0.01, 0.1, 1]
 
 
+def test_ratios_that_would_share_a_folder_name_are_refused():
+    with pytest.raises(UserError, match="share the folder name r0.1"):
+        curve.check_ratios([0.1, 0.1000001])
+    assert curve.check_ratios([0.1, 0.100001]) == [0.1, 0.100001]  # 6 digits apart: two folders
+
+
 def test_ratio_one_sets_the_leader_to_the_follower_rate_and_lifts_the_refusal():
     overrides = curve.curve_overrides(3e-3, 1.0)
     cfg = load_config(REPO / "configs" / "digits" / "cog_fc.yaml", overrides)
@@ -41,21 +47,46 @@ def test_ratio_one_sets_the_leader_to_the_follower_rate_and_lifts_the_refusal():
 
 
 def test_the_plan_has_every_ratio_and_seed_and_the_references(tmp_path):
-    refs = {"baseline": Path("b.yaml"), "ls": Path("ls.yaml")}
-    runs = curve.plan("cog_ls", Path("c.yaml"), refs, 1e-3, [0.01, 1.0], [0, 1], tmp_path, ["train.epochs=2"])
+    refs = {"baseline": ((Path("b.yaml"),), ()), "ls": ((Path("ls.yaml"),), ("method.label_smoothing=0.05",))}
+    runs = curve.plan("cog_ls", "digits", ((Path("c.yaml"),), ("optim.follower_lr=0.002",)), refs, 1e-3, [0.01, 1.0],
+                      [0, 1], tmp_path, ["train.epochs=2"], shared_rate=False)
     names = sorted(r.run_dir.name for r in runs)
     assert names == sorted(["cog_ls-r0.01-seed0", "cog_ls-r0.01-seed1", "cog_ls-r1-seed0", "cog_ls-r1-seed1",
                             "baseline-seed0", "baseline-seed1", "ls-seed0", "ls-seed1"])
-    assert all(r.overrides[0] == "train.epochs=2" for r in runs)  # the user's first, the curve's own win
-    assert {r.ratio for r in runs if r.arm == "baseline"} == {None}
+    assert all("train.epochs=2" in r.overrides for r in runs)  # the user's after the tuned ones; the curve's win
+    assert [r.overrides[0] for r in runs if r.labels.method == "ls"] == ["method.label_smoothing=0.05"] * 2
+    assert all("method.label_smoothing=0.05" not in r.overrides for r in runs if r.labels.method != "ls")
+    assert {r.labels.ratio for r in runs if r.labels.method == "baseline"} == {None}
+    assert [r.posthoc for r in runs if r.labels.method == "baseline"] == [("ts",), ("ts",)]
 
 
 def test_a_protocol_folder_without_the_method_is_refused(tmp_path):
     with pytest.raises(UserError, match="no final run of digits/cog_fc"):
-        curve.protocol_run_config(tmp_path, "digits", "cog_fc")
+        curve.protocol_run_source(tmp_path, "digits", "cog_fc")
     (tmp_path / "runs" / "digits-cog_fc-seed3").mkdir(parents=True)
     (tmp_path / "runs" / "digits-cog_fc-seed3" / "config.yaml").write_text("seed: 3\n")
-    assert curve.protocol_run_config(tmp_path, "digits", "cog_fc").parent.name == "digits-cog_fc-seed3"
+    configs, overrides = curve.protocol_run_source(tmp_path, "digits", "cog_fc")
+    assert configs[0].parent.name == "digits-cog_fc-seed3" and overrides == ()
+
+
+def test_a_protocol_known_only_from_its_bundle_gives_the_tuned_settings(tmp_path):
+    """A fresh clone: the protocol's run folders are gone, its committed bundle records each final run's spec."""
+    from mtl_cog.experiments import campaign
+    from mtl_cog.reporting import bundle as bundles
+
+    config = REPO / "configs" / "digits" / "cog_fc.yaml"
+    spec = campaign.RunSpec("digits-cog_fc-seed0", (config,), ("seed=0", "optim.follower_lr=0.002", "tracking=none"),
+                            tmp_path / "runs" / "digits-cog_fc-seed0",
+                            campaign.Labels("digits", "cog_fc", "final", 0, "1"))
+    planned = campaign.plan(campaign.Campaign("reproduce-fair-cpu", tmp_path, [spec]))
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": spec.run, "campaign": "reproduce-fair-cpu", "data": "digits",
+                                                   "method": "cog_fc", "role": "final", "draw": "1", "seed": 0,
+                                                   "status": "done", "config_digest": planned[0].digest}
+    collector = campaign.Collector(campaign.Campaign("reproduce-fair-cpu", tmp_path, [spec], command=["x"]), planned)
+    collector.update(lambda b: b.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
+                                         pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
+    configs, overrides = curve.protocol_run_source(tmp_path, "digits", "cog_fc")
+    assert configs == (config,) and overrides == ("optim.follower_lr=0.002",)  # seed and tracking are the curve's
 
 
 def _scores():
@@ -117,7 +148,8 @@ def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys):
     leader_curve.main(["--config", str(REPO / "configs" / "digits" / "cog_ls.yaml"), "--ratios", "0.01", "1",
                        "--seeds", "0", "1", "--dry-run", "--out", str(out)])
     text = capsys.readouterr().out
-    assert "plus baseline, ls" in text and "8 of 8 runs to do" in text and not out.exists()
+    assert "plus baseline, ls" in text and "8 planned (0 in the bundle, 0 finished, 0 to resume, 8 to train)" in text
+    assert not out.exists()
 
 
 @pytest.mark.slow
@@ -142,7 +174,7 @@ def test_cog_fc_at_ratio_one_is_the_baseline_exactly(tmp_path, monkeypatch, caps
     assert (tmp_path / "curve" / "curve.png").is_file()
     capsys.readouterr()
     leader_curve.main(argv)  # again: every run reused
-    assert "2 runs, 2 already finished, 0 to run" in capsys.readouterr().out
+    assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -157,12 +189,12 @@ def test_the_curve_through_the_slurm_launcher(tmp_path, monkeypatch, capsys, sub
             "data.synthetic.train_size=100", "data.synthetic.val_size=50", "data.synthetic.test_size=50",
             "model.backbone=cog_cnn_tiny", "data.image_size=16"]
     leader_curve.main(argv, executor=submitit_local)
-    assert "2 runs, 0 already finished, 2 to run" in capsys.readouterr().out
+    assert "2 planned (0 in the bundle, 0 finished, 0 to resume, 2 to train)" in capsys.readouterr().out
     curve_csv = pd.read_csv(tmp_path / "curve" / "curve.csv")
     assert set(curve_csv["arm"]) >= {"cog_ts", "baseline", "baseline+ts"}
     assert np.isfinite(curve_csv["mean"]).all()
     leader_curve.main(argv, executor=submitit_local)
-    assert "2 runs, 2 already finished, 0 to run" in capsys.readouterr().out
+    assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out
 
 
 def test_without_the_reference_there_is_no_paired_row():

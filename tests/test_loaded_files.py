@@ -1,4 +1,4 @@
-"""A loaded file is checked against what wrote it, and for types, ranges and uniqueness (docs/failure_paths.md).
+"""A loaded file is checked against what wrote it, and for types, ranges and uniqueness (docs/guides/failure_paths.md).
 
 Readers of a finished run (``load_run``/``predict_proba``, ``evaluate --run``, ``evaluate --posthoc``)
 check the files they use against ``digests.json``, written by the run just before ``DONE``; every

@@ -1,4 +1,4 @@
-"""Known-answer tests for the metrics and their conventions (docs/metrics.md)."""
+"""Known-answer tests for the metrics and their conventions (docs/explanation/metrics.md)."""
 
 import numpy as np
 import pytest

@@ -5,7 +5,7 @@ A run trains and evaluates to the same numbers, bit for bit, as the same run wit
 one machine (same ranks, same shards, same gloo reductions); the death of either machine's process
 ends both launches with one ``error:`` line each and a run folder that ``--resume`` finishes; a
 machine that stops answering without closing its connections is given up after
-``train.dist_timeout_s`` (docs/failure_paths.md, docs/cluster.md).
+``train.dist_timeout_s`` (docs/guides/failure_paths.md, docs/guides/cluster.md).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from mtl_cog.evaluation.truth import labelled_truth_metrics, truth_metrics
 from mtl_cog.models.heads import VariationalHeads
 from mtl_cog.objectives import WithAuxiliaryLoss, build_objective, set_partial_labels
 from mtl_cog.objectives.aggregators import build_aggregator
-from mtl_cog.reporting.plots.reliability import _pool as reliability_pool
+from mtl_cog.reporting.plots.reliability import pool_task as reliability_pool
 from mtl_cog.reporting.run_report import write_run_report
 from mtl_cog.reporting.shift_report import mean_risk_coverage
 from mtl_cog.training.accelerator import create_accelerator
@@ -158,7 +158,7 @@ def test_the_run_report_draws_partly_labelled_predictions(tmp_path):
     assert report is not None and report.png.is_file()
 
 
-# ------------------------------------------------- the other places that fit or score on labels (issue 21 audit)
+# ------------------------------------ the other places that fit or score on labels (an audit of every use of labels)
 
 
 def test_vtst_kl_term_on_a_masked_batch_is_the_term_on_each_tasks_labelled_rows():

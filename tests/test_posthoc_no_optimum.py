@@ -1,4 +1,4 @@
-"""Calibrator fits with no optimum: a task without validation errors (docs/failure_paths.md, "Values").
+"""Calibrator fits with no optimum: a task without validation errors (docs/guides/failure_paths.md, "Values").
 
 The validation NLL of such a task keeps falling as its logits are scaled up (T -> 0), so every
 fit that can scale them (TS, VS, MS, stability scaling, LiST's L, the drift script's T) would run

@@ -300,13 +300,13 @@ def test_paper_grid_dry_run_lists_every_run_and_sums_the_estimates(capsys, tmp_p
     reproduce.main(["--scale", "paper", "--dry-run", "--out", "out"])
     text = capsys.readouterr().out
     methods = {d: len(list((REPO / "configs" / d).glob("*.yaml"))) for d in ("celeba", "svhn", "cifar10", "cifar100")}
-    assert f"final: {5 * sum(methods.values())} runs" in text  # 5 seeds by default, the paper's count
+    assert f"final runs: {5 * sum(methods.values())} planned" in text  # 5 seeds by default, the paper's count
     assert f"celeba: {methods['celeba']} methods × 5 seeds" in text
     total = 0.0
     for dataset in ("celeba", "svhn", "cifar10", "cifar100"):
         for config in sorted((REPO / "configs" / dataset).glob("*.yaml")):
             total += 5 * gpu_time.estimate_run(load_config(config)).seconds
-    assert f"estimated total: {gpu_time.format_duration(total)} of device time" in text
+    assert f"estimated: {total / 3600:.1f} GPU-hours (~{gpu_time.format_duration(total)} of one device)" in text
     assert not (tmp_path / "out").exists()
 
 
@@ -314,19 +314,30 @@ def test_fair_dry_run_plans_tuning_then_seeds(capsys, tmp_path, monkeypatch):
     from mtl_cog.cli import reproduce
 
     monkeypatch.chdir(tmp_path)
-    reproduce.main(["--protocol", "fair", "--dry-run", "--budget", "3", "--methods", "baseline", "cog_ts",
-                    "--datasets", "digits", "--out", "out"])
+    reproduce.main(["--protocol", "fair", "--dry-run", "--budget", "3", "--method", "baseline", "cog_ts",
+                    "--data", "digits", "--out", "out"])
     text = capsys.readouterr().out
-    assert "tuning: 2 studies × 3 trials, 6 still to run" in text and "final: 10 runs" in text
+    assert "tuning: 2 studies × 3 trials, 6 still to run" in text and "final runs: 10 planned" in text
     assert "with --prune" in text  # the dry run gives the time with and without pruning
-    assert "tune digits/cog_ts: 3 trials of optim.follower_lr, leader_ratio" in text
-    assert "estimated total:" in text and not (tmp_path / "out").exists()
+    assert "tune digits/cog_ts: 3 trials of optim.follower_lr [0.0001, 0.01], leader_ratio [0.001, 1]" in text
+    assert "estimated: 0." in text and "CPU core-hours" in text and not (tmp_path / "out").exists()
+
+
+def test_the_old_option_spellings_work_with_one_deprecation_line(capsys, tmp_path, monkeypatch):
+    from mtl_cog.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    reproduce.main(["--protocol", "fair", "--dry-run", "--methods", "baseline", "--datasets", "digits", "--out", "o"])
+    captured = capsys.readouterr()
+    assert captured.err.count("deprecated") == 2 and "use --data" in captured.err and "use --method" in captured.err
+    assert "tune digits/baseline" in captured.out
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--tuning-seeds", "1000", "1"], "--tuning-seeds and --seeds share 1:"),  # evaluated on a seed it was chosen on
+    (["--tuning-seeds", "1000", "1"], "--tuning-seeds and --seeds share 1 "),  # evaluated on a seed it was chosen on
     (["--tuning-seeds", "1000", "1001", "--prune"], "--prune with 2 --tuning-seeds"),  # pruned on one seed's epochs
     (["--tuning-seeds", "1000", "1000"], "--tuning-seeds"),  # a repeat
+    (["--tuning-seeds", "0", "--draws", "2", "--seeds", "100"], "share 100 "),  # draw 2 trains with seed 0 + 100
 ])
 def test_tuning_seeds_that_would_mislead_are_refused_before_anything_is_written(tmp_path, monkeypatch, extra, message):
     from mtl_cog.cli import reproduce
@@ -334,7 +345,7 @@ def test_tuning_seeds_that_would_mislead_are_refused_before_anything_is_written(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=message):
         reproduce.main(["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", *extra,
-                        "--datasets", "digits", "--methods", "baseline", "--out", "out"])
+                        "--data", "digits", "--method", "baseline", "--out", "out"])
     assert not (tmp_path / "out").exists()
 
 
@@ -371,16 +382,17 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
     from mtl_cog.cli import reproduce
 
     monkeypatch.chdir(tmp_path)
-    argv = ["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", "--epochs", "2", "--datasets", "digits",
-            "--methods", "baseline", "cog_fc", "--posthoc-on", "baseline", "--out", "out", "--jobs", "2",
+    argv = ["--protocol", "fair", "--budget", "2", "--seeds", "0", "1", "--epochs", "2", "--data", "digits",
+            "--method", "baseline", "cog_fc", "--posthoc-on", "baseline", "--out", "out", "--jobs", "2",
             "--tuning-seeds", "7", "8"]
     report = reproduce.main(argv)
     chosen = pd.read_csv(report / "chosen_settings.csv", keep_default_na=False)
     assert sorted(chosen["method"]) == ["baseline", "cog_fc"] and set(chosen["trials"]) == {2}
     assert "at_edge" in chosen.columns and set(chosen["epoch_share"]) == {1.0}  # no pruning: every epoch
     assert (tmp_path / "out" / "tuning" / "optuna.db").is_file()  # the studies, for optuna-dashboard
+    all_trials = pd.read_csv(tmp_path / "out" / "bundle" / "trials.csv", keep_default_na=False)
     for method in ("baseline", "cog_fc"):
-        trials = pd.read_csv(tmp_path / "out" / "tuning" / f"digits-{method}" / "trials.csv", keep_default_na=False)
+        trials = all_trials[all_trials["study"] == f"digits-{method}"]
         assert list(trials["chosen"]).count("*") == 1 and trials["val_nll"].notna().all()
         assert set(trials["state"]) == {"complete"}
         assert sorted(trials["run"]) == ["trial_00-seed7 trial_00-seed8", "trial_01-seed7 trial_01-seed8"]
@@ -388,7 +400,7 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
             runs = [tmp_path / "out" / "tuning" / f"digits-{method}" / name for name in row.run.split()]
             assert row.val_nll == pytest.approx(sum(validation_scores(r, [15])["nll"] for r in runs) / 2)
     # the two start points: the same follower rates for both methods
-    rates = [pd.read_csv(tmp_path / "out" / "tuning" / f"digits-{m}" / "trials.csv")["optim.follower_lr"].tolist()
+    rates = [all_trials.loc[all_trials["study"] == f"digits-{m}", "optim.follower_lr"].tolist()
              for m in ("baseline", "cog_fc")]
     assert rates[0] == rates[1]
     # the chosen setting is what the final runs trained with
@@ -399,7 +411,7 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
         section, name = key.split(".")
         expected = True if value == "true" else pytest.approx(float(value))
         assert getattr(getattr(final, section), name) == expected
-    paired = pd.read_csv(report / "paired_differences.csv")
+    paired = pd.read_csv(report / "paired.csv")
     pair = paired[(paired["variant"] == "cog_fc") & (paired["counterpart"] == "baseline")]
     assert set(pair["metric"]) >= {"nll", "brier", "accuracy"}
     assert (pair["ci_low"] <= pair["mean_difference"]).all() and (pair["mean_difference"] <= pair["ci_high"]).all()
@@ -412,7 +424,8 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
     capsys.readouterr()
     reproduce.main(argv)  # nothing left to train: every run is reused
     out = capsys.readouterr().out
-    assert "2 already complete, 0 worker(s) to run" in out and "final runs: 4 runs, 4 already finished" in out
+    assert "2 already complete, 0 worker(s) to run" in out
+    assert "final runs: 4 planned (4 in the bundle, 0 finished, 0 to resume, 0 to train)" in out
 
 
 def test_only_list_is_marked_as_fitting_on_validation():

@@ -164,15 +164,18 @@ def test_compare_without_runs_fails_cleanly(tmp_path):
 
 def test_reproduce_plans_every_method_config_and_seed(tmp_path):
     from mtl_cog.cli import reproduce
+    from mtl_cog.experiments import campaign
 
-    jobs = reproduce.plan(["digits", "synthetic"], None, [0, 1, 2], tmp_path)
+    args = reproduce.parse_args(["--data", "digits", "synthetic", "--seeds", "0", "1", "2", "--out", str(tmp_path)])
+    specs = reproduce.final_specs(args, None)
     for dataset in ("digits", "synthetic"):
         methods = {p.stem for p in (REPO / "configs" / dataset).glob("*.yaml")}
-        planned = {(j.method, j.seed) for j in jobs if j.dataset == dataset}
+        planned = {(s.labels.method, s.labels.seed) for s in specs if s.labels.data == dataset}
         assert planned == {(m, s) for m in methods for s in (0, 1, 2)}
-    args = reproduce.parse_args([])
-    command = reproduce.train_command(jobs[0], args)
-    assert "tracking=none" in command and "model.backbone=cog_cnn_tiny" in command
-    assert reproduce.train_command(jobs[0], reproduce.parse_args(["--epochs", "3"]))[-1] == "train.epochs=3"
-    with pytest.raises(Exception, match="no config configs/digits/<method>.yaml for --methods nope"):
-        reproduce.plan(["digits"], ["nope"], [0], tmp_path)
+    first = campaign.plan(campaign.Campaign("c", tmp_path, specs[:1]))[0]
+    assert first.config.tracking == "none" and first.config.model.backbone == "cog_cnn_tiny"  # the cpu scale's file
+    assert first.spec.configs[1] == REPO / "configs" / "scales" / "cpu" / f"{first.spec.labels.data}.yaml"
+    longer = reproduce.final_specs(reproduce.parse_args(["--epochs", "3", "--out", str(tmp_path)]), None)[0]
+    assert "train.epochs=3" in longer.overrides
+    with pytest.raises(Exception, match="no config configs/digits/<method>.yaml for --method nope"):
+        reproduce.final_specs(reproduce.parse_args(["--data", "digits", "--method", "nope"]), None)

@@ -5,7 +5,7 @@ Each case runs ``scripts/train_mtl.py`` or ``scripts/evaluate.py`` in process th
 message names what is wrong. ``test_launch.py`` checks the same path in a real subprocess.
 Also here: non-finite losses, and W&B trouble that must not stop training.
 It stays one file over 450 lines because its cases are tables of (input, expected message) read
-as one inventory of bad input, beside ``docs/failure_paths.md``.
+as one inventory of bad input, beside ``docs/guides/failure_paths.md``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every reader of a run folder goes through one check: finished, the files it reads are the run's, its spec valid.
 
-``mtl_cog.runs.finished.check_finished_run`` (docs/failure_paths.md): ``load_run``, ``evaluate`` in every
+``mtl_cog.runs.finished.check_finished_run`` (docs/guides/failure_paths.md): ``load_run``, ``evaluate`` in every
 mode (``--run``, ``--shift``, ``--posthoc``, ``--predictions`` of a run's own file), ``compare``,
 ``list-front`` and the campaigns' collection (``finished_predictions``) refuse a run killed mid-way and
 a file swapped for another run's, with one ``error:`` line naming the run and the file, writing nothing.
@@ -168,3 +168,17 @@ def test_no_prediction_file_with_nan_logits_is_written(tmp_path):
     with pytest.raises(PredictionFileError, match="NaN or infinite"):
         save_predictions(tmp_path / "p.npz", bad)
     assert not (tmp_path / "p.npz").exists()
+
+
+def test_a_campaign_collecting_results_refuses_a_swapped_or_unfinished_run(runs):
+    """The leader curve's case: a run's predictions replaced by another run's are not scored into the bundle."""
+    from mtl_cog.reporting.bundle_rows import results_rows
+
+    a, b = runs
+    assert set(results_rows(a)["split"]) == {"val", "test"}
+    shutil.copy(b / rundir.predictions_file("test"), a / rundir.predictions_file("test"))
+    with pytest.raises(RunFolderError, match="predictions_test.npz is not the file this run wrote"):
+        results_rows(a)
+    (b / rundir.DONE).unlink()
+    with pytest.raises(RunFolderError, match="has not finished"):
+        results_rows(b)

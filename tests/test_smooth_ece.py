@@ -1,4 +1,4 @@
-"""Our batched smooth ECE is relplot's smECE (the reference implementation), to 1e-6 (docs/metrics.md)."""
+"""Our batched smooth ECE is relplot's smECE (the reference implementation), to 1e-6 (docs/explanation/metrics.md)."""
 
 import numpy as np
 import pytest

@@ -25,8 +25,11 @@ def texts() -> list[tuple[Path, str]]:
     """Library, data sets, scripts and documents whole; tests by their module docstring only
     (a test may name a missing file on purpose)."""
     found = [*REPO.glob("mtl_cog/**/*.py"), *REPO.glob("tasks/*.py"), *REPO.glob("scripts/*"),
-             *REPO.glob("docs/*.md"), REPO / "README.md", *REPO.glob("configs/**/*.yaml")]
-    out = [(path, path.read_text()) for path in found if path.is_file()]
+             *REPO.glob("docs/**/*.md"), REPO / "README.md", *REPO.glob("configs/**/*.yaml")]
+    # docs/reference/commands.md is the parsers' help text, where NAME stands for a value (configs/methods/NAME.yaml):
+    # its sources, the commands, are read here themselves
+    generated = REPO / "docs" / "reference" / "commands.md"
+    out = [(path, path.read_text()) for path in found if path.is_file() and path != generated]
     return out + [(path, ast.get_docstring(ast.parse(path.read_text())) or "") for path in REPO.glob("tests/*.py")]
 
 
@@ -76,3 +79,17 @@ def test_the_checker_finds_a_stale_path():  # known answers, so the test below c
 def test_no_stale_module_path():
     problems = [f"{path.relative_to(REPO)}: {name}" for path, text in texts() for name in stale(text)]
     assert problems == []
+
+
+ISSUE_NUMBER = re.compile(r"\bissues?[ -]?#?\d+", re.IGNORECASE)
+# Being rewritten elsewhere at the time of writing; delete each entry once its file has no issue number left.
+ISSUE_NUMBER_PENDING: set[str] = set()
+
+
+def test_no_internal_issue_number_in_docs_or_code():
+    assert ISSUE_NUMBER.findall("see issue 19, Issue #3 and the issue-20 metrics; issues are tracked") == [
+        "issue 19", "Issue #3", "issue-20"]
+    paths = [REPO / "README.md", *REPO.glob("docs/**/*.md"), *REPO.glob("mtl_cog/**/*.py")]
+    found = [f"{path.relative_to(REPO)}: {match}" for path in paths if str(path.relative_to(REPO))
+             not in ISSUE_NUMBER_PENDING for match in ISSUE_NUMBER.findall(path.read_text())]
+    assert found == []

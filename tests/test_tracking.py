@@ -166,7 +166,7 @@ def test_a_celeba_shaped_run_puts_final_metrics_in_the_summary_and_keeps_per_att
                    | {f"{t}/calibrator/temperature" for t in tasks}
                    | {f"calibrator/temperature_{s}" for s in ("median", "min", "max")}
                    | {"lr/follower", "lr/leader", "train/loss"})
-    assert len(scalar_keys) == 1153  # docs/tracking.md: 41 x 27 + 40 + 3 + 2 + 1
+    assert len(scalar_keys) == 1153  # docs/guides/tracking.md: 41 x 27 + 40 + 3 + 2 + 1
     multitask_keys = {f"multitask/val/{m}" for m in ("count_ece", "pair_joint_ece")} | {
         f"multitask/val/{m}@{b}" for m in ("pooled_ece", "worst_task_ece", "p90_task_ece") for b in cfg.eval.bins}
     for row in epoch_rows:

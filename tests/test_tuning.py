@@ -77,16 +77,42 @@ def test_the_follower_start_rates_are_the_same_for_every_method():
     assert [p["optim.follower_lr"] for p in baseline] == [p["optim.follower_lr"] for p in cog]
 
 
-def test_the_budget_counts_the_first_trials_that_did_not_fail_and_extras_are_never_chosen(tmp_path):
-    study = _study(tmp_path, budget=2)
+def test_a_failed_trial_uses_up_its_budget_and_extras_are_never_chosen(tmp_path):
+    study = _study(tmp_path, budget=3)
     first = study.ask()
-    study.tell(first, state=TrialState.FAIL)  # a failed trial does not use up the budget
-    assert tuning.has_work(study, 2) and tuning.remaining(study, 2) == 2
+    study.tell(first, state=TrialState.FAIL)  # a diverged trial: the method gets no extra proposal for it
+    assert tuning.has_work(study, 3) and tuning.remaining(study, 3) == 2
     for value in (0.5, 0.7, 0.1):  # the third is an extra (two workers asked at once)
         study.tell(study.ask(), value)
-    outcome = tuning.result(study, 2)
-    assert [t.number for t in outcome.trials] == [1, 2] and [t.number for t in outcome.extras] == [3]
-    assert outcome.best.value == 0.5 and not outcome.unfinished and not tuning.has_work(study, 2)
+    outcome = tuning.result(study, 3)
+    assert [t.number for t in outcome.trials] == [0, 1, 2] and [t.number for t in outcome.extras] == [3]
+    assert outcome.best.value == 0.5 and not outcome.unfinished and not tuning.has_work(study, 3)
+
+
+def test_an_interrupted_trial_is_asked_again_and_continues_its_run_folder(tmp_path):
+    study = _study(tmp_path, budget=2)
+    study.enqueue_trial({"optim.follower_lr": 1e-3})
+
+    def objective(trial):
+        trial.suggest_float("optim.follower_lr", 1e-4, 1e-2, log=True)
+        tuning.retry_lost(trial)  # what the worker does on Ctrl-C, before Optuna marks the trial failed
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        study.optimize(objective, n_trials=1)
+    assert study.trials[0].state == TrialState.FAIL
+    assert [t.number for t in tuning.counted_trials(study, 2)[0]] == [1]  # the waiting retry counts, not the lost one
+    retry = study.ask({"optim.follower_lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    assert retry.params == {"optim.follower_lr": 1e-3} and tuning.first_attempt(retry) == 0
+
+
+def test_a_trial_lost_with_its_worker_does_not_count(tmp_path):
+    study = _study(tmp_path, budget=2)
+    lost = study.ask()
+    lost.set_user_attr(tuning.LOST, True)  # restored from a bundle after its machine was lost: asked again
+    study.tell(lost, state=TrialState.FAIL)
+    assert tuning.remaining(study, 2) == 2
+    assert [t.number for t in tuning.result(study, 2).uncounted] == [0]
 
 
 def test_a_running_trial_leaves_the_tuning_unfinished(tmp_path):
@@ -113,6 +139,8 @@ def test_a_dead_trial_is_retried_with_its_parameters_and_its_first_number(tmp_pa
     retry = study.ask()
     assert retry.params == dead.params and tuning.first_attempt(retry) == 0  # continues trial_00
     assert tuning.has_work(study, 2)
+    study.tell(retry, 0.4)
+    assert [t.number for t in tuning.counted_trials(study, 2)[0]] == [1]  # the retry stands in for the dead one
 
 
 def test_successive_halving_expected_share_known_answers():
@@ -159,7 +187,7 @@ def _epoch_end(epoch: int, nll: float, best_epoch: int):
 
 def test_pruning_reports_the_kept_checkpoints_nll_not_the_epochs_own(tmp_path):
     """A noisy epoch after a good checkpoint reports that checkpoint's NLL, the value the study ranks by."""
-    from mtl_cog.cli.tune import pruning_hook
+    from mtl_cog.experiments.fair_tuning import pruning_hook
     from mtl_cog.runs import rundir
     from mtl_cog.runs.metrics_log import append_line
 
@@ -177,7 +205,38 @@ def test_pruning_reports_the_kept_checkpoints_nll_not_the_epochs_own(tmp_path):
 
 
 def test_pruning_refuses_a_run_whose_kept_epoch_has_no_metrics_line(tmp_path):
-    from mtl_cog.cli.tune import pruning_hook
+    from mtl_cog.experiments.fair_tuning import pruning_hook
 
     with pytest.raises(UserError, match="epoch 4"):
         pruning_hook(_RecordingTrial(), tmp_path).on_epoch_end(_epoch_end(5, 2.0, 4))
+
+
+def test_a_range_is_widened_past_the_edge_its_choice_sat_at_within_the_knobs_limits():
+    rate = protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True)
+    assert protocol.widened(rate, "highest") == protocol.Knob("optim.follower_lr", 1e-4, 0.1, log=True)
+    assert protocol.widened(rate, "lowest").low == pytest.approx(1e-5)
+    ratio = protocol.Knob(protocol.LEADER_RATIO_KEY, 1e-3, 1.0, log=True, ceiling=1.0)
+    assert protocol.widened(ratio, "highest") is None  # ratio 1 is no hierarchy: the top of COG's range
+    assert protocol.widened(ratio, "lowest").low == pytest.approx(1e-4)
+    eps = protocol.LOSS_KNOBS["ls"]
+    assert protocol.widened(eps, "lowest").low == eps.floor  # 0.02 - 0.09 would be negative
+    assert protocol.widened(protocol.widened(eps, "lowest"), "lowest") is None  # at its floor: nothing to widen
+
+
+def test_widen_makes_a_new_study_only_for_choices_at_an_edge(tmp_path):
+    import pandas as pd
+
+    from mtl_cog.experiments import fair_tuning
+
+    def spec(method):
+        return tuning.StudySpec("d", method, (Path("c.yaml"),), (f"output_dir={tmp_path / ('d-' + method)}",), 1e-3,
+                                (protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True),), 5,
+                                tmp_path / f"d-{method}", (1000,))
+    studies = {("d", m, "1"): spec(m) for m in ("a", "b")}
+    chosen = pd.DataFrame([{"dataset": "d", "method": "a", "draw": "1", "at_edge": "optim.follower_lr=highest"},
+                           {"dataset": "d", "method": "b", "draw": "1", "at_edge": ""}])
+    wider = fair_tuning.widen(studies, chosen, 1)
+    assert list(wider) == [("d", "a", "1")]
+    new = wider[("d", "a", "1")]
+    assert new.name == "d-a-w1" and new.knobs[0].high == pytest.approx(0.1) and new.folder.name == "d-a-w1"
+    assert f"output_dir={tmp_path / 'd-a-w1'}" in new.overrides

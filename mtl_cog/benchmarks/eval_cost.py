@@ -12,7 +12,7 @@ of a run pay. Side by side, in the same process on the same data:
 - ``eval_all_on_seconds``: ``compute_metrics`` with ``aurc``/``eaurc`` plus the subgroup metrics
   and multicalibration of ``eval.groups: [Male, Young]`` (two binary group tasks, four groups);
 - ``eval_all_on_ratio``: their ratio of CPU time (``time.process_time``, which a busy shared
-  machine disturbs far less than wall time); target <= 2 (issue 20). ``eval_all_on_wall_ratio``:
+  machine disturbs far less than wall time); target <= 2. ``eval_all_on_wall_ratio``:
   the same in wall time;
 - ``eval_cpu_seconds``: where the CPU time goes — ``before``, ``selective`` (``compute_metrics``
   with ``aurc``/``eaurc``) and ``all_on``; the subgroup metrics cost ``all_on − selective``.

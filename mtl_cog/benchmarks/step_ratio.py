@@ -8,7 +8,7 @@ initial backbone and the same batches. Steps of the methods are interleaved in a
 so that load from other processes hits all of them alike; the figure is the ratio of medians.
 
 A method is a config file in ``configs/methods/``, so a method added later is timed by naming it
-(``--methods baseline,cog_fc,cog_ts,mbls``). Targets: COG-FC and COG-TS add no work beyond a
+(``--method baseline,cog_fc,cog_ts,mbls``). Targets: COG-FC and COG-TS add no work beyond a
 second parameter group (and one division per logit for COG-TS): <= 1.03. Any other method may
 legitimately add work (a larger head, a second loss term): <= 1.10.
 
@@ -65,9 +65,9 @@ def methods_to_time(methods: list[str]) -> list[str]:
     """``methods`` with the reference first and no name twice; an empty list is refused."""
     names = [m.strip() for m in methods if m.strip()]
     if not names:
-        raise ConfigError("--methods names no method (e.g. --methods baseline,cog_fc,cog_ts).")
+        raise ConfigError("--method names no method (e.g. --method baseline,cog_fc,cog_ts).")
     if len(set(names)) != len(names):
-        raise ConfigError(f"--methods names a method twice: {','.join(names)}.")
+        raise ConfigError(f"--method names a method twice: {','.join(names)}.")
     return [REFERENCE, *(m for m in names if m != REFERENCE)]
 
 

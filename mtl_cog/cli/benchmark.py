@@ -2,15 +2,15 @@
 
     python scripts/benchmark.py --out bench.json                 # the full CPU/GPU benchmark
     python scripts/benchmark.py --quick --out bench.json         # seconds; what the test suite runs
-    python scripts/benchmark.py --methods baseline,cog_fc,cog_ts,cog_tst --skip loader,calibrated,eval,memory
+    python scripts/benchmark.py --method baseline,cog_fc,cog_ts,cog_tst --skip loader,calibrated,eval,memory
     python scripts/benchmark.py --epoch-check --out epoch.json   # one epoch on CelebA-sized tensors
                                                                  # (scripts/gpu_check.sh calls this)
 
 Sections (each one module of ``mtl_cog/benchmarks/``; ``--skip`` leaves some out):
 
-- ``steps``: median training-step time of each ``--methods`` config over the baseline's
+- ``steps``: median training-step time of each ``--method`` config over the baseline's
   (``<method>_step_ratio``; target <= 1.03 for COG-FC / COG-TS, <= 1.10 for others, <= 1.30 for
-  a method under a multi-task aggregator, ``--methods baseline+upgrad,baseline+mgda``), and the
+  a method under a multi-task aggregator, ``--method baseline+upgrad,baseline+mgda``), and the
   baseline's training ``images_per_s``;
 - ``throughput``: training images/s of each ``--throughput-backbones`` backbone;
 - ``loader``: the cached data pipeline's images/s over a torchvision + PIL DataLoader on a
@@ -21,7 +21,7 @@ Sections (each one module of ``mtl_cog/benchmarks/``; ``--skip`` leaves some out
 - ``memory``: peak RSS of a CelebA-sized cache read for a whole epoch, above the model's own
   (target <= 1 GiB).
 
-docs/benchmarks.md explains each measurement.
+docs/guides/benchmarks.md explains each measurement.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from mtl_cog.benchmarks.loader import MIN_JPEG_IMAGES, measure_loader
 from mtl_cog.benchmarks.step_ratio import DEFAULT_METHODS, measure_step_ratios, methods_to_time, ratio_key
 from mtl_cog.benchmarks.throughput import measure_throughput
 from mtl_cog.cli.paths import CONFIGS
-from mtl_cog.config.arguments import Parser, real_number, whole_number
+from mtl_cog.config.arguments import Parser, add_deprecated_alias, real_number, whole_number
 from mtl_cog.errors import ConfigError, run_cli
 from mtl_cog.io import atomic_write_json
 from mtl_cog.models.network import check_backbone
@@ -96,9 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that everything runs (seconds)")
     parser.add_argument("--epoch-check", action="store_true", help="only the one-epoch throughput check")
-    parser.add_argument("--methods", type=names, default=list(DEFAULT_METHODS),
+    parser.add_argument("--method", type=names, default=list(DEFAULT_METHODS),
                         help="comma-separated configs/methods/ names whose step is timed against the baseline "
                         f"(default {','.join(DEFAULT_METHODS)})")
+    add_deprecated_alias(parser, "--methods", "--method", type=names)
     parser.add_argument("--backbone", default=None, help="timm model (default cog_cnn_small; cog_cnn_tiny with "
                         "--quick; resnet101 for --epoch-check)")
     parser.add_argument("--cifar-stem", action="store_true", help="3x3 stride-1 ResNet stem (32x32 images)")
@@ -109,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--steps", type=positive_int, default=None, help="timed steps per method")
     parser.add_argument("--profile", type=whole_number(0, None, "steps >= 0"), default=0,
-                        help="profile this many steps of COG-TS (or of the last --methods name) with torch.profiler")
+                        help="profile this many steps of COG-TS (or of the last --method name) with torch.profiler")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--throughput-backbones", type=names, default=None,
                         help="comma-separated extra backbones for images/s")
@@ -151,7 +152,7 @@ def check_request(args: argparse.Namespace, workload: Workload) -> None:
     if args.cache_images is not None:
         celeba_proportions(args.cache_images)  # refuses fewer images than splits
     if not args.epoch_check and "steps" not in args.skip:
-        for method in methods_to_time(args.methods):
+        for method in methods_to_time(args.method):
             method_config(METHODS_DIR, method, workload)  # unknown names and bad values fail now
     if args.out is not None:
         folder = args.out.resolve().parent
@@ -170,7 +171,7 @@ def throughput_backbones(args: argparse.Namespace) -> list[str]:
 def sections(args: argparse.Namespace, workload: Workload, work: Path) -> dict[str, Callable[[], dict]]:
     sizes = QUICK if args.quick else FULL
     return {
-        "steps": lambda: measure_step_ratios(workload, METHODS_DIR, args.methods, args.steps or sizes.steps,
+        "steps": lambda: measure_step_ratios(workload, METHODS_DIR, args.method, args.steps or sizes.steps,
                                              sizes.warmup, args.profile),
         "throughput": lambda: {"throughput": [
             measure_throughput(workload.with_backbone(b), METHODS_DIR, sizes.throughput_steps)

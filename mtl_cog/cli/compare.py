@@ -32,6 +32,9 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
   risk_coverage_<ds>.png       selective prediction: risk against coverage, one curve per method
   shift.csv, shift_<ds>.png    runs with shift_metrics.csv (eval.shift / evaluate --shift): accuracy,
                                NLL, ECE@15 against severity, one line per method (post-hoc: <method>+ts)
+  report.html                  all of it in one page that opens offline: sortable summary, paired verdicts,
+                               convergence, calibrators, a task picker with every method's reliability
+                               diagram side by side, subgroups and shift (mtl_cog/reporting/html_report.py)
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 
 from mtl_cog.cli.paths import CONFIGS
-from mtl_cog.config.compose import DATASETS, METHODS, available, config_files
+from mtl_cog.config.compose import DATASETS, METHODS, available, combination_path, config_files
+from mtl_cog.errors import UserError
 
 DEFAULT_DATA, DEFAULT_METHOD = "synthetic", "cog_fc"
 
@@ -42,3 +43,12 @@ def resolve_files(args: argparse.Namespace, default: bool = True) -> list[Path]:
     if args.data or args.method or (default and not files):
         files = config_files(CONFIGS, args.data or DEFAULT_DATA, args.method or DEFAULT_METHOD) + files
     return files
+
+
+def combination_file(dataset: str, method: str) -> Path:
+    """``configs/<dataset>/<method>.yaml``, the one file a sweep records and every run reads."""
+    files = config_files(CONFIGS, dataset, method)
+    if len(files) != 1:
+        raise UserError(f"--data {dataset} --method {method}: {combination_path(CONFIGS, dataset, method)} "
+                        "does not exist yet; run scripts/generate_configs.py.")
+    return files[0]

@@ -16,7 +16,7 @@ value}, "pairs": [...]}. Per task (and their mean): accuracy, nll, brier, ece@B,
 smece, adaece@B, brier_reliability, brier_resolution, brier_uncertainty, and classwise_ece@B for
 K-class tasks. "multitask" (two or more tasks): pooled_ece@B, worst_task_ece@B, p90_task_ece@B,
 and with two or more binary tasks count_ece and pair_joint_ece; "pairs" lists the joint
-calibration of each of the --pairs most correlated attribute pairs. Formulas: docs/metrics.md.
+calibration of each of the --pairs most correlated attribute pairs. Formulas: docs/explanation/metrics.md.
 
     python scripts/evaluate.py --run RUN_DIR --shift [CORRUPTION ...] [--severities 1-5] [--posthoc ts]
 
@@ -26,7 +26,7 @@ into the data cache; ``--posthoc`` calibrators are fitted on the clean validatio
 applied under shift. RUN_DIR/shift_metrics.csv gets every metric per method x corruption x
 severity x task (and the task mean), RUN_DIR/shift_test.png accuracy, NLL and ECE@15 against
 severity (docs/shift.md). ``--groups TASK ...`` adds per-group metrics and multicalibration
-(docs/metrics.md) to the JSON ("groups") and, with --run, writes RUN_DIR/group_metrics.csv.
+(docs/explanation/metrics.md) to the JSON ("groups") and, with --run, writes RUN_DIR/group_metrics.csv.
 """
 
 from __future__ import annotations

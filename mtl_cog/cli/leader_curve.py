@@ -26,43 +26,35 @@ command again reuses finished runs and resumes unfinished ones (``train --resume
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from mtl_cog.cli.config_args import combination_file
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser, distinct, real_number, whole_number
 from mtl_cog.config.schema import MAX_LEARNING_RATE, MAX_SEED
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.evaluation.posthoc import calibrate
-from mtl_cog.evaluation.predictions import load_predictions
-from mtl_cog.evaluation.scoring import score
-from mtl_cog.experiments import gpu_time
+from mtl_cog.experiments import campaign, gpu_time
 from mtl_cog.experiments import leader_curve as curve
-from mtl_cog.experiments.launcher import (
-    RunJob,
-    add_launcher_arguments,
-    make_launcher,
-    processes_per_run,
-    train_command,
-)
-from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state
+from mtl_cog.experiments.launcher import add_launcher_arguments, make_launcher, processes_per_run
+from mtl_cog.experiments.sweep import DONE
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable
 from mtl_cog.reporting import plots
+from mtl_cog.reporting.bundle import bundle_dir, read_bundle, wide_scores
 from mtl_cog.reporting.leader_curve import CURVE_METRICS, best_ratio, curve_figure, curve_table, paired_to_reference
 from mtl_cog.reporting.tables import markdown_table
-from mtl_cog.runs import rundir
 
 BASELINE, TS = "baseline", "ts"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, required=True, help="a COG method config (configs/<ds>/cog_fc.yaml)")
+    parser.add_argument("--config", type=Path, default=None, help="a COG method config (configs/<ds>/cog_fc.yaml)")
+    parser.add_argument("--data", default=None, metavar="NAME", help="with --method: configs/<NAME>/<method>.yaml")
+    parser.add_argument("--method", default=None, metavar="NAME", help="with --data: configs/<data>/<NAME>.yaml")
     parser.add_argument("--ratios", type=real_number(0, 1, low_open=True, what="a leader/follower ratio"),
                         nargs="+", default=list(curve.RATIOS),
                         help="leader/follower ratios in (0, 1] (default: 1e-3 3e-3 ... 0.3 1)")
@@ -79,100 +71,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser)
+    campaign.add_campaign_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="overrides for every run, e.g. train.epochs=10")
     args = parser.parse_args(argv)
+    if args.data or args.method:
+        if args.config is not None or not (args.data and args.method):
+            raise UserError("--method and --data name the config together, instead of --config.")
+        args.config = combination_file(args.data, args.method)
+    elif args.config is None:
+        raise UserError("give --method and --data (or --config configs/<data>/<method>.yaml).")
     args.ratios = curve.check_ratios(args.ratios)
     distinct(args.seeds, "--seeds")  # one folder per (ratio, seed)
     return args
 
 
-def references(args: argparse.Namespace, cfg: Config, dataset: str) -> dict[str, Path]:
-    """{name: config} of the reference arms: the baseline, and the method's trained counterpart if another."""
+def references(args: argparse.Namespace, cfg: Config, dataset: str) -> dict[str, curve.Source]:
+    """{name: config files} of the reference arms: the baseline, and the method's trained counterpart if another."""
     names = [BASELINE]
     counterpart = (cfg.method.counterpart or "").split("+")[0]
     if counterpart and counterpart not in names:
         names.append(counterpart)
     if args.protocol_dir is not None:
-        return {name: curve.protocol_run_config(args.protocol_dir, dataset, name) for name in names}
+        return {name: curve.protocol_run_source(args.protocol_dir, dataset, name) for name in names}
     paths = {name: args.config.parent / f"{name}.yaml" for name in names}
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise UserError(f"the reference config(s) {', '.join(missing)} are missing (they sit next to --config).")
-    return paths
+    return {name: ((path,), ()) for name, path in paths.items()}
 
 
-def run_overrides(run: curve.CurveRun) -> list[str]:
-    return [*run.overrides, f"output_dir={run.run_dir.parent}", f"run_name={run.run_dir.name}", f"seed={run.seed}",
-            "tracking=none"]
-
-
-def build_plan(args: argparse.Namespace) -> tuple[list[curve.CurveRun], str, str, Path]:
-    """(runs, method, dataset, out) with every run's config resolved once (bad settings fail before anything runs)."""
+def build_plan(args: argparse.Namespace) -> tuple[campaign.Campaign, str, str]:
+    """(the curve as a campaign, method, dataset); every run's config resolves before anything runs."""
     cfg = load_config(args.config, args.overrides)
     method, dataset = cfg.method.name, args.config.parent.name
     if not cfg.method.leader:
         raise UserError(f"{args.config}: method {method!r} has no leader (method.leader is empty): a leader-rate "
                         "curve needs a COG method.")
     base, extra = args.config, list(args.overrides)
+    source: curve.Source = ((base,), ())
     if args.protocol_dir is not None:
-        base = curve.protocol_run_config(args.protocol_dir, dataset, args.config.stem)
-        cfg = load_config(base, extra)
+        source = curve.protocol_run_source(args.protocol_dir, dataset, args.config.stem)
+        cfg = load_config(list(source[0]), [*source[1], *extra])
     follower = args.follower_lr or cfg.optim.follower_lr
     out = args.out or Path("runs") / f"leader-curve-{dataset}-{method}"
     refs = references(args, cfg, dataset)
-    runs = curve.plan(method, base, refs, follower, args.ratios, args.seeds, out / "runs", extra)
-    if args.protocol_dir is None and args.follower_lr is not None:  # the references share the given rate
-        same_rate = f"optim.follower_lr={follower:g}"
-        runs = [r if r.ratio is not None else replace(r, overrides=(*r.overrides, same_rate)) for r in runs]
-    return runs, method, dataset, out
+    shared_rate = args.protocol_dir is None and args.follower_lr is not None  # the references share the given rate
+    specs = curve.plan(method, dataset, source, refs, follower, args.ratios, args.seeds, out / "runs", extra,
+                       shared_rate)
+    counterpart = cfg.method.counterpart or BASELINE
+    return campaign.Campaign(f"leader-curve-{dataset}-{method}", out, specs,
+                             counterparts={method: counterpart}), method, dataset
 
 
-def resolved(run: curve.CurveRun) -> Config:
-    return load_config(run.config, run_overrides(run))
-
-
-def launch(runs: list[curve.CurveRun], configs: list[Config], args: argparse.Namespace, out: Path,
-           executor) -> list[curve.CurveRun]:
-    """Train the runs not yet finished (unfinished ones resume); -> the failed runs."""
-    jobs, todo = [], []
-    env = () if torch.cuda.is_available() else (("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"))
-    for run, cfg in zip(runs, configs):
-        state = run_state(run.run_dir, cfg)
-        if state == DONE:
-            continue
-        command = train_command(run.run_dir, run.config, run_overrides(run), state == UNFINISHED,
-                                processes_per_run(args))
-        jobs.append(RunJob(run.run_dir.name, tuple(command), run.run_dir.parent / f"{run.run_dir.name}.log", env=env))
-        todo.append(run)
-    print(f"leader curve: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run", flush=True)
-    if not todo:
-        return []
-    runner = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)
-    try:
-        codes = runner.run(jobs)
-    except KeyboardInterrupt:
-        print("interrupted: the same command continues where it stopped.", file=sys.stderr)
-        raise SystemExit(130) from None
-    return [run for run, code in zip(todo, codes) if code != 0]
-
-
-def score_runs(runs: list[curve.CurveRun], bins: list[int]) -> pd.DataFrame:
-    """One row per (arm, ratio, seed, split, task) of every finished run; the baseline also as baseline+ts."""
-    frames = []
-    for run in runs:
-        if not (run.run_dir / rundir.DONE).is_file():
-            continue
-        val = load_predictions(run.run_dir / rundir.predictions_file("val"))
-        test = load_predictions(run.run_dir / rundir.predictions_file("test"))
-        arms = [(run.arm, "val", val), (run.arm, "test", test)]
-        if run.arm == BASELINE:
-            arms.append((f"{BASELINE}+{TS}", "test", calibrate(TS, val, test)))
-        for arm, split, predictions in arms:
-            tasks = score(predictions, bins)["tasks"]
-            frames.append(pd.DataFrame([{"arm": arm, "ratio": run.ratio, "seed": run.seed, "split": split,
-                                         "task": task, **{m: values[m] for m in CURVE_METRICS}}
-                                        for task, values in tasks.items()]))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+def curve_scores(out: Path) -> pd.DataFrame:
+    """The curve's per-task scores (arm, ratio, seed, split, task, metrics) from its results bundle alone."""
+    bundle = read_bundle(bundle_dir(out))
+    if bundle is None:
+        return pd.DataFrame()
+    wide = wide_scores(bundle)
+    wide = wide[wide["task"] != "mean"].rename(columns={"method": "arm"})
+    return wide[["arm", "ratio", "seed", "split", "task", *[m for m in CURVE_METRICS if m in wide]]]
 
 
 def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: list[float], dataset: str, out: Path,
@@ -212,30 +170,37 @@ def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: l
 def main(argv: list[str] | None = None, executor=None) -> Path:
     """``executor``: a submitit executor to use instead of Slurm's (the tests pass the local one)."""
     args = parse_args(argv)
-    runs, method, dataset, out = build_plan(args)
-    configs = [resolved(run) for run in runs]
+    plan, method, dataset = build_plan(args)
+    planned = campaign.plan(plan)
+    arms = dict.fromkeys(s.labels.method for s in plan.specs if s.labels.ratio is None)
     print(f"leader curve of {dataset}/{method}: ratios {' '.join(f'{r:g}' for r in args.ratios)} × "
-          f"{len(args.seeds)} seeds, plus {', '.join(dict.fromkeys(r.arm for r in runs if r.ratio is None))}; "
-          f"follower rate {configs[0].optim.follower_lr:g}; in {out}", flush=True)
+          f"{len(args.seeds)} seeds, plus {', '.join(arms)}; "
+          f"follower rate {planned[0].config.optim.follower_lr:g}; in {plan.out}", flush=True)
+    parallel = args.parallel or 1
+    env = campaign.thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
     if args.dry_run:
         measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
-        todo = [c for r, c in zip(runs, configs) if run_state(r.run_dir, c) != DONE]
-        seconds = sum(gpu_time.estimate_run(c, measured).seconds for c in todo)
-        print(f"{len(todo)} of {len(runs)} runs to do, ~{gpu_time.format_duration(seconds)} on one device")
-        return out / "curve.md"
-    check_writable(out, "--out", folder=True)
-    failed = [] if args.report_only else launch(runs, configs, args, out, executor)
-    scores = score_runs(runs, [15])
+        campaign.print_estimate(planned, measured, parallel, "leader curve")
+        return plan.out / "curve.md"
+    check_writable(plan.out, "--out", folder=True)
+    if args.report_only:
+        campaign.Collector(plan, planned).collect([p.spec.run for p in planned if p.state == DONE])
+        failed = []
+    else:
+        runner = make_launcher(args, plan.out / "slurm_logs", default_parallel=1, executor=executor)
+        failed = campaign.run(plan, planned, runner, env, "the same command", processes_per_run(args),
+                              "leader curve")
+    scores = curve_scores(plan.out)
     if scores.empty:
-        raise UserError(f"no run of the curve finished; see the .log files in {out / 'runs'}.")
-    counterpart = load_config(runs[0].config, run_overrides(runs[0])).method.counterpart or BASELINE
+        raise UserError(f"no run of the curve finished; see the .log files in {plan.out / 'runs'}.")
+    counterpart = plan.counterparts[method]
     edges = curve.chosen_edges(args.protocol_dir, dataset, args.config.stem) if args.protocol_dir else ""
-    finished = sum((r.run_dir / rundir.DONE).is_file() for r in runs)
-    path = write_results(scores, method, counterpart, args.ratios, dataset, out, edges,
-                         "" if finished == len(runs) else f"**Partial: {finished} of {len(runs)} runs finished.**")
+    finished = len(scores.loc[scores["split"] == "val", ["arm", "ratio", "seed"]].drop_duplicates())
+    partial = "" if finished == len(planned) else f"**Partial: {finished} of {len(planned)} runs finished.**"
+    path = write_results(scores, method, counterpart, args.ratios, dataset, plan.out, edges, partial)
     if failed:
         raise UserError(f"{len(failed)} run(s) failed, so the curve lacks them: "
-                        + ", ".join(str(r.run_dir) for r in failed) + ". Run the same command again to continue.")
+                        + ", ".join(str(p.spec.run_dir) for p in failed) + ". Run the same command again to continue.")
     return path
 
 

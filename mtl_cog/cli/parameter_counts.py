@@ -1,7 +1,7 @@
 """Parameter counts of every method's network (backbone / heads / calibrator) and its leader.
 
-    python scripts/parameter_counts.py --dataset celeba --classes 2x40
-    python scripts/parameter_counts.py --dataset cifar100 --classes 100 --out counts.md
+    python scripts/parameter_counts.py --data celeba --classes 2x40
+    python scripts/parameter_counts.py --data cifar100 --classes 100 --out counts.md
 
 Builds the network of each configs/<dataset>/<method>.yaml (no data needed: ``--classes`` gives
 the tasks' class counts, e.g. ``2x40`` for 40 binary attributes, ``10``, or ``2,2,10``) and
@@ -19,7 +19,7 @@ import torch
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import load_config
-from mtl_cog.config.arguments import Parser
+from mtl_cog.config.arguments import Parser, add_deprecated_alias
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.io import atomic_write_text, check_writable
@@ -79,13 +79,16 @@ def table(dataset: str, layout: LogitLayout) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", required=True, help="a folder of configs/, e.g. celeba")
+    parser.add_argument("--data", help="a folder of configs/, e.g. celeba (required)")
+    add_deprecated_alias(parser, "--dataset", "--data")
     parser.add_argument("--classes", required=True, help="classes per task: 2x40, 10, 2,2,10")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
+    if not args.data:
+        raise UserError("parameter-counts: --data is required (a folder of configs/, e.g. --data celeba).")
     if args.out:
         check_writable(args.out, "--out")  # before the work, not after it
-    text = table(args.dataset, LogitLayout(parse_classes(args.classes)))
+    text = table(args.data, LogitLayout(parse_classes(args.classes)))
     print(text)
     if args.out:
         atomic_write_text(args.out, text)

@@ -1,8 +1,8 @@
 """Decode a data set once into its memory-mapped uint8 cache (what training would do on first use).
 
-    python scripts/prepare_data.py --task celeba --data-root /data [--image-size 32] [--cache-dir DIR]
+    python scripts/prepare_data.py --data celeba --data-root /data [--image-size 32] [--cache-dir DIR]
     python scripts/prepare_data.py --config configs/celeba/cog_fc.yaml data.root=/data
-    python scripts/prepare_data.py --task celeba --data-root /data --rebuild   # decode again regardless
+    python scripts/prepare_data.py --data celeba --data-root /data --rebuild   # decode again regardless
     python scripts/prepare_data.py --config configs/fashion_mosaic/baseline.yaml --describe 15   # + label statistics
 
 Prints the cache folder and the size of each split. Running it again only verifies the cache
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from mtl_cog.config import load_config
-from mtl_cog.config.arguments import Parser, whole_number
+from mtl_cog.config.arguments import Parser, add_deprecated_alias, whole_number
 from mtl_cog.data.cache import cache_dir, load_cached, rebuild
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UnknownNameError, run_cli
@@ -31,7 +31,8 @@ from mtl_cog.reporting.data_description import describe_markdown
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, help="experiment YAML whose data section to use")
-    parser.add_argument("--task", help="data.task (e.g. celeba)")
+    parser.add_argument("--data", help="data.task, the data set (e.g. celeba)")
+    add_deprecated_alias(parser, "--task", "--data")
     parser.add_argument("--data-root", help="data.root: the folder holding the official files")
     parser.add_argument("--image-size", type=whole_number(1, None, "a size in pixels >= 1"), help="data.image_size")
     parser.add_argument("--cache-dir", help="data.cache_dir (default <data.root>/.mtl_cog_cache)")
@@ -44,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
-    flags = {"data.task": args.task, "data.root": args.data_root, "data.image_size": args.image_size,
+    flags = {"data.task": args.data, "data.root": args.data_root, "data.image_size": args.image_size,
              "data.cache_dir": args.cache_dir}
     overrides = [f"{key}={value}" for key, value in flags.items() if value is not None] + args.overrides
     cfg = load_config(args.config, overrides + ["data.use_cache=true"])

@@ -5,11 +5,12 @@
     python scripts/reproduce.py                                  # --protocol configs: the shipped settings as they are
     python scripts/reproduce.py --scale paper --dry-run          # the paper's full grid and its GPU time
     python scripts/reproduce.py --scale paper --protocol fair --launcher slurm --partition gpu --gpus-per-run 1
+    python scripts/reproduce.py --protocol fair --scale full --data fashion_mnist --method baseline cog_fc --draws 2
 
 Every ``configs/<dataset>/*.yaml`` is a method (new method configs are picked up without changing
 this script). Two protocols:
 
-- ``fair`` (docs/protocol.md): per data set and method, an Optuna study of ``--budget`` trials on
+- ``fair`` (docs/explanation/protocol.md): per data set and method, an Optuna study of ``--budget`` trials on
   validation NLL over the same knobs for everyone (the follower learning rate for every method,
   baseline included; the leader/follower ratio for COG variants; label smoothing epsilon, focal
   gamma, ...; ``--prune``: successive halving, the same for all), then ``--seeds`` runs of the
@@ -19,9 +20,18 @@ this script). Two protocols:
 - ``configs``: each config as shipped. Not an equal-budget comparison (at CPU scale the
   head-leader COG variants use learning rates tuned for them, the others none); the report says so.
 
-Two scales: ``cpu`` (default; ``digits`` and ``synthetic`` with a tiny CNN at 16 px, one torch
-thread per run, ``--jobs`` runs at once) and ``paper`` (the configs' own backbone, image size and
-epochs: CelebA, SVHN, CIFAR-10/100 from ``data.root``; meant for ``--launcher slurm``).
+A scale is a folder of config files, ``configs/scales/<NAME>/<data set>.yaml`` (and
+``methods/<method>.yaml`` where a method needs its own), merged on top of each run's config:
+``cpu`` (default; ``digits`` and ``synthetic`` with a tiny CNN at 16 px, ``--jobs`` runs at once),
+``full`` (real images at full size on CPUs) and ``paper`` (the configs' own backbone, image size and
+epochs: CelebA, SVHN, CIFAR-10/100 from ``data.root``; meant for ``--launcher slurm``). A user adds a
+scale by adding files; ``--data`` defaults to the data sets the scale has files for (``cpu``: digits
+and synthetic).
+
+The reproduction is a campaign (``mtl_cog/experiments/campaign.py``): every tuning trial and final
+run is recorded in ``OUT/bundle/`` as it finishes (commit that folder: ``mtl-cog report --bundle
+OUT/bundle`` regenerates the report from it alone), and the same command on a fresh clone that has
+only the bundle trains nothing that the bundle records.
 
 Runs start in your working directory (relative paths resolve there). A re-run of the same
 command reuses finished runs and continues unfinished ones from their last saved state; if any run
@@ -33,58 +43,30 @@ Post-hoc calibrators are fitted on the baseline runs (``--posthoc-on``) and appe
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import torch
 
-from mtl_cog.cli import fair_tuning
 from mtl_cog.cli.paths import CONFIGS
-from mtl_cog.config import Config, load_config
-from mtl_cog.config.arguments import Parser, distinct, whole_number
+from mtl_cog.config import load_config
+from mtl_cog.config.arguments import Parser, add_deprecated_alias, distinct, whole_number
+from mtl_cog.config.compose import scale_datasets, scale_files, scale_names
 from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
-from mtl_cog.errors import UserError, run_cli
-from mtl_cog.experiments import gpu_time, launcher, protocol, tuning
-from mtl_cog.experiments.launcher import (
-    RunJob,
-    add_launcher_arguments,
-    make_launcher,
-    processes_per_run,
-)
-from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state
+from mtl_cog.errors import ConfigError, UserError, run_cli
+from mtl_cog.experiments import campaign, fair_tuning, gpu_time, protocol, tuning
+from mtl_cog.experiments.launcher import add_launcher_arguments, check_launcher, make_launcher, processes_per_run
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable
-from mtl_cog.progress import track
+from mtl_cog.reporting.bundle import bundle_dir, read_bundle
+from mtl_cog.reporting.bundle_report import write_bundle_report
 from mtl_cog.reporting.comparison import write_comparison
-from mtl_cog.reporting.posthoc_run import fit_posthoc_run, posthoc_method_names
+from mtl_cog.reporting.paired import counterpart_pairs
+from mtl_cog.reporting.posthoc_run import posthoc_method_names
 from mtl_cog.reporting.tables import markdown_table
-from mtl_cog.runs import rundir
 
-SCALES = ("cpu", "paper")
 PROTOCOLS = ("configs", "fair")
-DATASETS = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10", "cifar100")}
-# CPU scale: sizes that make one run take about a minute of one CPU core (measured: see README).
-# Epochs: long enough for the tuned COG variants to settle; every report checks it per run
-# (convergence.csv, mtl_cog/reporting/trajectories.py) instead of assuming it. Digits: at 50
-# epochs the best validation NLL of the tuned runs still fell 27-64 % in the last 10 epochs; a
-# 200-epoch baseline at the top tuned rate made its best by epoch 95 and never improved after.
-CPU_SCALE = {
-    "digits": ["data.image_size=16", "train.batch_size=64", "train.epochs=100"],
-    "synthetic": ["data.image_size=16", "train.batch_size=64", "train.epochs=40",
-                  "data.synthetic.train_size=1000", "data.synthetic.val_size=200", "data.synthetic.test_size=1000"],
-    # Real images at CPU scale (docs/protocol.md, "Real images"): the first 2,000 images of each
-    # split (Fashion-MNIST's files are in no class order), 16 px, the tiny CNN, 10 epochs: sized for
-    # a 2-core machine shared by other jobs (a 20-epoch run of 3,000 images took ~18 min there).
-    "fashion_mnist": ["data.image_size=16", "train.batch_size=64", "train.epochs=10", "data.max_samples=2000"],
-    # The mosaic's follower rate is 3e-3 here, not its config's 1e-3: with the fair protocol's range
-    # centred on 1e-3 ([1e-4, 1e-2]) six of nine methods chose a rate at its top (2026-12-01), so the
-    # range bound the comparison. The centre is the data set's rate at this scale (dataset_follower_lr).
-    "fashion_mosaic": ["data.image_size=32", "train.batch_size=64", "train.epochs=10", "data.max_samples=2000",
-                       "optim.follower_lr=3e-3"],
-}
-# The CPU-scale backbone is the tiny counterpart of the config's: a LiST network stays Lipschitz.
-TINY_BACKBONES = {"cog_lipschitz_small": "cog_lipschitz_tiny"}  # any other backbone -> cog_cnn_tiny
+DEFAULT_DATA = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10", "cifar100")}
 # --protocol configs only: the head-leader methods (cog_fc, cog_ls, cog_tst) update their whole
 # classifier at the leader rate; in short CPU runs the configs' 1e-4 leaves them underconfident.
 # These rates came from a sweep of cog_fc alone, so this protocol favours those methods; the fair
@@ -97,24 +79,20 @@ HEAD_LEADER_LRS = {
 CHOSEN = "chosen_settings"
 
 
-@dataclass(frozen=True)
-class Job:
-    dataset: str
-    method: str
-    seed: int
-    config: Path
-    run_dir: Path
-    overrides: tuple[str, ...] = ()  # on top of the scale's (the fair protocol's tuned values)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="OUT/runs, OUT/tuning, OUT/report")
+    parser.add_argument("--out", type=Path, default=Path("runs/reproduce"),
+                        help="OUT/runs, OUT/tuning, OUT/report, OUT/bundle")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="configs", help="fair: equal tuning budget")
-    parser.add_argument("--scale", choices=SCALES, default="cpu", help="cpu: tiny runs; paper: the configs as set")
-    parser.add_argument("--datasets", nargs="+", default=None, help="default: digits synthetic (cpu), "
-                        "celeba svhn cifar10 cifar100 (paper)")
-    parser.add_argument("--methods", nargs="+", default=None, help="only these configs (default: all in configs/<ds>/)")
+    parser.add_argument("--scale", default="cpu", metavar="NAME",
+                        help=f"a folder of configs/scales ({', '.join(scale_names(CONFIGS))}; default cpu)")
+    parser.add_argument("--data", nargs="+", default=None, metavar="NAME",
+                        help="data sets (default: cpu: digits synthetic; paper: celeba svhn cifar10 cifar100; "
+                             "another scale: every data set it has a file for)")
+    parser.add_argument("--method", nargs="+", default=None, metavar="NAME",
+                        help="only these configs (default: all in configs/<data>/)")
+    add_deprecated_alias(parser, "--datasets", "--data", nargs="+")
+    add_deprecated_alias(parser, "--methods", "--method", nargs="+")
     # 5 seeds, the paper's count: the paired t interval (reporting/paired.py) of 3 seeds has t = 4.30
     parser.add_argument("--seeds", type=whole_number(0, MAX_SEED, "a seed"), nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--epochs", type=whole_number(1, None, "an epoch count"), default=None,
@@ -125,7 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=[protocol.TUNE_SEED], metavar="SEED",
                         help=f"fair: every tuning trial trains once per seed and is valued by the mean (default "
                              f"{protocol.TUNE_SEED}; never one of --seeds). Several seeds damp the tuning's own "
-                             "noise; another seed is another draw of the tuning. Use a new --out for another value"),
+                             "noise")
+    parser.add_argument("--draws", type=whole_number(1, 10, "a number of tuning draws"), default=1,
+                        help="fair: tune every method this many times independently (other tuning seeds, another "
+                             "sampler seed); the report sets the draws' verdicts side by side (default 1)")
     parser.add_argument("--prune", action="store_true",
                         help="fair: successive halving of the tuning trials (the same rungs for every method)")
     parser.add_argument("--tune-workers", type=whole_number(1, 4096, "workers >= 1"), default=None, metavar="N",
@@ -140,14 +121,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser, parallel_flag="--jobs")
+    campaign.add_campaign_arguments(parser)
     args = parser.parse_args(argv)
-    for flag, values in (("--seeds", args.seeds), ("--tuning-seeds", args.tuning_seeds), ("--datasets", args.datasets),
-                         ("--methods", args.methods)):
+    for flag, values in (("--seeds", args.seeds), ("--tuning-seeds", args.tuning_seeds), ("--data", args.data),
+                         ("--method", args.method)):
         distinct(values, flag)  # one folder per (dataset, method, seed): a repeat would race two jobs on it
-    args.datasets = args.datasets or list(DATASETS[args.scale])
-    if args.scale == "cpu" and set(args.datasets) - set(CPU_SCALE):
-        raise UserError(f"--scale cpu has sizes for {', '.join(CPU_SCALE)} only; use --scale paper for "
-                        f"{', '.join(sorted(set(args.datasets) - set(CPU_SCALE)))}.")
+    try:
+        args.data = args.data or list(DEFAULT_DATA.get(args.scale) or scale_datasets(CONFIGS, args.scale))
+        for dataset in args.data:  # every data set has the scale's file
+            scale_files(CONFIGS, args.scale, dataset, "")
+    except ConfigError as err:
+        raise UserError(str(err)) from None
     return args
 
 
@@ -159,199 +143,181 @@ def method_configs(dataset: str, methods: list[str] | None) -> list[Path]:
     if methods is not None:
         missing = sorted(set(methods) - {c.stem for c in configs})
         if missing:
-            raise UserError(f"no config configs/{dataset}/<method>.yaml for --methods {', '.join(missing)}; "
+            raise UserError(f"no config configs/{dataset}/<method>.yaml for --method {', '.join(missing)}; "
                             f"available: {', '.join(c.stem for c in configs)}.")
         configs = [c for c in configs if c.stem in methods]
     return configs
 
 
-def plan(datasets: list[str], methods: list[str] | None, seeds: list[int], runs_dir: Path) -> list[Job]:
-    """The final runs: every method config of every data set × seeds (the configs protocol's whole plan)."""
-    return [Job(dataset, config.stem, seed, config, runs_dir / f"{dataset}-{config.stem}-seed{seed}")
-            for dataset in datasets for config in method_configs(dataset, methods) for seed in seeds]
+def run_files(dataset: str, config: Path, args: argparse.Namespace) -> tuple[Path, ...]:
+    """The config files of a run of ``config`` (configs/<dataset>/<method>.yaml) at ``--scale``, in merge order."""
+    return (config, *scale_files(CONFIGS, args.scale, dataset, config.stem))
 
 
-def scale_overrides(job: Job, args: argparse.Namespace) -> list[str]:
-    """The scale's overrides, then the protocol's, then --epochs (the last one wins)."""
-    cpu = args.scale == "cpu"
-    overrides = [f"model.backbone={tiny_backbone(job.config)}", *CPU_SCALE[job.dataset]] if cpu else []
-    if args.protocol == "configs" and args.scale == "cpu" and "heads" in load_config(job.config).method.leader:
-        overrides += HEAD_LEADER_LRS.get(job.dataset, [])
-    overrides += list(job.overrides)
+def common_overrides(dataset: str, config: Path, args: argparse.Namespace, role: str) -> list[str]:
+    """The protocol's overrides of every run: tracking, the configs protocol's head-leader rates, --epochs."""
+    # one W&B group per reproduction (tracking=wandb): its runs sit together, tuning and final runs apart
+    overrides = [f"tracking={args.tracking}", f"wandb_group=reproduce-{args.out.resolve().name}",
+                 f"wandb_job_type={'tuning' if role == 'trial' else 'reproduce'}"]
+    if args.protocol == "configs" and args.scale == "cpu" and "heads" in load_config(config).method.leader:
+        overrides += HEAD_LEADER_LRS.get(dataset, [])
     return overrides + ([f"train.epochs={args.epochs}"] if args.epochs else [])
 
 
-def tiny_backbone(config: Path) -> str:
-    return TINY_BACKBONES.get(load_config(config).model.backbone, "cog_cnn_tiny")
+def draw_label(draw: int, args: argparse.Namespace) -> str:
+    return str(draw) if args.protocol == "fair" else ""
 
 
-def run_overrides(job: Job, args: argparse.Namespace) -> list[str]:
-    # one W&B group per reproduction (tracking=wandb): its runs sit together, tuning and final runs apart
-    return [f"output_dir={job.run_dir.parent}", f"run_name={job.run_dir.name}", f"seed={job.seed}",
-            f"tracking={args.tracking}", f"wandb_group=reproduce-{args.out.resolve().name}",
-            f"wandb_job_type={'tuning' if job.run_dir.parent.name != 'runs' else 'reproduce'}",
-            *scale_overrides(job, args)]
+def final_specs(args: argparse.Namespace, chosen: pd.DataFrame | None) -> list[campaign.RunSpec]:
+    """Every method config of every data set × draw × seed, with the draw's chosen settings (fair protocol)."""
+    settings = {} if chosen is None else {(r.dataset, r.method, str(r.draw)): tuple(r.settings.split())
+                                          for r in chosen.itertuples()}
+    posthoc = tuple(n for n in posthoc_method_names() if n != "stability")  # stability needs the network's images
+    specs = []
+    for draw in range(1, (args.draws if args.protocol == "fair" else 1) + 1):
+        for dataset in args.data:
+            for config in method_configs(dataset, args.method):
+                method = config.stem
+                for seed in args.seeds:
+                    name = campaign.run_name(data=dataset, method=method, draw=draw, seed=seed)
+                    overrides = (*common_overrides(dataset, config, args, "final"), f"seed={seed}",
+                                 *settings.get((dataset, method, str(draw)), ()))
+                    labels = campaign.Labels(dataset, method, "final", seed, draw_label(draw, args))
+                    specs.append(campaign.RunSpec(name, run_files(dataset, config, args), overrides,
+                                                  args.out / "runs" / name, labels,
+                                                  posthoc if method in args.posthoc_on else ()))
+    return specs
 
 
-def train_command(job: Job, args: argparse.Namespace, state: str = "new") -> list[str]:
-    return launcher.train_command(job.run_dir, job.config, run_overrides(job, args), state == UNFINISHED,
-                                  processes_per_run(args))
-
-
-def resolved_config(job: Job, args: argparse.Namespace) -> Config:
-    return load_config(job.config, run_overrides(job, args))
-
-
-def study_specs(args: argparse.Namespace, tuning_dir: Path) -> dict[tuple[str, str], tuning.StudySpec]:
-    """(dataset, method) -> its Optuna study of ``--budget`` trials, each trained with seed ``--tuning-seed``."""
-    if args.budget < 1:
-        raise UserError(f"--budget must be >= 1. Got {args.budget}.")
+def study_specs(args: argparse.Namespace) -> fair_tuning.Studies:
+    """(dataset, method, draw) -> its Optuna study of ``--budget`` trials."""
     studies = {}
-    for dataset in args.datasets:
-        base_rate = dataset_follower_lr(dataset, args)
-        for config in method_configs(dataset, args.methods):
-            folder = tuning_dir / f"{dataset}-{config.stem}"
-            probe = Job(dataset, config.stem, args.tuning_seeds[0], config, folder / "trial")
-            cfg = resolved_config(probe, args)
-            overrides = [o for o in run_overrides(probe, args) if not o.startswith("run_name=")]
-            studies[(dataset, config.stem)] = tuning.StudySpec(
-                dataset, config.stem, config, tuple(overrides), base_rate,
-                tuple(protocol.search_space(cfg, base_rate)), cfg.train.epochs, folder,
-                tuple(args.tuning_seeds))
+    for draw in range(1, args.draws + 1):
+        seeds = fair_tuning.draw_seeds(args.tuning_seeds, draw)
+        for dataset in args.data:
+            base_rate = dataset_follower_lr(dataset, args)
+            for config in method_configs(dataset, args.method):
+                files = run_files(dataset, config, args)
+                study = config.stem if draw == 1 else f"{config.stem}-d{draw}"
+                folder = args.out / "tuning" / f"{dataset}-{study}"
+                overrides = (*common_overrides(dataset, config, args, "trial"), f"seed={seeds[0]}",
+                             f"output_dir={folder}")
+                cfg = load_config(list(files), list(overrides))
+                studies[(dataset, config.stem, str(draw))] = tuning.StudySpec(
+                    dataset, config.stem, files, overrides, base_rate, tuple(protocol.search_space(cfg, base_rate)),
+                    cfg.train.epochs, folder, seeds, str(draw), protocol.SAMPLER_SEED + draw - 1)
     return studies
 
 
 def dataset_follower_lr(dataset: str, args: argparse.Namespace) -> float:
-    """The data set's follower rate at this scale (its configs/datasets file, then CPU_SCALE): the ranges' centre."""
+    """The data set's follower rate at this scale (its configs/datasets file, then the scale's): the ranges' centre."""
     path = CONFIGS / "datasets" / f"{dataset}.yaml"
     if not path.is_file():
         raise UserError(f"{path} is missing: the fair protocol centres the learning-rate range on its follower_lr.")
-    return load_config(path, CPU_SCALE[dataset] if args.scale == "cpu" else []).optim.follower_lr
+    return load_config([path, scale_files(CONFIGS, args.scale, dataset, "")[0]]).optim.follower_lr
 
 
-def jobs_to_run(jobs: list[Job], args: argparse.Namespace) -> tuple[list[RunJob], list[Job]]:
-    """The launcher's jobs for runs not yet finished (unfinished ones are resumed)."""
-    run_jobs, todo = [], []
-    env = (("WANDB_MODE", "offline"),) + ((("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"))
-                                         if args.scale == "cpu" else ())
-    for job in jobs:
-        state = run_state(job.run_dir, resolved_config(job, args))
-        if state == DONE:
-            continue
-        name = f"{job.dataset}/{job.method}/seed{job.seed}"
-        log = job.run_dir.parent / f"{job.run_dir.name}.log"
-        run_jobs.append(RunJob(name, tuple(train_command(job, args, state)), log, env=env))
-        todo.append(job)
-    return run_jobs, todo
+def counterparts(args: argparse.Namespace) -> dict[str, str]:
+    configs = {config.stem: load_config(config).to_dict() for dataset in args.data
+               for config in method_configs(dataset, args.method)}
+    return counterpart_pairs(configs)
 
 
-def launch(jobs: list[Job], args: argparse.Namespace, runner, what: str) -> list[Job]:
-    """Run the unfinished ``jobs`` with ``runner`` (``make_launcher``'s); -> the jobs that failed."""
-    run_jobs, todo = jobs_to_run(jobs, args)
-    print(f"{what}: {len(jobs)} runs, {len(jobs) - len(todo)} already finished, {len(todo)} to run", flush=True)
-    if not todo:
-        return []
-    try:
-        codes = runner.run(run_jobs)
-    except KeyboardInterrupt:
-        print(f"interrupted: the same command continues where it stopped (--out {args.out}).", file=sys.stderr)
-        raise SystemExit(130) from None
-    return [job for job, code in zip(todo, codes) if code != 0]
-
-
-def final_jobs(chosen: pd.DataFrame, args: argparse.Namespace, runs_dir: Path) -> list[Job]:
-    settings = {(r.dataset, r.method): tuple(r.settings.split()) for r in chosen.itertuples()}
-    return [Job(j.dataset, j.method, j.seed, j.config, j.run_dir, settings[(j.dataset, j.method)])
-            for j in plan(args.datasets, args.methods, args.seeds, runs_dir)]
-
-
-def print_plan(args: argparse.Namespace, studies: dict, final: list[Job], measured) -> None:
-    """The runs (grouped), the knobs tuned, and the estimated time of what is still to run (tuning: with and
-    without successive halving)."""
-    seconds, sources = fair_tuning.print_plan(studies, args, measured) if studies else (0.0, set())
-    if final:
-        todo = [j for j in final if run_state(j.run_dir, resolved_config(j, args)) != DONE]
-        estimates = [gpu_time.estimate_run(resolved_config(j, args), measured) for j in todo]
-        seconds += sum(e.seconds for e in estimates)
-        sources |= {e.source for e in estimates}
-        print(f"final: {len(final)} runs ({len(final) - len(todo)} finished), "
-              f"~{gpu_time.format_duration(sum(e.seconds for e in estimates))} of device time still to run")
-    for dataset in args.datasets:
-        mine = [j for j in final if j.dataset == dataset]
-        if not mine:
-            continue
-        cfg = resolved_config(mine[0], args)
-        estimate = gpu_time.estimate_run(cfg, measured)
-        sizes = "" if estimate.sizes is None else \
-            " train/val/test " + "/".join(f"{n:,}" for n in estimate.sizes.values())
-        print(f"  {dataset}: {len({j.method for j in mine})} methods × {len(args.seeds)} seeds, "
-              f"{cfg.model.backbone} @ {cfg.data.image_size} px, {cfg.train.epochs} epochs,{sizes}; "
-              f"~{gpu_time.format_duration(estimate.seconds)} per run")
-    parallel = args.parallel or 2 if args.launcher == "local" and args.scale == "cpu" else 1  # GPUs: one run each
-    print(f"estimated total: {gpu_time.format_duration(seconds)} of device time"
-          + (f", ~{gpu_time.format_duration(seconds / parallel)} wall with --jobs {parallel}" if parallel > 1 else "")
-          + f" (throughput: {'; '.join(sorted(sources)) or 'nothing to run'})")
-
-
-def fit_posthoc(jobs: list[Job], methods: list[str]) -> list[Job]:
-    """Post-hoc calibrators on the finished runs of ``methods`` (skipped where already fitted); -> failures."""
-    failed = []
-    todo = [j for j in jobs if j.method in methods and (j.run_dir / rundir.DONE).is_file()
-            and not any((j.run_dir / n).is_file() for n in (rundir.POSTHOC_METRICS, rundir.POSTHOC_JSON))]
-    for job in track(todo, "post-hoc calibrators: fitting"):
-        try:
-            fit_posthoc_run(job.run_dir, posthoc_method_names(), None, job.run_dir / rundir.POSTHOC_JSON)
-        except UserError as err:
-            print(f"post-hoc calibration of {job.run_dir} failed: {err}", file=sys.stderr)
-            failed.append(job)
-    return failed
+def check_seeds(args: argparse.Namespace) -> None:
+    for seed in args.seeds:  # refused now, not by every one of the training runs
+        check_seed(seed, "--seeds")
+    every_tuning_seed = {s for d in range(1, args.draws + 1) for s in fair_tuning.draw_seeds(args.tuning_seeds, d)}
+    shared = sorted(every_tuning_seed & set(args.seeds))
+    if args.protocol == "fair" and shared:
+        raise UserError(f"--tuning-seeds and --seeds share {' '.join(map(str, shared))} (draw d trains with the "
+                        f"tuning seeds + {fair_tuning.DRAW_SEED_STEP} (d - 1)): the chosen setting would be "
+                        "evaluated on a seed it was chosen on. Use tuning seeds outside --seeds.")
+    if args.protocol == "fair" and args.prune and len(args.tuning_seeds) > 1:
+        raise UserError(f"--prune with {len(args.tuning_seeds)} --tuning-seeds: successive halving stops a trial on "
+                        "one run's epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
 
 
 def main(argv: list[str] | None = None, executor=None) -> Path:
     """``executor``: a submitit executor to use instead of Slurm's (the tests pass the local one)."""
     args = parse_args(argv)
-    for seed in args.seeds:  # refused now, not by every one of the training runs
-        check_seed(seed, "--seeds")
-    shared = sorted(set(args.tuning_seeds) & set(args.seeds))
-    if args.protocol == "fair" and shared:
-        raise UserError(f"--tuning-seeds and --seeds share {' '.join(map(str, shared))}: the chosen setting would be "
-                        "evaluated on a seed it was chosen on. Use tuning seeds outside --seeds.")
-    if args.protocol == "fair" and args.prune and len(args.tuning_seeds) > 1:
-        raise UserError(f"--prune with {len(args.tuning_seeds)} --tuning-seeds: successive halving stops a trial on "
-                        "one run's epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
+    check_seeds(args)
     check_writable(args.out, "--out", folder=True)
-    runs_dir, report_dir, tuning_dir = args.out / "runs", args.out / "report", args.out / "tuning"
+    report_dir = args.out / "report"
+    name = f"reproduce-{args.protocol}-{args.scale}"
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
-    studies = study_specs(args, tuning_dir) if args.protocol == "fair" else {}
-    final = plan(args.datasets, args.methods, args.seeds, runs_dir)
-    print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.datasets)} × "
-          f"{len({j.method for j in final})} methods × {len(args.seeds)} seeds"
-          + (f", after {args.budget} tuning trials per method" if studies else "")
+    studies = study_specs(args) if args.protocol == "fair" else {}
+    if studies:
+        tuning.check_processes(processes_per_run(args))
+    parallel = args.parallel or 2 if args.launcher == "local" else 1
+    env = campaign.thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
+    draft = campaign.Campaign(name, args.out, final_specs(args, None), counterparts=counterparts(args))
+    print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.data)} × "
+          f"{len({s.labels.method for s in draft.specs})} methods × {len(args.seeds)} seeds"
+          + (f", after {args.budget} tuning trials per method" + (f" in each of {args.draws} draws" if args.draws > 1
+                                                                   else "") if studies else "")
           + f"; post-hoc calibrators on {', '.join(args.posthoc_on)}")
     if args.dry_run:
-        launcher.check_launcher(args, executor)  # what the real command would refuse, a dry run refuses too
-        print_plan(args, studies, final, measured)
-        if studies:
-            print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them)")
+        check_launcher(args, executor)  # what the real command would refuse, a dry run refuses too
+        print_plan(args, studies, draft, measured, parallel)
         return report_dir
-
     # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before any run or log is written
     runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     chosen = None
     if studies:
-        fair_tuning.run(studies, args, runner)
+        fair_tuning.run_workers(studies, args, runner, env, name)
         chosen = fair_tuning.choose_settings(studies, args)
-        final = final_jobs(chosen, args, runs_dir)
-    failed = launch(final, args, runner, "final runs")
-    failed += fit_posthoc(final, args.posthoc_on)
-    if len(failed) == len(final):
+        for widening in range(1, fair_tuning.MAX_WIDENINGS + 1):  # a choice at a range edge: re-tune wider
+            wider = fair_tuning.widen(studies, chosen, widening)
+            if not wider:
+                break
+            print(f"re-tuning over widened ranges ({widening} of at most {fair_tuning.MAX_WIDENINGS}): "
+                  + ", ".join(f"{s.dataset}/{s.method}" + ("" if s.draw == "1" else f" (draw {s.draw})")
+                              for s in wider.values()), flush=True)
+            studies.update(wider)
+            fair_tuning.run_workers(wider, args, runner, env, name)
+            chosen = fair_tuning.choose_settings(studies, args)
+    final = campaign.Campaign(name, args.out, final_specs(args, chosen), counterparts=draft.counterparts)
+    planned = campaign.plan(final)
+    failed = campaign.run(final, planned, runner, env, f"the same command (--out {args.out})",
+                          processes_per_run(args), "final runs")
+    bundle = read_bundle(bundle_dir(args.out))
+    if bundle is None or bundle.done().empty:
         raise UserError("every run failed; see the .log files next to the run folders.")
-    write_comparison([runs_dir], report_dir, list(DEFAULT_BINS), SUMMARY_BINS)  # = compare RUNS --out REPORT
+    write_bundle_report(bundle, report_dir)
+    if args.draws == 1:  # the figures of the run folders (one draw: no two settings of one method mixed)
+        write_comparison([args.out / "runs"], report_dir / "figures", list(DEFAULT_BINS), SUMMARY_BINS)
     write_protocol_note(report_dir, args, chosen)
     if failed:
-        raise UserError(f"{len(failed)} run(s) failed (training or post-hoc step), so the report lacks them: "
-                        + ", ".join(str(j.run_dir) for j in failed) + ". Run the same command again to continue them.")
+        raise UserError(f"{len(failed)} run(s) failed, so the report lacks them: "
+                        + ", ".join(str(p.spec.run_dir) for p in failed) + ". Run the same command again to continue "
+                        "them.")
     return report_dir
+
+
+def print_plan(args: argparse.Namespace, studies: fair_tuning.Studies, final: campaign.Campaign, measured,
+               parallel: int) -> None:
+    """The runs (grouped), the knobs tuned, and one estimate of what is still to run (tuning: with and
+    without successive halving)."""
+    full = used = (0.0, 0.0)
+    if studies:
+        full, used = fair_tuning.print_plan(studies, args, measured)
+    planned = campaign.plan(final)
+    for dataset in args.data:
+        mine = [p for p in planned if p.spec.labels.data == dataset]
+        cfg = mine[0].config
+        estimate = gpu_time.estimate_run(cfg, measured)
+        sizes = "" if estimate.sizes is None else \
+            " train/val/test " + "/".join(f"{n:,}" for n in estimate.sizes.values())
+        print(f"  {dataset}: {len({p.spec.labels.method for p in mine})} methods × {len(args.seeds)} seeds"
+              + (f" × {args.draws} draws" if args.draws > 1 else "")
+              + f", {cfg.model.backbone} @ {cfg.data.image_size} px, {cfg.train.epochs} epochs,{sizes}; "
+              f"~{gpu_time.format_duration(estimate.seconds)} per run")
+    note = "" if not studies else (" (tuning included, with --prune)" if used != full else " (tuning included)")
+    campaign.print_estimate(planned, measured, parallel, "final runs", used, note)
+    if studies:
+        print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them; a "
+              f"method whose choice sits at a range edge is tuned again over a wider range, up to "
+              f"{fair_tuning.MAX_WIDENINGS} times, at the same budget each)")
 
 
 def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.DataFrame | None) -> None:
@@ -360,17 +326,19 @@ def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.D
     if chosen is None:
         lines += ["Every method ran with its shipped config. This is **not** an equal-budget comparison"
                   + (": at CPU scale the head-leader COG variants (cog_fc, cog_ls, cog_tst) use learning rates "
-                     f"tuned for them ({' '.join(HEAD_LEADER_LRS[args.datasets[0]])}), no other method was tuned"
-                     if args.scale == "cpu" else "") + ". Use --protocol fair for that.", ""]
+                     f"tuned for them ({' '.join(HEAD_LEADER_LRS[args.data[0]])}), no other method was tuned"
+                     if args.scale == "cpu" and args.data[0] in HEAD_LEADER_LRS else "")
+                  + ". Use --protocol fair for that.", ""]
     else:
         atomic_write(report_dir / f"{CHOSEN}.csv", lambda tmp: chosen.to_csv(tmp, index=False))
         atomic_write_text(report_dir / f"{CHOSEN}.md", markdown_table(chosen))
         lines += [f"Every method had an Optuna study of {args.budget} trials (each trial trained with seed(s) "
                   f"{' '.join(map(str, args.tuning_seeds))}, valued by the mean; "
                   f"{tuning.start_count(args.budget)} Halton start points, then TPE"
-                  + (", successive halving" if args.prune else "") + ") on validation NLL; "
-                  "the chosen settings (chosen_settings.csv) were then run with seeds "
-                  f"{' '.join(map(str, args.seeds))}. See docs/protocol.md.", "", markdown_table(chosen)]
+                  + (", successive halving" if args.prune else "") + ") on validation NLL"
+                  + (f", in each of {args.draws} independent draws" if args.draws > 1 else "") + "; failed trials "
+                  "count toward the budget. The chosen settings (chosen_settings.csv) were then run with seeds "
+                  f"{' '.join(map(str, args.seeds))}. See docs/explanation/protocol.md.", "", markdown_table(chosen)]
         if args.prune:
             share = (chosen["epoch_share"] * chosen["trials"]).sum() / chosen["trials"].sum()
             lines += ["", f"Pruning: {int(chosen['pruned'].sum())} of {int(chosen['trials'].sum())} trials stopped "

@@ -19,45 +19,33 @@ Re-running (``--resume DIR``, or the same command with ``--out DIR``) reuses fin
 *continues* unfinished ones from their last saved state (``train --resume``) and starts the rest.
 If any run failed, the table says which, no best setting is chosen from the incomplete grid, and
 the exit code is 2. The last line printed is best_config.yaml.
+
+The sweep is a campaign (``mtl_cog/experiments/campaign.py``): each run is recorded in
+``<sweep dir>/bundle/`` as it finishes, and the tables are computed from that bundle alone, so a
+sweep folder whose run folders are gone (a fresh clone of a committed bundle) trains nothing again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from mtl_cog.cli.config_args import combination_file
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser
-from mtl_cog.config.compose import combination_path, config_files
 from mtl_cog.errors import ConfigError, UserError, run_cli
-from mtl_cog.experiments import gpu_time
-from mtl_cog.experiments.launcher import (
-    RunJob,
-    add_launcher_arguments,
-    check_launcher,
-    make_launcher,
-    processes_per_run,
-    train_command,
-)
-from mtl_cog.experiments.sweep import (
-    DONE,
-    UNFINISHED,
-    best_index,
-    combinations,
-    parse_grid,
-    run_state,
-    validation_scores,
-)
+from mtl_cog.experiments import campaign, gpu_time
+from mtl_cog.experiments.launcher import add_launcher_arguments, check_launcher, make_launcher, processes_per_run
+from mtl_cog.experiments.sweep import best_index, combinations, parse_grid
 from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, check_writable, make_folder
+from mtl_cog.reporting.bundle import bundle_dir, read_bundle
 from mtl_cog.reporting.tables import markdown_table
-from mtl_cog.runs import rundir
 
 SWEEP_ARGS = "sweep_args.json"  # what the sweep was asked: --resume re-reads it
 
@@ -93,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
     add_launcher_arguments(parser)
+    campaign.add_campaign_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="fixed overrides for every run, e.g. train.epochs=5")
     args = parser.parse_args(argv)
     if args.data or args.method:
@@ -113,56 +102,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def combination_file(dataset: str, method: str) -> Path:
-    """``configs/<dataset>/<method>.yaml``, the one file a sweep records and every run reads."""
-    files = config_files(CONFIGS, dataset, method)
-    if len(files) != 1:
-        raise UserError(f"--data {dataset} --method {method}: {combination_path(CONFIGS, dataset, method)} "
-                        "does not exist yet; run scripts/generate_configs.py.")
-    return files[0]
-
-
-def plan_runs(args: argparse.Namespace, out: Path) -> tuple[list[dict[str, str]], list[Config], list[str]]:
-    """Every combination, its resolved config (all valid before anything runs), and its state."""
+def campaign_of(args: argparse.Namespace, out: Path) -> tuple[campaign.Campaign, list[dict[str, str]]]:
+    """(the sweep as a campaign: one spec per grid combination, ``run_NN`` in grid order; the combinations)."""
     combos = combinations(parse_grid(args.grid))
-    configs, states = [], []
+    specs = []
     for i, combo in enumerate(combos):
-        try:  # every combination is valid before anything runs
-            resolved = load_config(args.config, run_overrides(args, combo, out, i))
+        overrides = (f"wandb_group=sweep-{out.resolve().name}", "wandb_job_type=sweep", *args.overrides,
+                     *(f"{k}={v}" for k, v in combo.items()))
+        try:  # the labels need the combination's own data set, method and seed
+            cfg = load_config(args.config, list(overrides))
         except ConfigError as err:
             raise ConfigError(f"grid combination {combo}: {err}") from None
-        configs.append(resolved)
-        states.append(run_state(out / f"run_{i:02d}", resolved))
-    return combos, configs, states
-
-
-def run_overrides(args: argparse.Namespace, combo: dict[str, str], out: Path, i: int) -> list[str]:
-    # the sweep's runs share one W&B group (when tracking=wandb); the user's overrides come after and win
-    return [f"wandb_group=sweep-{out.resolve().name}", "wandb_job_type=sweep", *args.overrides,
-            *(f"{k}={v}" for k, v in combo.items()), f"output_dir={out}", f"run_name=run_{i:02d}"]
-
-
-def train_job(args: argparse.Namespace, combo: dict[str, str], out: Path, i: int, state: str) -> RunJob:
-    run_dir = out / f"run_{i:02d}"
-    command = train_command(run_dir, args.config, run_overrides(args, combo, out, i), state == UNFINISHED,
-                            processes_per_run(args))
-    return RunJob(f"run_{i:02d}", tuple(command), out / f"run_{i:02d}.log")
-
-
-def print_plan(combos: list[dict], configs: list[Config], states: list[str], measured) -> float:
-    """One line per run (state, values, estimate); -> the total estimated seconds of the runs to do."""
-    total = 0.0
-    for i, (combo, cfg, state) in enumerate(zip(combos, configs, states)):
-        estimate = gpu_time.estimate_run(cfg, measured)
-        todo = state != DONE
-        total += estimate.seconds if todo else 0.0
-        action = {"done": "reuse (finished)", "unfinished": "resume", "new": "train"}[state]
-        values = " ".join(f"{k}={v}" for k, v in combo.items())
-        print(f"  run_{i:02d}  {action:<16} {values}  ~{gpu_time.format_duration(estimate.seconds)}")
-    sources = {gpu_time.estimate_run(cfg, measured).source for cfg in configs}
-    print(f"estimated time of the runs still to do: {gpu_time.format_duration(total)} on one device "
-          f"(throughput: {'; '.join(sorted(sources))})")
-    return total
+        labels = campaign.Labels(cfg.data.task, cfg.method.name, "sweep", cfg.seed, trial=f"{i:02d}")
+        name = campaign.run_name(index=i)
+        specs.append(campaign.RunSpec(name, (args.config,), overrides, out / name, labels))
+    return campaign.Campaign(f"sweep-{args.config.stem}", out, specs), combos
 
 
 def main(argv: list[str] | None = None, executor=None) -> Path:
@@ -170,40 +124,45 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     args = parse_args(argv)
     base = load_config(args.config, args.overrides)  # fail fast on a bad config or fixed override
     out = args.out or Path(base.output_dir) / f"sweep-{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    combos, configs, states = plan_runs(args, out)
-    measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
-    print(f"sweep of {len(combos)} runs in {out}", flush=True)
     check_writable(out, "--out", folder=True)  # what the real sweep would refuse, a dry run refuses too
+    plan, combos = campaign_of(args, out)
+    planned = campaign.plan(plan)
+    print(f"sweep of {len(planned)} runs in {out}", flush=True)
     check_launcher(args, executor)
+    parallel = args.parallel or 1
+    env = campaign.thread_env(parallel, args.threads, gpus=torch_gpus())
     if args.dry_run:
-        print_plan(combos, configs, states, measured)
+        measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
+        for p, combo in zip(planned, combos):
+            print(f"  {p.spec.run}  {p.state:<10} {' '.join(f'{k}={v}' for k, v in combo.items())}")
+        campaign.print_estimate(planned, measured, parallel)
         return out / "best_config.yaml"
     # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before the sweep folder is written
     launcher = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)
     make_folder(out)  # a file or a read-only folder: one error line
     atomic_write_json(out / SWEEP_ARGS, {"config": str(args.config), "grid": args.grid, "overrides": args.overrides})
-    todo = [i for i, s in enumerate(states) if s != DONE]
-    for i in range(len(combos)):
-        if states[i] == DONE:
-            print(f"[{i + 1}/{len(combos)}] run_{i:02d}: reused (already finished with these settings)", flush=True)
-        elif states[i] == UNFINISHED:
-            print(f"[{i + 1}/{len(combos)}] run_{i:02d}: unfinished, continues from its last saved state", flush=True)
-    try:
-        codes = launcher.run([train_job(args, combos[i], out, i, states[i]) for i in todo])
-    except KeyboardInterrupt:
-        print(f"interrupted: finish this sweep with  mtl-cog sweep --resume {out}", file=sys.stderr)
-        raise SystemExit(130) from None
-    code_of = dict(zip(todo, codes))
-    return write_results(out, combos, [code_of.get(i, 0) for i in range(len(combos))], base)
+    campaign.run(plan, planned, launcher, env, f"mtl-cog sweep --resume {out}", processes_per_run(args))
+    return write_results(out, plan, combos, base)
 
 
-def write_results(out: Path, combos: list[dict[str, str]], codes: list[int], base: Config) -> Path:
+def torch_gpus() -> bool:
+    import torch  # only to ask whether runs get GPUs (then torch's own thread default stays)
+
+    return torch.cuda.is_available()
+
+
+def write_results(out: Path, plan: campaign.Campaign, combos: list[dict[str, str]], base: Config) -> Path:
+    """sweep.csv / sweep.md and best_config.yaml, from the sweep's results bundle alone."""
+    bundle = read_bundle(bundle_dir(out))
     rows = []
-    for i, (combo, code) in enumerate(zip(combos, codes)):
-        scores = validation_scores(out / f"run_{i:02d}", base.eval.bins) if code == 0 else {"nll": float("nan")}
-        rows.append({"run": f"run_{i:02d}", **combo, "val_accuracy": scores.get("accuracy"), "val_nll": scores["nll"],
+    for spec, combo in zip(plan.specs, combos):
+        recorded = bundle.runs[bundle.runs["run"] == spec.run] if bundle is not None else None
+        done = recorded is not None and len(recorded) and recorded["status"].iloc[0] == "done"
+        scores = validation_means(bundle, spec.run) if done else {"nll": float("nan")}
+        reason = "" if done or recorded is None or not len(recorded) else recorded["reason"].iloc[0]
+        rows.append({"run": spec.run, **combo, "val_accuracy": scores.get("accuracy"), "val_nll": scores["nll"],
                      "val_brier": scores.get("brier"), "val_ece@15": scores.get("ece@15"),
-                     "status": "ok" if code == 0 else f"failed (exit {code})"})
+                     "status": "ok" if done else f"failed ({reason or 'not finished'})"})
     failed = [r["run"] for r in rows if r["status"] != "ok"]
     chosen = best_index([r["val_nll"] for r in rows])
     for i, row in enumerate(rows):
@@ -220,7 +179,8 @@ def write_results(out: Path, combos: list[dict[str, str]], codes: list[int], bas
         raise UserError(f"{len(failed)} of {len(rows)} runs failed ({', '.join(failed)}; logs in {out}); the grid is "
                         f"incomplete, so no best setting was chosen{so_far}. Fix the cause and finish the sweep with "
                         f"mtl-cog sweep --resume {out}")
-    config = yaml.safe_load((out / rows[chosen]["run"] / rundir.CONFIG).read_text())
+    spec = plan.specs[chosen]
+    config = load_config(list(spec.configs), spec.all_overrides()).to_dict()
     config["run_name"] = None
     config["output_dir"] = base.output_dir
     atomic_write_text(best, f"# chosen by scripts/sweep.py: {rows[chosen]['run']}, lowest validation NLL "
@@ -228,6 +188,13 @@ def write_results(out: Path, combos: list[dict[str, str]], codes: list[int], bas
     print(f"chosen: {rows[chosen]['run']} {combos[chosen]} (validation NLL {rows[chosen]['val_nll']:.4f})")
     print(best)
     return best
+
+
+def validation_means(bundle, run: str) -> dict[str, float]:
+    """The task-mean validation metrics of ``run`` at its selected checkpoint, from the bundle."""
+    rows = bundle.results[(bundle.results["run"] == run) & (bundle.results["split"] == "val")
+                          & (bundle.results["task"] == "mean")]
+    return dict(zip(rows["metric"], rows["value"].astype(float)))
 
 
 def cli() -> None:

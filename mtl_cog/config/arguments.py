@@ -69,3 +69,21 @@ def distinct(values: Sequence | None, flag: str) -> None:
     twice = sorted({v for v in values if list(values).count(v) > 1}, key=str)
     if twice:
         raise UserError(f"{flag} lists {', '.join(map(str, twice))} more than once; give each value once.")
+
+
+def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, nargs: str | None = None,
+                         type: Callable[[str], object] | None = None) -> None:  # noqa: A002  (argparse's name)
+    """``old`` still works for ``new`` (its values land in ``new``'s destination) with one line on stderr.
+
+    Every command names data sets and methods with ``--data`` and ``--method``; the older spellings
+    (``--datasets``, ``--methods``, ``--dataset``, ``--task``) keep scripts working while they are updated.
+    """
+
+    class Alias(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            import sys
+
+            print(f"{parser.prog}: {old} is deprecated; use {new} (it takes the same values).", file=sys.stderr)
+            setattr(namespace, new.lstrip("-").replace("-", "_"), values)
+
+    parser.add_argument(old, nargs=nargs, type=type, action=Alias, help=argparse.SUPPRESS)

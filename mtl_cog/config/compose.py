@@ -130,3 +130,36 @@ def write_combinations(root: Path) -> list[Path]:
         output_folder(combination_path(root, dataset, method).parent, "the configs folder")
         atomic_write_text(combination_path(root, dataset, method), base_line(dataset, method))
     return [combination_path(root, d, m) for d, m in stale]
+
+
+# Scales (``--scale NAME`` of the campaign commands): ``configs/scales/<NAME>/<data set>.yaml``, merged on
+# top of a run's data set x method config, then ``configs/scales/<NAME>/methods/<method>.yaml`` where a
+# method needs its own (LiST's Lipschitz backbone at CPU scale). A user adds a scale by adding files.
+SCALES = "scales"
+
+
+def scale_names(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / SCALES).iterdir() if p.is_dir()) if (root / SCALES).is_dir() else []
+
+
+def scale_datasets(root: Path, scale: str) -> list[str]:
+    """The data sets ``scale`` has a file for (the default data of a campaign at that scale)."""
+    _check_scale(root, scale)
+    return sorted(p.stem for p in (root / SCALES / scale).glob("*.yaml"))
+
+
+def _check_scale(root: Path, scale: str) -> None:
+    if scale not in scale_names(root):
+        raise ConfigError(f"--scale {scale!r}: no folder {root / SCALES / scale}. Available: "
+                          f"{', '.join(scale_names(root)) or 'none'} (a scale is a folder of <data set>.yaml files).")
+
+
+def scale_files(root: Path, scale: str, dataset: str, method: str) -> list[Path]:
+    """The files of ``scale`` for (``dataset``, ``method``), in merge order."""
+    _check_scale(root, scale)
+    path = root / SCALES / scale / f"{dataset}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--scale {scale} has no {path}: it sets sizes for {', '.join(scale_datasets(root, scale))}. "
+                          f"Add that file, or use another --scale for {dataset}.")
+    method_file = root / SCALES / scale / METHODS / f"{method}.yaml"
+    return [path, *([method_file] if method_file.is_file() else [])]

@@ -99,7 +99,7 @@ class SyntheticConfig:
 class FashionMosaicConfig:
     """Options of the ``fashion_mosaic`` task (see ``tasks/fashion_mosaic.py``): 2x2 mosaics of Fashion-MNIST items."""
 
-    # The issue's floor for a CelebA-shaped benchmark at CPU scale; validation is 20 % of train,
+    # The smallest sizes that keep a CelebA-shaped benchmark meaningful at CPU scale; validation is 20 % of train,
     # as for synthetic (post-hoc calibrators fit on it, COG on the training set).
     train_size: int = 20000
     val_size: int = 4000
@@ -193,7 +193,7 @@ class MethodConfig:
     # The method this one is paired with in reports (the COG paper's Tab. 1: cog_ts vs baseline+ts,
     # i.e. post-hoc TS on the baseline); compare.py reports the paired differences. None = no pair.
     counterpart: str | None = None
-    # Neighbouring methods (docs/neighbour_methods.md). MbLS (Liu et al., 2022), authors' defaults:
+    # Neighbouring methods (docs/explanation/neighbour_methods.md). MbLS (Liu et al., 2022), authors' defaults:
     # CE + mbls_lambda * mean_j max(0, max_k z_k - z_j - mbls_margin); FedLAS+ reuses the margin.
     mbls_margin: float = 10.0  # losses "mbls", "fedlas_mbls"
     mbls_lambda: float = 0.1  # loss "mbls"
@@ -294,7 +294,7 @@ class TrainConfig:
     images_on_device: bool = False  # keep the training split's uint8 images on the GPU when they fit
     # Several processes: how long a collective (or the main process building a data cache alone) may wait for
     # another process before this one gives up with an error; a machine that vanishes without closing its
-    # connections is noticed after this long (docs/failure_paths.md).
+    # connections is noticed after this long (docs/guides/failure_paths.md).
     dist_timeout_s: int = DEFAULT_DIST_TIMEOUT_S
 
     def validate(self) -> None:
@@ -316,7 +316,8 @@ class TrainConfig:
 class EvalConfig:
     bins: list[int] = field(default_factory=lambda: list(DEFAULT_BINS))
     selection_metric: str = "brier"  # mean over tasks on validation; lower is better
-    joint_pairs: int = 10  # k most correlated attribute pairs scored by pair_joint_ece (docs/metrics.md); 0 = none
+    # k most correlated attribute pairs scored by pair_joint_ece (docs/explanation/metrics.md); 0 = none
+    joint_pairs: int = 10
     # task names whose label values define subgroups: per-group metrics, multicalibration (group_metrics.csv)
     groups: list[str] = field(default_factory=list)
     # corruptions scored on the test split at the end of training ([] = none, [all] = all 15; docs/shift.md)
@@ -375,7 +376,7 @@ class TwoStageConfig:
     The defaults are the authors' (their public code, ``MJordahn/Decoupled-Layers-for-Calibrated-NNs``):
     Adam with learning rate 1e-4 for 40 epochs, the best validation checkpoint kept and no early
     stopping, latent size Z = 10 (their code's default; their README's example uses 256), and
-    for V-TST a KL weight of 1 on the batch mean of sum_d KL_d / Z. docs/baselines.md lists what
+    for V-TST a KL weight of 1 on the batch mean of sum_d KL_d / Z. docs/explanation/baselines.md lists what
     we could not match. Off by default; ``configs/methods/tst.yaml`` and ``vtst.yaml`` switch it on.
     """
 
@@ -460,7 +461,7 @@ class Config:
     run_name: str | None = None  # default: <task>-<method>-seed<seed>-<timestamp>
     tracking: str = "wandb"  # wandb (offline when no credentials) | none
     wandb_project: str = "mtl_cog"
-    wandb_group: str | None = None  # W&B group: the runs of one sweep / reproduction share it (docs/tracking.md)
+    wandb_group: str | None = None  # W&B group: the runs of one sweep / reproduction share it (docs/guides/tracking.md)
     wandb_job_type: str | None = None  # W&B job_type, e.g. "sweep" or "reproduce"; None = W&B's default
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -5,7 +5,7 @@ batch by index, moves it to the training device and augments it there as whole-b
 (random pad+crop, horizontal flip, normalisation): no per-image Python, no worker processes.
 
 Sharding: we shard indices ourselves instead of using a DataLoader, so evaluation carries each
-sample's index and drops its own padding after gathering (docs/architecture.md): every sample is counted
+sample's index and drops its own padding after gathering (docs/explanation/architecture.md): every sample is counted
 exactly once and in data-set order, whatever the number of processes.
 """
 

@@ -4,7 +4,7 @@ Reading CelebA means decoding 202,599 JPEGs; on a GPU that takes far longer than
 32x32 ResNet. ``load_cached(task, data_cfg)`` therefore decodes a task once, writes each split as
 ``.npy`` files (uint8 images N x 3 x H x W, int64 label matrix N x T, float32 true probabilities
 where the task has them) plus ``meta.json`` (the task spec, a fingerprint, a checksum per file),
-and afterwards maps those files into memory instead of decoding again. docs/data.md has the
+and afterwards maps those files into memory instead of decoding again. docs/guides/data.md has the
 layout and the reasons in full.
 
 - **One cache for every cap.** The cache holds every sample; ``data.max_samples`` takes the first

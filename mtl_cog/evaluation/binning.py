@@ -48,6 +48,20 @@ def uniform_bin_index(confidence: np.ndarray, n_bins: int) -> np.ndarray:
     return np.minimum(index, n_bins - 1, out=index)  # in place: one (C, N) array fewer
 
 
+def reliability_bins(probability, outcome, n_bins: int, truth=None) -> dict:
+    """What a reliability diagram draws, per uniform bin of ``ece@B``: count, mean confidence, observed frequency
+    (and mean p* where ``truth`` is given; else NaN). Empty bins have count 0 and NaN means; ``ece`` is their ECE."""
+    conf = np.clip(np.asarray(probability, dtype=np.float64), CLAMP, 1 - CLAMP)
+    index = uniform_bin_index(conf, n_bins)
+    sums = bin_sums(conf[None], np.asarray(outcome, dtype=np.float64)[None], index[None], n_bins)
+    count, hits, confs = sums[0].T
+    with np.errstate(invalid="ignore", divide="ignore"):  # empty bins: NaN, never drawn
+        mean_truth = np.full(n_bins, np.nan) if truth is None else \
+            np.bincount(index, np.asarray(truth, dtype=np.float64), n_bins) / count
+        return {"count": count, "mean_confidence": confs / count, "frequency": hits / count, "mean_truth": mean_truth,
+                "ece": float(errors_from_sums(sums)["ece"][0])}
+
+
 def binned_calibration_errors(confidence, hit, n_bins: int) -> dict[str, np.ndarray]:
     """ECE / RMSCE / MCE of each column: confidence and hit (0/1 outcome) are (N, T) -> (T,) each."""
     conf = np.clip(np.asarray(confidence, dtype=np.float64), CLAMP, 1 - CLAMP).T

@@ -28,8 +28,8 @@ unlabelled in a group task is in none of its groups.
 Cost: no group is sorted or copied. Every task's bin and smECE grid cell of each sample is found
 once, and the sums of all groups come from one ``np.bincount`` per statistic over the joint
 values of the group tasks (mtl_cog.evaluation.group_bins); with ``eval.groups`` of two binary
-tasks on 40 tasks x 20,000 samples they add about 0.6x ``compute_metrics`` (docs/metrics.md, "Cost of
-the issue-20 metrics").
+tasks on 40 tasks x 20,000 samples they add about 0.6x ``compute_metrics`` (docs/explanation/metrics.md, "Cost of
+the selective and subgroup metrics").
 """
 
 from __future__ import annotations

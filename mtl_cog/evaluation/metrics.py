@@ -1,6 +1,6 @@
 """Per-task and task-averaged metrics: accuracy, NLL, Brier, binned, adaptive and smooth calibration errors.
 
-Conventions (docs/metrics.md, which also gives every formula), identical to probmetrics (Berta
+Conventions (docs/explanation/metrics.md, which also gives every formula), identical to probmetrics (Berta
 et al., 2025) and torchmetrics' binary/multiclass ``CalibrationError``: a binary task (one logit
 z) is scored with the positive-class probability p = sigmoid(z) against y; a K-class task with
 the top-label confidence against correctness. Brier sums over classes (2 * (p - y)^2 for a
@@ -10,7 +10,7 @@ use B uniform bins on [0, 1] and are the L1, L2 and max norms of the per-bin gap
 |mean(y) - mean(p)|, weighted by the bins' share of samples. Multi-task figures are unweighted
 means over the tasks that have the metric.
 
-Beyond binned ECE (each defined in docs/metrics.md):
+Beyond binned ECE (each defined in docs/explanation/metrics.md):
 
 - ``smece``: smooth ECE (Błasiok & Nakkiran, 2023), no bins (mtl_cog.evaluation.smooth_ece);
 - ``adaece@B``: ECE with B equal-mass bins (edges at the order statistics of the confidences);

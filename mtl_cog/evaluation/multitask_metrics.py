@@ -1,7 +1,7 @@
 """Calibration of a multi-task model as a whole, beyond the mean of per-task errors.
 
 The paper notes that "there are no MTL-specific calibration error metrics"; these are ours
-(formulas in docs/metrics.md). With T tasks, p_t the predicted probability of attribute t (the
+(formulas in docs/explanation/metrics.md). With T tasks, p_t the predicted probability of attribute t (the
 positive-class probability of a binary task) and y_t its label:
 
 - ``pooled_ece@B``: the ECE of all tasks' calibration pairs pooled into one set (each task

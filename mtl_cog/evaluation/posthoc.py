@@ -3,7 +3,7 @@
 Every method is a ``PosthocCalibrator`` with ``fit(val_predictions)`` and ``apply(predictions)``
 (torch-uncertainty's post-processing scalers have the same shape), registered under its name in
 ``POSTHOC``, the one list every command reads (``evaluate --posthoc``, ``reproduce``, the tables).
-Adding a method is one class and one decorator; see "Adding a post-hoc method" in docs/baselines.md.
+Adding a method is one class and one decorator; see "Adding a post-hoc method" in docs/explanation/baselines.md.
 One calibrator per task (tasks never share calibration parameters). Four families:
 
 - ``ts``, ``vs``, ``ms`` (temperature, vector, matrix scaling; Guo et al., 2017) use *our*
@@ -21,7 +21,7 @@ One calibrator per task (tasks never share calibration parameters). Four familie
   calibration, and where the NLL is nearly linear in T it can jump to a negative temperature
   (kept, with a warning; see ``GuoTemperatureScaling`` and tests/test_posthoc.py). It is a weaker baseline
   than ``ts``; reports name the two apart (``baseline+ts`` vs ``baseline+ts_guo``), see
-  docs/baselines.md.
+  docs/explanation/baselines.md.
 - ``svs``, ``sms`` (regularised vector / matrix scaling; Berta et al., 2025), ``isotonic``
   (Zadrozny & Elkan, 2002) and ``histogram`` binning (Zadrozny & Elkan, 2001) come from
   probmetrics (``probmetrics.calibrators``), fitted per task. Multi-class histogram binning is

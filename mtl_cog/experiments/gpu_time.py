@@ -88,6 +88,7 @@ class RunEstimate:
     seconds: float
     sizes: dict[str, int] | None  # train/val/test images, when the task knows them
     source: str  # where the rate came from
+    on_cpu: bool = False  # a one-core CPU rate: the seconds are core-seconds
 
 
 def read_gpu_check(path: Path) -> Throughput | None:
@@ -156,7 +157,7 @@ def estimate_run(cfg: Config, measured: Throughput | None = None) -> RunEstimate
     sizes_of = getattr(task, "split_sizes", None)
     sizes = sizes_of(cfg.data) if sizes_of is not None else None
     if sizes is None:
-        return RunEstimate(math.nan, None, source + f"; split sizes of {cfg.data.task!r} unknown")
+        return RunEstimate(math.nan, None, source + f"; split sizes of {cfg.data.task!r} unknown", on_cpu)
     forward = EVAL_SPEEDUP * rate
     seconds = (CPU_START_SECONDS if on_cpu else START_SECONDS)
     seconds += cfg.train.epochs * (sizes["train"] / rate + sizes["val"] / forward)
@@ -167,7 +168,7 @@ def estimate_run(cfg: Config, measured: Throughput | None = None) -> RunEstimate
         evaluations += cfg.two_stage.epochs
     num_tasks = getattr(task, "num_tasks", None)
     seconds += evaluations * (num_tasks(cfg.data) if num_tasks is not None else 1) * SCORE_SECONDS_PER_TASK
-    return RunEstimate(seconds, sizes, source)
+    return RunEstimate(seconds, sizes, source, on_cpu)
 
 
 def format_duration(seconds: float) -> str:

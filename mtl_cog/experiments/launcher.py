@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -67,10 +68,12 @@ def python_module_command(module: str, args: list[str], processes: int = 1, port
             "--main_process_port", str(port), "-m", module, *args]
 
 
-def train_command(run_dir: Path, config: Path, overrides: list[str], resume: bool, processes: int = 1) -> list[str]:
-    """The command that trains one run of a sweep or reproduction: a new run from ``config`` and
+def train_command(run_dir: Path, configs: list[Path], overrides: list[str], resume: bool,
+                  processes: int = 1) -> list[str]:
+    """The command that trains one run of a campaign: a new run from ``configs`` (merged in order) and
     ``overrides``, or ``--resume`` of the unfinished run in ``run_dir`` (which keeps its own settings)."""
-    train_args = ["--resume", str(run_dir)] if resume else ["--config", str(config), *overrides]
+    files = [arg for config in configs for arg in ("--config", str(config))]
+    train_args = ["--resume", str(run_dir)] if resume else [*files, *overrides]
     return python_module_command("mtl_cog.cli.train", train_args, processes, str(run_dir.resolve()))
 
 
@@ -88,13 +91,18 @@ def shell_command(job: RunJob) -> list[str]:
     return ["/bin/sh", "-c", script, PACKAGE_PARENT, *job.command]
 
 
+OnDone = Callable[[int, int], None]  # (job index, exit code), called as each job ends (the campaign collects it)
+
+
 class Launcher(Protocol):
-    def run(self, jobs: list[RunJob]) -> list[int]: ...
+    def run(self, jobs: list[RunJob], on_done: OnDone | None = None) -> list[int]: ...
 
 
-def _report(index: int, total: int, job: RunJob, code: int, seconds: float) -> None:
+def _report(index: int, total: int, job: RunJob, code: int, seconds: float, on_done: OnDone | None) -> None:
     status = "done" if code == 0 else f"FAILED (exit {code}, see {job.log})"
     print(f"[{index + 1}/{total}] {job.name}: {status} after {seconds:.0f} s", flush=True)
+    if on_done is not None:
+        on_done(index, code)
 
 
 class LocalLauncher:
@@ -121,7 +129,7 @@ class LocalLauncher:
         first = slot * self.gpus_per_run
         return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first, first + self.gpus_per_run))}
 
-    def run(self, jobs: list[RunJob]) -> list[int]:
+    def run(self, jobs: list[RunJob], on_done: OnDone | None = None) -> list[int]:
         codes: list[int | None] = [None] * len(jobs)
         running: dict[int, tuple[subprocess.Popen, int, float, object]] = {}  # job -> (process, slot, start, log)
         pending = list(range(len(jobs)))
@@ -143,7 +151,7 @@ class LocalLauncher:
                     if process.poll() is not None:
                         log.close()
                         codes[i] = process.returncode
-                        _report(i, len(jobs), jobs[i], process.returncode, time.monotonic() - start)
+                        _report(i, len(jobs), jobs[i], process.returncode, time.monotonic() - start, on_done)
                         del running[i]
                 time.sleep(0.2)
         except KeyboardInterrupt:
@@ -173,7 +181,7 @@ class SubmititLauncher:
         self.executor = executor
         self.poll_seconds = poll_seconds
 
-    def run(self, jobs: list[RunJob]) -> list[int]:
+    def run(self, jobs: list[RunJob], on_done: OnDone | None = None) -> list[int]:
         import submitit  # only where a cluster launcher is asked for
 
         if not jobs:
@@ -203,7 +211,7 @@ class SubmititLauncher:
                     codes[i] = 1
                     print(f"[{i + 1}/{len(jobs)}] {jobs[i].name}: job {handle.job_id} failed: "
                           f"{str(err).strip().splitlines()[-1] if str(err).strip() else err!r}", flush=True)
-                _report(i, len(jobs), jobs[i], codes[i], time.monotonic() - start)
+                _report(i, len(jobs), jobs[i], codes[i], time.monotonic() - start, on_done)
         except KeyboardInterrupt:
             for handle in handles:
                 if not handle.done():

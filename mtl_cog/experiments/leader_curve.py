@@ -9,17 +9,19 @@ Adam is elementwise and both groups then share one rate). The curve looks at the
 "does the hierarchy help, and at which ratio" has an answer with intervals
 (``mtl_cog/reporting/leader_curve.py``; ``scripts/leader_curve.py`` runs it).
 
-This module holds the plan: the grid, the run folders, each run's overrides.
+This module holds the plan: the grid, and each run as a campaign spec (``mtl_cog.experiments.campaign``:
+its folder name, overrides and labels).
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 from mtl_cog.errors import UserError
+from mtl_cog.experiments.campaign import Labels, RunSpec, recorded_spec, run_name
+from mtl_cog.reporting.bundle import bundle_dir, read_bundle
 
 # log grid 1e-3 .. 1 (1, 3 per decade); 1 = no hierarchy, allowed here without the usual refusal
 RATIOS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
@@ -27,27 +29,20 @@ LEADER_KEY, FOLLOWER_KEY = "optim.leader_lr", "optim.follower_lr"
 ALLOW_EQUAL = "optim.allow_leader_lr_geq_follower=true"  # the schema refuses leader >= follower otherwise
 
 
-@dataclass(frozen=True)
-class CurveRun:
-    arm: str  # the COG method, or a reference method (its band)
-    ratio: float | None  # None: a reference run (no leader grid)
-    seed: int
-    config: Path  # the method config (or a protocol run's config.yaml) the run starts from
-    run_dir: Path
-    overrides: tuple[str, ...]
-
-
 def check_ratios(ratios: list[float]) -> list[float]:
     """Sorted, distinct ratios in (0, 1]; a leader faster than its follower inverts COG's hierarchy."""
     bad = [r for r in ratios if not (math.isfinite(r) and 0 < r <= 1)]
     if bad or not ratios:
         raise UserError(f"--ratios must be numbers in (0, 1] (leader rate / follower rate). Got {bad or 'none'}.")
-    return sorted(set(ratios))
-
-
-def ratio_label(ratio: float) -> str:
-    """``r0.001``, ``r1``: a folder-safe name that reads back as the same number."""
-    return f"r{ratio:g}"
+    distinct = sorted(set(ratios))
+    names: dict[str, float] = {}
+    for ratio in distinct:  # a run folder names its ratio with 6 significant digits (campaign.run_name)
+        name = run_name(ratio=ratio)
+        if name in names:
+            raise UserError(f"--ratios {names[name]!r} and {ratio!r} agree to 6 significant digits, so their runs "
+                            f"would share the folder name {name}; give ratios that differ in the first 6 digits.")
+        names[name] = ratio
+    return distinct
 
 
 def curve_overrides(follower_lr: float, ratio: float) -> list[str]:
@@ -56,20 +51,33 @@ def curve_overrides(follower_lr: float, ratio: float) -> list[str]:
     return [f"{FOLLOWER_KEY}={follower_lr:.6g}", f"{LEADER_KEY}={leader:.6g}", *([ALLOW_EQUAL] if ratio >= 1 else [])]
 
 
-def protocol_run_config(protocol_dir: Path, dataset: str, method: str) -> Path:
-    """The resolved config.yaml of the fair protocol's final run of (dataset, method): its tuned settings.
+# The settings a final run of the protocol composes, minus what the curve sets itself.
+CURVE_OWNED = ("seed=", "output_dir=", "run_name=", "tracking=", "wandb_group=", "wandb_job_type=")
 
-    Every final run of a method in ``<protocol_dir>/runs`` has the same settings but its seed,
-    so the first one found stands for all.
+
+def protocol_run_source(protocol_dir: Path, dataset: str, method: str) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """(config files, overrides) of the fair protocol's final run of (dataset, method): its tuned settings.
+
+    Every final run of a method (first tuning draw) has the same settings but its seed, so one stands for all:
+    its resolved ``config.yaml`` where the run folder exists, else what the protocol's results bundle
+    records of it (a fresh clone holding only the committed bundle).
     """
     runs = sorted((protocol_dir / "runs").glob(f"{dataset}-{method}-seed*/config.yaml"))
-    if not runs:
-        chosen = protocol_dir / "report" / "chosen_settings.csv"
-        hint = f" ({chosen} exists: its final runs have not started)" if chosen.is_file() else ""
-        raise UserError(f"--protocol-dir {protocol_dir}: no final run of {dataset}/{method} "
-                        f"(runs/{dataset}-{method}-seed*/config.yaml){hint}; finish `reproduce --protocol fair` "
-                        "for it first, or give --follower-lr instead.")
-    return runs[0]
+    if runs:
+        return (runs[0],), ()
+    bundle = read_bundle(bundle_dir(protocol_dir))
+    if bundle is not None:
+        rows = bundle.runs[(bundle.runs["role"] == "final") & (bundle.runs["data"] == dataset)
+                           & (bundle.runs["method"] == method) & (bundle.runs["draw"].astype(str).isin(["1", ""]))]
+        for run in sorted(rows["run"]):
+            source = recorded_spec(bundle, run)
+            if source is not None:
+                return source[0], tuple(o for o in source[1] if not o.startswith(CURVE_OWNED))
+    chosen = protocol_dir / "report" / "chosen_settings.csv"
+    hint = f" ({chosen} exists: its final runs have not started)" if chosen.is_file() else ""
+    raise UserError(f"--protocol-dir {protocol_dir}: no final run of {dataset}/{method} "
+                    f"(runs/{dataset}-{method}-seed*/config.yaml, or its results bundle){hint}; finish "
+                    "`reproduce --protocol fair` for it first, or give --follower-lr instead.")
 
 
 def chosen_edges(protocol_dir: Path, dataset: str, method: str) -> str:
@@ -84,15 +92,27 @@ def chosen_edges(protocol_dir: Path, dataset: str, method: str) -> str:
     return ""
 
 
-def plan(method: str, config: Path, references: dict[str, Path], follower_lr: float, ratios: list[float],
-         seeds: list[int], runs_dir: Path, extra: list[str]) -> list[CurveRun]:
-    """Every run of the curve: ``method`` at each ratio x seed, each reference method x seed.
+Source = tuple[tuple[Path, ...], tuple[str, ...]]  # (config files, overrides) a run composes before the curve's
 
-    ``extra``: the user's overrides, applied to every run before the curve's own (which win).
+
+def plan(method: str, dataset: str, source: Source, references: dict[str, Source], follower_lr: float,
+         ratios: list[float], seeds: list[int], runs_dir: Path, extra: list[str], shared_rate: bool) -> list[RunSpec]:
+    """Every run of the curve: ``method`` at each ratio x seed, each reference method x seed (the baseline's runs
+    also fit post-hoc TS, the band ``baseline+ts``).
+
+    ``extra``: the user's overrides, applied to every run after its source's and before the curve's own (which
+    win); ``shared_rate``: the references train at ``follower_lr`` too (else at their own, e.g. tuned, rate).
     """
-    runs = [CurveRun(method, ratio, seed, config, runs_dir / f"{method}-{ratio_label(ratio)}-seed{seed}",
-                     (*extra, *curve_overrides(follower_lr, ratio)))
+    configs, tuned = source
+    runs = [RunSpec(run_name(method=method, ratio=ratio, seed=seed), configs,
+                    (*tuned, *extra, *curve_overrides(follower_lr, ratio), f"seed={seed}", "tracking=none"),
+                    runs_dir / run_name(method=method, ratio=ratio, seed=seed),
+                    Labels(dataset, method, "curve", seed, ratio=ratio))
             for ratio in ratios for seed in seeds]
-    runs += [CurveRun(name, None, seed, path, runs_dir / f"{name}-seed{seed}", tuple(extra))
-             for name, path in references.items() for seed in seeds]
+    rate = (f"{FOLLOWER_KEY}={follower_lr:.6g}",) if shared_rate else ()
+    runs += [RunSpec(run_name(method=name, seed=seed), paths, (*ref_tuned, *extra, *rate, f"seed={seed}",
+                                                                "tracking=none"),
+                     runs_dir / run_name(method=name, seed=seed), Labels(dataset, name, "curve", seed),
+                     posthoc=("ts",) if name == "baseline" else ())
+             for name, (paths, ref_tuned) in references.items() for seed in seeds]
     return runs

@@ -1,7 +1,7 @@
 """The fair comparison protocol: the same tuning budget for every method, then seeds of the chosen setting.
 
 Why: a comparison in which one method's learning rates were tuned and its competitors' were not
-measures the tuning, not the method (issue: COG-FC once got 4x the baseline's follower rate).
+measures the tuning, not the method (COG-FC once got 4x the baseline's follower rate).
 So, per data set and method (``scripts/reproduce.py --protocol fair``):
 
 1. **Tune** with ``budget`` trials (seed ``TUNE_SEED``, never one of the evaluation seeds, so the
@@ -49,7 +49,7 @@ from mtl_cog.models.calibrators import CALIBRATORS
 
 TUNE_SEED = 1000
 SAMPLER_SEED = 0
-FOLLOWER_RANGE = (0.1, 10.0)  # x the data set's configured follower rate (the former 0.5-4x bound: issue 19)
+FOLLOWER_RANGE = (0.1, 10.0)  # x the data set's configured follower rate (the former 0.5-4x range bound every choice)
 LEADER_RATIO = (1e-3, 1.0)  # leader_lr = ratio x follower_lr; 1 = no hierarchy
 LEADER_RATIO_KEY = "leader_ratio"  # the knob's name in a study (resolved into optim.leader_lr)
 ALLOW_EQUAL = "optim.allow_leader_lr_geq_follower"  # the schema refuses leader >= follower without it
@@ -62,6 +62,25 @@ class Knob:
     low: float
     high: float
     log: bool  # log-uniform (rates) or uniform (epsilon, gamma)
+    floor: float = 0.0  # what the value can never go below or above, however far the range is widened
+    ceiling: float = math.inf
+
+
+def widened(knob: Knob, side: str) -> Knob | None:
+    """``knob`` with its range extended past the edge its choice sat at (``lowest``/``highest``): ten times
+    for a log knob, half the width for a linear one, within [floor, ceiling]. None: that edge is the knob's
+    limit (a leader ratio of 1 is "no hierarchy", the top of COG's range, never widened)."""
+    if side == "highest" and knob.key == LEADER_RATIO_KEY:
+        return None
+    if knob.log:
+        low, high = (knob.low / 10, knob.high) if side == "lowest" else (knob.low, knob.high * 10)
+    else:
+        width = (knob.high - knob.low) / 2
+        low, high = (knob.low - width, knob.high) if side == "lowest" else (knob.low, knob.high + width)
+    low, high = max(low, knob.floor), min(high, knob.ceiling)
+    if (low, high) == (knob.low, knob.high):
+        return None
+    return Knob(knob.key, round_significant(low), round_significant(high), knob.log, knob.floor, knob.ceiling)
 
 
 # A loss with a hyperparameter of its own: one entry here puts it into the tuning.
@@ -69,11 +88,11 @@ class Knob:
 # LiST's loss (margin_ce) has none: its margin is the robustness target the user asks for, not a
 # calibration knob (validation NLL would always pick the smallest), and L is fitted on validation.
 LOSS_KNOBS = {
-    "ls": Knob("method.label_smoothing", 0.02, 0.2, log=False),
-    "focal": Knob("method.focal_gamma", 1.0, 4.0, log=False),
-    "mbls": Knob("method.mbls_margin", 2.0, 20.0, log=False),  # MbLS: m = 10 default, tuned on validation
-    "fedlas": Knob("method.fedlas_alpha", 0.01, 0.2, log=False),  # FedLAS: 0.05 (CIFAR-10), 0.1 (CIFAR-100)
-    "fedlas_mbls": Knob("method.fedlas_alpha", 0.01, 0.2, log=False),  # FedLAS+: 0.1
+    "ls": Knob("method.label_smoothing", 0.02, 0.2, log=False, floor=0.001, ceiling=0.5),
+    "focal": Knob("method.focal_gamma", 1.0, 4.0, log=False, floor=0.1),
+    "mbls": Knob("method.mbls_margin", 2.0, 20.0, log=False, floor=0.1),  # MbLS: m = 10 default, tuned on validation
+    "fedlas": Knob("method.fedlas_alpha", 0.01, 0.2, log=False, floor=0.001, ceiling=1.0),  # FedLAS: 0.05 / 0.1
+    "fedlas_mbls": Knob("method.fedlas_alpha", 0.01, 0.2, log=False, floor=0.001, ceiling=1.0),  # FedLAS+: 0.1
     "margin": Knob("method.margin_lambda", 0.01, 1.0, log=True),  # ours: 0.1 default
 }
 
@@ -86,7 +105,7 @@ def search_space(cfg: Config, base_follower_lr: float) -> list[Knob]:
     knobs = [Knob("optim.follower_lr", base_follower_lr * FOLLOWER_RANGE[0], base_follower_lr * FOLLOWER_RANGE[1],
                   log=True)]
     if cfg.method.leader:
-        knobs.append(Knob(LEADER_RATIO_KEY, *LEADER_RATIO, log=True))
+        knobs.append(Knob(LEADER_RATIO_KEY, *LEADER_RATIO, log=True, ceiling=1.0))
     if cfg.method.loss in LOSS_KNOBS:
         knobs.append(LOSS_KNOBS[cfg.method.loss])
     if cfg.two_stage.enabled:

@@ -34,7 +34,7 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
 A trial's value is the validation NLL (mean over tasks) of its run's best checkpoint, the COG
 paper's tuning criterion (App. B), averaged over the trial's runs when it trains with several
 seeds (``--tuning-seeds``: one seed's best validation NLL varies by as much as the settings
-differ, docs/protocol.md "Real images"); the setting with the lowest value is chosen.
+differ, docs/results/real_images.md); the setting with the lowest value is chosen.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -93,16 +93,14 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
     written) or the study was started over another search (``check_same_search``).
     """
     check_storage(url)
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
-                                         constant_liar=True)
     try:
         with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
             storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
                                  heartbeat_stale_trial_callback=retry)
-        study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler,
-                                    pruner=pruner(prune, epochs), load_if_exists=True)
+        study = optuna.create_study(storage=storage, study_name=name, direction="minimize",
+                                    sampler=sampler(seed, budget), pruner=pruner(prune, epochs), load_if_exists=True)
         if not study.trials and NUMBERING_ATTR not in study.user_attrs:  # new: folders count first attempts
             study.set_user_attr(NUMBERING_ATTR, BY_FIRST_ATTEMPTS)
     except SQLAlchemyError as err:  # what the checks cannot see: a server that refuses, a database gone mid-way
@@ -111,6 +109,21 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
                         "is reachable and writable, or use another --study-storage.") from None
     check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds))
     return study
+
+
+def sampler(seed: int, budget: int) -> optuna.samplers.TPESampler:
+    """TPE (seeded, multivariate, constant liar for parallel workers) after ``start_count(budget)`` start points.
+
+    A worker re-seeds it before every trial with ``seed + <trials so far>`` (``reseed``), so a proposal
+    depends only on the study's history and the seed, not on what the worker's sampler drew before:
+    a tuning killed and resumed (or restored from a results bundle) proposes what an uninterrupted one would.
+    """
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
+                                      constant_liar=True)
+
+
+def reseed(study: optuna.Study, seed: int, budget: int) -> None:
+    study.sampler = sampler(seed + len(study.get_trials(deepcopy=False)), budget)
 
 
 SEARCH_ATTR = "search"  # the study's user attribute that records what its trials searched
@@ -152,11 +165,12 @@ def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
                         "--study-storage), or the settings the study was started with.")
 
 
-def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int) -> None:
-    """Enqueue the Halton start points, once: a resumed or shared study keeps the ones it has."""
+def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> None:
+    """Enqueue the Halton start points (scrambled with ``seed``), once: a resumed or shared study keeps the
+    ones it has."""
     if study.trials:
         return
-    for point in start_points(knobs, start_count(budget)):
+    for point in start_points(knobs, start_count(budget), seed):
         study.enqueue_trial(point, skip_if_exists=True)
 
 
@@ -170,7 +184,22 @@ def first_attempt(trial: FrozenTrial | optuna.Trial) -> int:
     if not isinstance(trial, FrozenTrial):
         trial = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
     retried = trial.system_attrs.get("failed_trial")  # RetryHeartbeatStaleTrialCallback's mark: the first attempt
+    retried = trial.user_attrs.get(RETRY_OF, retried)  # an interrupted worker's (``retry_lost``)
     return trial.number if retried is None else retried
+
+
+RETRY_OF = "retry_of"
+
+
+def retry_lost(trial: optuna.Trial) -> None:
+    """The worker running ``trial`` is being stopped (Ctrl-C, a campaign interrupted): Optuna will mark the trial
+    failed, which must not count against the method. Mark it ``LOST`` and ask for it again with the same
+    parameters; the retry continues the same run folder (``first_attempt``)."""
+    trial.set_user_attr(LOST, True)
+    trial.study.enqueue_trial(trial.params, user_attrs={RETRY_OF: first_attempt(trial)})
+
+
+LOST = "lost"  # user attribute of a trial whose worker died (retried with the same parameters): not counted
 
 
 # How a study numbers its trial_NN folders (a user attribute set when the study is created). Studies
@@ -183,16 +212,16 @@ BY_FIRST_ATTEMPTS = "first attempts in order"
 def run_numbers(study: optuna.Study) -> dict[int, int]:
     """Optuna's trial number -> the NN of the trial's run folder ``trial_NN``.
 
-    NN is the trial's place among the study's first attempts (trials that retry none), a retry
-    taking its first attempt's: what an uninterrupted tuning numbers them. Optuna numbers a retry
-    after every trial asked so far, so numbering folders by Optuna's numbers would shift every
-    later folder once a worker was killed. The first attempts before a trial exist when it is
-    asked, so its NN never changes.
+    NN is the trial's place among the study's first attempts (trials that retry none: neither a
+    dead trial's heartbeat retry nor ``retry_lost``'s), a retry taking its first attempt's: what an
+    uninterrupted tuning numbers them. Optuna numbers a retry after every trial asked so far, so
+    numbering folders by Optuna's numbers would shift every later folder once a worker was killed.
+    The first attempts before a trial exist when it is asked, so its NN never changes.
     """
     trials = study.get_trials(deepcopy=False)
     if study.user_attrs.get(NUMBERING_ATTR) != BY_FIRST_ATTEMPTS:
         return {t.number: first_attempt(t) for t in trials}
-    firsts = sorted(t.number for t in trials if "failed_trial" not in t.system_attrs)
+    firsts = sorted(t.number for t in trials if first_attempt(t) == t.number)
     place = {number: i for i, number in enumerate(firsts)}
     return {t.number: place[first_attempt(t)] for t in trials}
 
@@ -203,8 +232,18 @@ def run_number(trial: optuna.Trial) -> int:
 
 
 def counted_trials(study: optuna.Study, budget: int) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
-    """(the budget's trials, extras): the first ``budget`` trials that did not fail, in number order."""
-    alive = [t for t in study.get_trials(deepcopy=False) if t.state in COUNTED]
+    """(the budget's trials, extras): the first ``budget`` trials in number order, failed ones included.
+
+    A trial that failed (diverged, refused its setting, crashed) counts toward its method's budget
+    and is never chosen: a method gets no extra proposals by failing. Only a trial whose *worker*
+    died is not counted: Optuna's heartbeat retries it with the same parameters
+    (``RetryHeartbeatStaleTrialCallback`` marks the retry with ``failed_trial``), or a restore from a
+    results bundle re-enqueues it (``LOST``); the retry stands in its place.
+    """
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
+    alive = [t for t in trials if t.state in COUNTED or (t.state == TrialState.FAIL and t.number not in retried
+                                                         and not t.user_attrs.get(LOST))]
     return alive[:budget], alive[budget:]
 
 
@@ -251,13 +290,8 @@ class StudyResult:
     trials: list[FrozenTrial]  # the budget's trials
     extras: list[FrozenTrial]
     best: FrozenTrial | None  # lowest value among the complete ones
-    unfinished: list[FrozenTrial]  # running or waiting, and None for each never asked: the tuning is not over
-    numbers: dict[int, int] = field(default_factory=dict)  # Optuna's trial number -> its trial_NN (run_numbers)
-
-    @property
-    def finished(self) -> int:
-        """The budget's trials that ended (complete or pruned): what "k of budget trials finished" counts."""
-        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in self.trials)
+    unfinished: list[FrozenTrial]  # running or waiting: the tuning is not over
+    uncounted: list[FrozenTrial]  # failed because their worker died; retried in their place
 
 
 def result(study: optuna.Study, budget: int) -> StudyResult:
@@ -267,7 +301,9 @@ def result(study: optuna.Study, budget: int) -> StudyResult:
     unfinished = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     if len(trials) < budget:
         unfinished += [None] * (budget - len(trials))  # type: ignore[list-item]  (never asked)
-    return StudyResult(trials, extras, best, unfinished, run_numbers(study))
+    listed = {t.number for t in [*trials, *extras]}
+    uncounted = [t for t in study.get_trials(deepcopy=False) if t.number not in listed and t.state.is_finished()]
+    return StudyResult(trials, extras, best, unfinished, uncounted)
 
 
 def epochs_trained(trial: FrozenTrial, epochs: int) -> int:
@@ -312,36 +348,31 @@ class StudySpec:
 
     dataset: str
     method: str
-    config: Path
+    config: tuple[Path, ...]  # config files, merged in order
     overrides: tuple[str, ...]  # the protocol's (scale, seed, output folder = the study's folder)
     base_follower_lr: float
     knobs: tuple[Knob, ...]
     epochs: int
     folder: Path
-    trial_seeds: tuple[int, ...]  # every trial trains once per seed; its value is the mean (mtl_cog/cli/tune.py)
+    trial_seeds: tuple[int, ...]  # every trial trains once per seed; its value is the mean (experiments/fair_tuning.py)
+    draw: str = "1"  # the tuning draw: another draw has other trial seeds and another sampler seed
+    sampler_seed: int = SAMPLER_SEED
+    widening: int = 0  # re-tunings over widened ranges after a choice sat at a range edge (fair_tuning.widen)
 
     @property
     def name(self) -> str:
-        return f"{self.dataset}-{self.method}"
-
-
-def worker_args(spec: StudySpec, url: str, budget: int, prune: bool) -> list[str]:
-    """``mtl_cog.cli.tune``'s arguments for a worker of ``spec``."""
-    return ["--storage", url, "--study", spec.name, "--config", str(spec.config), "--base-follower-lr",
-            repr(spec.base_follower_lr), "--budget", str(budget), *(["--prune"] if prune else []),
-            "--trial-seeds", *map(str, spec.trial_seeds), "--",
-            *spec.overrides]
+        return (f"{self.dataset}-{self.method}" + ("" if self.draw == "1" else f"-d{self.draw}")
+                + ("" if not self.widening else f"-w{self.widening}"))
 
 
 def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
     """trials.csv: every trial of the study (the budget's and the extras), its settings, value, epochs, choice."""
     rows = []
-    for trial in [*outcome.trials, *outcome.extras]:
-        rows.append({"trial": outcome.numbers.get(trial.number, trial.number), "run": trial.user_attrs.get("run", ""),
-                     "state": trial.state.name.lower(),
-                     "counted": trial in outcome.trials,
+    for trial in sorted([*outcome.trials, *outcome.extras, *outcome.uncounted], key=lambda t: t.number):
+        rows.append({"trial": trial.number, "run": trial.user_attrs.get("run", ""), "state": trial.state.name.lower(),
+                     "counted": trial in outcome.trials, "draw": spec.draw,
                      **{k: v for k, v in trial.params.items()},
-                     "overrides": trial.user_attrs.get("overrides", ""),
+                     "overrides": trial.user_attrs.get("overrides", ""), "reason": trial.user_attrs.get("reason", ""),
                      "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
                      "epochs_trained": epochs_trained(trial, spec.epochs),
                      "chosen": "*" if outcome.best is not None and trial.number == outcome.best.number else ""})

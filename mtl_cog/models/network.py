@@ -118,7 +118,7 @@ def pretrained_weights_error(cfg: ModelConfig, err: Exception) -> str:
 
     timm downloads weights from the Hugging Face Hub (or a URL) into a cache; a compute node
     without internet fails only after the hub's retries. The remedy is timm's own ``cache_dir``
-    argument, filled once on a machine with internet (see docs/tracking.md, "Pretrained weights").
+    argument, filled once on a machine with internet (see docs/guides/tracking.md, "Pretrained weights").
     """
     first_line = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
     what = f"{type(err).__name__}: {first_line}"
@@ -194,7 +194,7 @@ def build_network(model_cfg: ModelConfig, method_cfg: MethodConfig, layout: Logi
                 raise ConfigError(
                     f"{key}: method.calibrator={method_cfg.calibrator!r} scales a Lipschitz-constrained network, "
                     f"but {name!r} has no Lipschitz bound. Use model.backbone=cog_lipschitz_small (or _tiny) and "
-                    "model.head=lipschitz (see docs/neighbour_methods.md)."
+                    "model.head=lipschitz (see docs/explanation/neighbour_methods.md)."
                 )
     return Network(backbone, heads, calibrator)
 

@@ -4,7 +4,7 @@ Stage one is ordinary training. Stage two keeps the backbone fixed, puts a new h
 (``two_stage.head``: ``mlp`` for TST, ``variational`` for V-TST) and trains only that head with
 the run's loss, plus V-TST's per-task KL term (the loop is ``mtl_cog.training.loop``; the
 authors' stage-two settings are the defaults of ``TwoStageConfig``, differences in
-docs/baselines.md). The frozen backbone stays in eval mode throughout: in train mode BatchNorm
+docs/explanation/baselines.md). The frozen backbone stays in eval mode throughout: in train mode BatchNorm
 would keep updating its running statistics (the original TST code has this quirk), i.e. stage
 one would be silently retrained.
 

@@ -18,7 +18,7 @@ Each choice and why:
   perturbation, not the margin alone. Features rather than pixels: the heads are where the
   logits' scale (and so over-confidence) is set, and a slope w.r.t. the features costs two
   backward passes through the heads only, not through the backbone (the step stays within 1.10x
-  of cross-entropy; ``docs/neighbour_methods.md``).
+  of cross-entropy; ``docs/explanation/neighbour_methods.md``).
 - *Tail* ``exp(-gamma * relu(.))``: the exponential tail functional of the abstract, on correctly
   classified samples; a misclassified sample (negative robust margin) contributes 1 and no
   gradient, since exp(gamma |m|) would overflow and CE already pushes it.

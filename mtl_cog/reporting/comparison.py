@@ -15,6 +15,8 @@ from mtl_cog.evaluation.truth import FLOOR_METRICS, MODEL_METRICS
 from mtl_cog.io import atomic_write, atomic_write_text, output_folder
 from mtl_cog.progress import Progress
 from mtl_cog.reporting import plots, shift_report
+from mtl_cog.reporting.html_inputs import report_tables
+from mtl_cog.reporting.html_report import write_html_report
 from mtl_cog.reporting.latex import summary_latex
 from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread
 from mtl_cog.reporting.run_records import load_runs, pooled_predictions
@@ -29,6 +31,7 @@ from mtl_cog.reporting.trajectories import (
     calibrator_table,
     calibrator_trajectory,
     convergence_table,
+    epoch_curve_table,
     task_weight_table,
 )
 
@@ -43,10 +46,9 @@ def _write_csv(frame, path: Path) -> None:
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def write_figures(records, summary, errors, per_task, out: Path, bins: int, trajectories: dict,
+def write_figures(records, pooled: dict, summary, errors, per_task, out: Path, bins: int, trajectories: dict,
                   calibrators: pd.DataFrame) -> list[Path]:
     written = []
-    pooled = pooled_predictions(records)
     datasets = list(dict.fromkeys(summary["dataset"]))
     progress = Progress(len(datasets), "compare: figures, data set", every=1)
     for dataset in datasets:
@@ -177,8 +179,13 @@ def write_comparison(runs_paths: list[Path], out: Path, bins: list[int], summary
     text += "\n\n" + "\n".join(extra_sections(notes, paired, spread, calibrators, converge))
     atomic_write_text(out / "summary.md", text)
     atomic_write_text(out / "summary.tex", summary_latex(summary, summary_bins))
-    figures = write_figures(records, summary, errors, per_task, out, summary_bins, trajectories, calibrators)
+    pooled = pooled_predictions(records)  # every prediction file read once, for the figures and report.html
+    figures = write_figures(records, pooled, summary, errors, per_task, out, summary_bins, trajectories, calibrators)
+    tables = report_tables(records, pooled, summary=summary, paired=paired, per_task=per_task, calibrators=calibrators,
+                           convergence=converge, curves=epoch_curve_table(runs), notes=notes, bins=summary_bins,
+                           shift=shift_report.method_shift_table(records))
+    figures.append(write_html_report(out / "report.html", tables))
     print(text)
-    print(f"{len(figures)} figure(s) written")
+    print(f"{len(figures) - 1} figure(s) and report.html written")
     print(str(out))
     return out

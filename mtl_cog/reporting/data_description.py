@@ -1,7 +1,7 @@
 """What a data set's labels look like: every task's prevalence and the most correlated task pairs, as Markdown.
 
 ``python scripts/prepare_data.py --config ... --describe 15`` prints it from the built cache, so
-the tables in docs/data.md are computed from the data, not typed. Prevalence of a binary task is
+the tables in docs/guides/data.md are computed from the data, not typed. Prevalence of a binary task is
 its share of positives; a K-class task shows its most frequent class and that class's share.
 Correlations are Pearson's between the 0/1 labels of two binary tasks (the phi coefficient), the
 same pairs ``pair_joint_ece`` scores (``evaluation.multitask_metrics.select_pairs``).

@@ -65,7 +65,7 @@ def fit_posthoc_run(run_dir: Path, methods: list[str], bins: list[int] | None, o
                *[c for c in (f"pooled_ece@{SUMMARY_BINS}", "count_ece", "pair_joint_ece") if c in summary.columns]]
     print("test metrics (mean over tasks), post-hoc calibrators fitted on validation predictions:")
     print(summary[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if "pair_joint_ece" in columns:  # docs/metrics.md: not a measure of the heads' own calibration
+    if "pair_joint_ece" in columns:  # docs/explanation/metrics.md: not a measure of the heads' own calibration
         print("pair_joint_ece: the joint calibration implied by independent heads (p_a·p_b); perfectly calibrated "
               "heads score ~0.16 on a conditionally dependent pair. Not used to rank methods.")
     if out is not None:

@@ -13,7 +13,8 @@ A report shows from them
 - ``convergence``: whether stage one settled, so that "trained long enough" is checked, not
   assumed: the best validation NLL improved by at most ``NLL_PLATEAU`` (1 %) during the final
   ``LAST_FRACTION`` (20 %) of epochs, and a calibrator made at most ``CALIBRATOR_SETTLED`` (10 %)
-  of its total move (max abs change over all its parameters, first to last epoch) in that part.
+  of its total move (max abs change over all its parameters, first to last epoch) in that part;
+  a calibrator whose total move is below ``CALIBRATOR_FLOOR`` (1 %) of its size counts as settled.
   A two-stage run (TST, V-TST) is judged on its second stage too (``two_stage_metrics.jsonl``,
   the same NLL rule): a post-hoc head still learning at its last epoch is not a finished baseline.
 """
@@ -33,6 +34,7 @@ from mtl_cog.runs import rundir
 LAST_FRACTION = 0.2
 NLL_PLATEAU = 0.01
 CALIBRATOR_SETTLED = 0.1
+CALIBRATOR_FLOOR = 0.01  # a calibrator whose whole move is below 1 % of its size has settled where it started
 
 
 def read_metrics_lines(run_dir: Path) -> tuple[list[dict], dict]:
@@ -137,6 +139,7 @@ class Convergence:
     nll_gain_last: float  # relative improvement of the best validation NLL in the final part of training
     calibrator_move_last: float | None  # calibrator change in the final part / its change over the run
     stage_two_nll_gain_last: float | None = None  # the same NLL gain for a second stage; None: one stage
+    calibrator_move: float | None = None  # the calibrator's whole move (largest parameter change, first to last)
 
     @property
     def converged(self) -> bool:
@@ -172,28 +175,64 @@ def _nll_gain_last(nll: np.ndarray) -> float:
     return max(float((before - overall) / before) if before > 0 else 0.0, 0.0)
 
 
-def _stage_two_nll(run_dir: Path) -> np.ndarray | None:
-    values = [line["val_nll"] for line in read_jsonl(Path(run_dir) / rundir.STAGE_TWO_METRICS)
-              if isinstance(line, dict) and isinstance(line.get("val_nll"), (int, float))]
-    return np.array(values, dtype=float) if len(values) >= 5 else None
+# What a run's curves hold for the convergence rule (the results bundle's curves.csv.gz has the same rows).
+CURVE_VAL_METRICS = ("nll", "brier", "accuracy", "ece@15")
+CALIBRATOR_SPLIT, FROM_LAST, SCALE = "calibrator", "from_last", "scale"
+STAGE_TWO_SPLIT = "stage_two"
+
+
+def curve_rows(run_dir: Path) -> pd.DataFrame:
+    """``epoch, split, metric, value`` per epoch of a run: the validation task means and training loss, the
+    calibrator's largest distance to its final values (``calibrator``/``from_last``) and its largest magnitude
+    at the first epoch (``calibrator``/``scale``), stage two's validation NLL (``stage_two``/``nll``)."""
+    epochs, _ = read_metrics_lines(run_dir)
+    rows = []
+    for line in epochs:
+        rows += [(line["epoch"], "val", m, line["val"][m]) for m in CURVE_VAL_METRICS if m in line["val"]]
+        if isinstance(line.get("train_loss"), (int, float)):
+            rows.append((line["epoch"], "train", "loss", line["train_loss"]))
+    vectors = [_calibrator_vector(line) for line in epochs]
+    if epochs and all(v is not None for v in vectors) and len({len(v) for v in vectors}) == 1:
+        rows += [(line["epoch"], CALIBRATOR_SPLIT, FROM_LAST, float(np.abs(v - vectors[-1]).max()))
+                 for line, v in zip(epochs, vectors)]
+        rows.append((epochs[0]["epoch"], CALIBRATOR_SPLIT, SCALE, float(np.abs(vectors[0]).max())))
+    stage_two = [line for line in read_jsonl(Path(run_dir) / rundir.STAGE_TWO_METRICS)
+                 if isinstance(line, dict) and isinstance(line.get("val_nll"), (int, float))]
+    rows += [(i, STAGE_TWO_SPLIT, "nll", line["val_nll"]) for i, line in enumerate(stage_two, start=1)]
+    return pd.DataFrame(rows, columns=["epoch", "split", "metric", "value"])
 
 
 def convergence(run_dir: Path) -> Convergence | None:
     """Did stage one (and a second stage) settle? None when stage one has fewer than 5 epoch lines."""
-    epochs, _ = read_metrics_lines(run_dir)
-    if len(epochs) < 5:
+    return convergence_of_curves(curve_rows(run_dir))
+
+
+def _series(curves: pd.DataFrame, split: str, metric: str) -> np.ndarray:
+    rows = curves[(curves["split"] == split) & (curves["metric"] == metric)].sort_values("epoch")
+    return rows["value"].to_numpy(dtype=float)
+
+
+def convergence_of_curves(curves: pd.DataFrame) -> Convergence | None:
+    """The convergence rule (module docstring) on one run's ``curve_rows``: from a run folder or a results bundle.
+
+    A calibrator whose whole move stays below ``CALIBRATOR_FLOOR`` of its size (at least 1: a
+    temperature of 1 moving by less than 0.01) counts as settled: the ratio of two tiny moves is noise,
+    and such a calibrator is reported as having barely moved (``calibrator_move``), not as still moving.
+    """
+    nll = _series(curves, "val", "nll")
+    if len(nll) < 5:
         return None
-    nll = np.array([line["val"].get("nll", np.nan) for line in epochs], dtype=float)
-    cut = len(epochs) - max(1, round(LAST_FRACTION * len(epochs)))
-    gain = _nll_gain_last(nll)
-    stage_two = _stage_two_nll(run_dir)
-    vectors = [_calibrator_vector(line) for line in epochs]
-    move = None
-    if all(v is not None for v in vectors) and len({len(v) for v in vectors}) == 1:
-        total = float(np.abs(vectors[-1] - vectors[0]).max())
-        last = float(np.abs(vectors[-1] - vectors[cut - 1]).max())
-        move = last / total if total > 0 else 0.0
-    return Convergence(len(epochs), gain, move, None if stage_two is None else _nll_gain_last(stage_two))
+    cut = len(nll) - max(1, round(LAST_FRACTION * len(nll)))
+    from_last = _series(curves, CALIBRATOR_SPLIT, FROM_LAST)
+    move = total = None
+    if len(from_last) == len(nll):
+        total = float(from_last[0])
+        scale = _series(curves, CALIBRATOR_SPLIT, SCALE)
+        floor = CALIBRATOR_FLOOR * max(1.0, float(scale[0]) if len(scale) else 1.0)
+        move = float(from_last[cut - 1]) / total if total > floor else 0.0
+    stage_two = _series(curves, STAGE_TWO_SPLIT, "nll")
+    return Convergence(len(nll), _nll_gain_last(nll), move,
+                       _nll_gain_last(stage_two) if len(stage_two) >= 5 else None, total)
 
 
 def convergence_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
@@ -204,6 +243,19 @@ def convergence_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
             continue
         rows.append({"dataset": dataset, "method": method, "seed": seed, "run": str(run_dir), "epochs": result.epochs,
                      "nll_gain_last_20pct": result.nll_gain_last, "calibrator_move_last_20pct":
-                     result.calibrator_move_last, "stage_two_nll_gain_last_20pct": result.stage_two_nll_gain_last,
+                     result.calibrator_move_last, "calibrator_move": result.calibrator_move,
+                     "stage_two_nll_gain_last_20pct": result.stage_two_nll_gain_last,
                      "converged": result.converged, "why_not": result.why_not()})
     return pd.DataFrame(rows)
+
+
+def epoch_curve_table(runs: list[tuple[str, str, int, Path]], metrics: tuple[str, ...] = ("nll",)) -> pd.DataFrame:
+    """Per run and stage-one epoch: the validation task mean of each of ``metrics`` (long: dataset, method, seed,
+    run, epoch, split, metric, value), the curves a report draws beside the convergence verdict."""
+    rows = []
+    for dataset, method, seed, run_dir in runs:
+        for line in read_metrics_lines(run_dir)[0]:
+            rows += [{"dataset": dataset, "method": method, "seed": seed, "run": str(run_dir), "epoch": line["epoch"],
+                      "split": "val", "metric": metric, "value": float(line["val"][metric])}
+                     for metric in metrics if isinstance(line["val"].get(metric), (int, float))]
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "run", "epoch", "split", "metric", "value"])

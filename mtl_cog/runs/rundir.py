@@ -1,7 +1,7 @@
 """The run folder: the name of every file a run writes (defined here only), and its checks.
 
-Write order and what each file means: ``docs/run_folder.md``; how each failure is handled:
-``docs/failure_paths.md``.
+Write order and what each file means: ``docs/reference/run_folder.md``; how each failure is handled:
+``docs/guides/failure_paths.md``.
 
 A folder is a run folder when it holds ``mtl_cog_run.json`` (``RUN_MARKER``), written when the
 run creates the folder; folders of runs made before the marker existed are recognised by their
@@ -40,6 +40,7 @@ DRIFT_PNG = "calibration_drift.png"  # its figure: ECE, sharpness and margins ov
 TRUTH_METRICS = "test_truth_metrics.csv"  # noise-free metrics, where the data set knows p*
 DONE = "DONE"  # written last: its presence marks a finished run
 DIGESTS = "digests.json"  # just before DONE: size and xxh3 of the files readers use (mtl_cog.runs.digests)
+TIMING = "timing.jsonl"  # one line per epoch: seconds, torch threads, training images, processes (not results)
 RESUMES = "resumes.jsonl"  # one line per --resume that changed settings: when, which keys, old -> new
 # Files added by the two-stage methods and the post-hoc calibrators.
 STAGE_ONE_MODEL = "stage_one_model.safetensors"  # TST / V-TST: the first-stage network, kept
@@ -86,7 +87,7 @@ def written_by_a_run(name: str) -> bool:
     """Whether a file or folder called ``name`` inside a run folder is one that runs write."""
     fixed = {CONFIG, METRICS, TEST_METRICS, BEST_MODEL, STATE, PARAMS, TASK_SPEC, RELIABILITY_PNG, TRUTH_METRICS,
              DONE, STAGE_ONE_MODEL, STAGE_TWO_METRICS, STAGE_TWO_PARAMS, STAGE_TWO_STATE, POSTHOC_METRICS,
-             POSTHOC_JSON, RESUMES, RUN_MARKER, LOCK, WANDB_ID, WANDB_DIR, SMOOTH_RELIABILITY_PNG,
+             POSTHOC_JSON, RESUMES, TIMING, RUN_MARKER, LOCK, WANDB_ID, WANDB_DIR, SMOOTH_RELIABILITY_PNG,
              COUNT_CALIBRATION_PNG, DRIFT_JSONL, DRIFT_PNG, DIGESTS, GROUP_METRICS, SHIFT_METRICS, SHIFT_PNG,
              RISK_COVERAGE_PNG}
     return (name in fixed or (name.startswith("predictions_") and name.endswith(".npz"))

@@ -1,6 +1,6 @@
 """Experiment tracking: W&B through Accelerate's tracker, plus local files that never depend on it.
 
-What W&B receives (details and the reasons in ``docs/tracking.md``):
+What W&B receives (details and the reasons in ``docs/guides/tracking.md``):
 
 - every epoch of stage one, one history row committed at once (``commit=True``: a run killed
   after epoch e still has epoch e in W&B): ``<task>/val/<metric>`` (W&B makes one workspace

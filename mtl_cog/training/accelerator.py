@@ -35,7 +35,7 @@ def check_processes_connected() -> None:
         "mpirun (--mpirun_hostfile) Accelerate does not connect them, and each would train alone on all the data. "
         "Leave out --cpu: mtl-cog launch --config_file configs/accelerate/multi_process.yaml (add --num_machines N "
         "--machine_rank R --main_process_ip IP --main_process_port P for several machines) runs gloo on CPUs "
-        "(docs/cluster.md). One process: leave out --num_processes/--num_machines, or unset MASTER_ADDR."
+        "(docs/guides/cluster.md). One process: leave out --num_processes/--num_machines, or unset MASTER_ADDR."
     )
 
 

@@ -12,12 +12,13 @@ Callers that need more than the run folder pass ``Hooks`` (for example
 ``scripts/calibration_drift.py`` reads the validation predictions after every epoch); nothing
 else differs between them. The write order at the end of an epoch (metrics line, then state,
 then best model) is what lets ``mtl_cog.runs.training_state.restore_run`` repair a run killed
-at any moment; the data flow of one step and of one evaluation is in ``docs/architecture.md``.
+at any moment; the data flow of one step and of one evaluation is in ``docs/explanation/architecture.md``.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.evaluation.shift import evaluate_shift
-from mtl_cog.io import atomic_write_json, read_jsonl
+from mtl_cog.io import append_jsonl, atomic_write_json, read_jsonl
 from mtl_cog.models.network import parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss
@@ -282,6 +283,7 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
                                       state.Progress(next_epoch, within, best, best_epoch, lines), stage.objective)
 
     for epoch in range(progress.epoch, stage.epochs + 1):
+        started = time.perf_counter()
         lrs = learning_rates(stage.optimizer)
         stats = train_one_epoch(
             accelerator, stage.network, stage.objective, stage.optimizer, train, transform, train_cfg.batch_size,
@@ -297,6 +299,10 @@ def run_stage(accelerator: Accelerator, stage: Stage, progress: state.Progress, 
             best, best_epoch = val_metrics["mean"][stage.selection_metric], epoch
         calibrator = calibrator_record(stage.model, spec) if stage.name == "stage_one" else None
         log_epoch(accelerator, stage, tracker, epoch, stats, lrs, val_metrics, best_epoch, calibrator)
+        if accelerator.is_main_process:  # what produced the numbers, apart from them (they stay bit-exact on resume)
+            append_jsonl(stage.files.metrics.with_name(rundir.TIMING), {
+                "stage": stage.name, "epoch": epoch, "seconds": round(time.perf_counter() - started, 3),
+                "threads": torch.get_num_threads(), "train_images": len(train), "processes": accelerator.num_processes})
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(EpochEnd(stage.name, epoch, stats["loss"], val_metrics, predictions, stage.model,
                                         improved, best_epoch, accelerator.is_main_process))

@@ -56,7 +56,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch
 
     Stepped once per epoch by the training loop and deliberately *not* passed through
     ``accelerator.prepare``: Accelerate's wrapper steps it once per process, which would decay
-    N times too fast on N processes (docs/architecture.md, "Pitfalls").
+    N times too fast on N processes (docs/explanation/architecture.md, "Pitfalls").
     """
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_step_epochs, gamma=cfg.lr_gamma)
 

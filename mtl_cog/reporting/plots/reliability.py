@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from scipy.special import expit, softmax
 
 from mtl_cog.constants import SUMMARY_BINS
-from mtl_cog.evaluation.binning import CLAMP, bin_sums, errors_from_sums, uniform_bin_index
+from mtl_cog.evaluation.binning import CLAMP, reliability_bins
 from mtl_cog.evaluation.multitask_metrics import count_calibration
 from mtl_cog.evaluation.predictions import Predictions, labelled_only
 
@@ -35,7 +35,8 @@ def calibration_inputs(logits: np.ndarray, labels: np.ndarray,
     return p[rows, predicted], (predicted == labels).astype(np.float64), truth
 
 
-def _pool(predictions: list[Predictions], task: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, bool]:
+def pool_task(predictions: list[Predictions],
+              task: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, bool]:
     """Concatenate a task (or every task, ``task=None``) over the seeds' prediction files; each task's
     labelled rows only (partly labelled data)."""
     parts = []
@@ -56,12 +57,8 @@ def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, tr
     With ``counts``, a strip under the diagram shows how many predictions fall in each bin (log
     scale): a large gap in a bin of 3 predictions is noise, in a bin of 3,000 it is miscalibration.
     """
-    conf = np.clip(np.asarray(prob, dtype=np.float64), CLAMP, 1 - CLAMP)
-    index = uniform_bin_index(conf, n_bins)  # the bins of ece@B (mtl_cog.evaluation.binning)
-    sums = bin_sums(conf[None], np.asarray(outcome, dtype=np.float64)[None], index[None], n_bins)
-    count, hits, confs = sums[0].T
-    safe = np.maximum(count, 1)
-    mean_p, freq = confs / safe, hits / safe
+    stats = reliability_bins(prob, outcome, n_bins, truth)  # the bins of ece@B (mtl_cog.evaluation.binning)
+    count, mean_p, freq = stats["count"], stats["mean_confidence"], stats["frequency"]
     filled = count > 0
     left = np.arange(n_bins) / n_bins
     width = 1 / n_bins
@@ -74,10 +71,9 @@ def reliability_panel(ax, prob: np.ndarray, outcome: np.ndarray, n_bins: int, tr
            label="gap to mean prediction")
     ax.plot([0, 1], [0, 1], ls="--", color="0.3", lw=1, label="perfect calibration")
     if truth is not None:
-        mean_truth = np.bincount(index, truth, n_bins) / safe
-        ax.plot(mean_p[filled], mean_truth[filled], "o", ms=2.5 if small else 4, color="black",
+        ax.plot(mean_p[filled], stats["mean_truth"][filled], "o", ms=2.5 if small else 4, color="black",
                 label="mean true probability p*")
-    ece = float(errors_from_sums(sums)["ece"][0])
+    ece = stats["ece"]
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
@@ -132,11 +128,11 @@ def _task_panels(flat, predictions: list[Predictions], draw) -> bool:
 
     ``draw(ax, prob, outcome, truth, title, pooled)`` draws one panel.
     """
-    prob, outcome, truth, binary = _pool(predictions, None)
+    prob, outcome, truth, binary = pool_task(predictions, None)
     draw(flat[0], prob, outcome, truth, "ALL TASKS POOLED", True)
     flat[0].title.set_fontweight("bold")
     for t, name in enumerate(predictions[0].task_names):
-        prob, outcome, truth, _ = _pool(predictions, t)
+        prob, outcome, truth, _ = pool_task(predictions, t)
         draw(flat[t + 1], prob, outcome, truth, name, False)
     return binary
 
@@ -161,7 +157,7 @@ def reliability_figure(predictions: list[Predictions], title: str, n_bins: int =
     suffix = f"{len(predictions)} seeds pooled" if len(predictions) > 1 else "1 run"
     if len(names) == 1:
         figure, ax = plt.subplots(figsize=(4.6, 5.6))
-        prob, outcome, truth, binary = _pool(predictions, 0)
+        prob, outcome, truth, binary = pool_task(predictions, 0)
         reliability_panel(ax, prob, outcome, n_bins, truth, f"{title}: {names[0]} ({suffix})")
         xlabel, ylabel = _axis_labels(binary)
         figure.supxlabel(xlabel, y=0.01)  # under the bin-count strip, which sits below the diagram's ticks
@@ -190,7 +186,7 @@ def reliability_comparison_figure(pooled: dict[str, list[Predictions]], dataset:
     flat = axes.reshape(-1)
     binary = True
     for ax, method in zip(flat, methods):
-        prob, outcome, truth, binary = _pool(pooled[method], None)
+        prob, outcome, truth, binary = pool_task(pooled[method], None)
         reliability_panel(ax, prob, outcome, n_bins, truth, method,
                           ece_label="pooled ECE" if len(pooled[method][0].task_names) > 1 else "ECE")
     for ax in flat[len(methods):]:
@@ -235,7 +231,7 @@ def smooth_reliability_figure(predictions: list[Predictions], title: str) -> Fig
     panels = len(names) + 1 if len(names) > 1 else 1
     figure, flat, _ = _panel_grid(panels, row_height=2.1, single_size=(4.6, 4.8))
     if panels == 1:
-        prob, outcome, _, binary = _pool(predictions, None)
+        prob, outcome, _, binary = pool_task(predictions, None)
         smooth_reliability_panel(flat[0], prob, outcome, f"{title}: {names[0]} ({suffix})")
     else:
         binary = _task_panels(flat, predictions, lambda ax, prob, outcome, truth, name, pooled:

@@ -1,0 +1,39 @@
+"""regenerate-docs-tables: every results table in docs/ rewritten from the committed results bundles it names.
+
+    python scripts/regenerate_docs_tables.py            # rewrite the tables
+    python scripts/regenerate_docs_tables.py --check    # list tables that disagree with their bundle; exit 2 if any
+
+A results table sits between ``<!-- bundle-table: results/<campaign>/bundle <table> [where <query>] -->``
+and ``<!-- /bundle-table -->`` (``mtl_cog/reporting/bundle_report.py``); ``tests/test_results_docs.py`` runs
+the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mtl_cog.cli.paths import CONFIGS
+from mtl_cog.config.arguments import Parser
+from mtl_cog.errors import UserError, run_cli
+from mtl_cog.reporting.bundle_report import regenerate_docs
+
+
+def main(argv: list[str] | None = None) -> list[str]:
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 2 when a table disagrees")
+    args = parser.parse_args(argv)
+    stale = regenerate_docs(CONFIGS.parent, check=args.check)
+    for line in stale:
+        print(("stale: " if args.check else "rewritten: ") + line)
+    if args.check and stale:
+        raise UserError(f"{len(stale)} results table(s) in docs/ disagree with their bundle; run "
+                        "python scripts/regenerate_docs_tables.py")
+    return stale
+
+
+def cli() -> None:
+    run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()

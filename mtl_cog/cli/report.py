@@ -1,0 +1,65 @@
+"""report: every table of a campaign, regenerated from its committed results bundle alone.
+
+    mtl-cog report --bundle results/fashion_mnist_full/bundle --out runs/report
+    mtl-cog report --bundle OUT/bundle --markdown summary          # print one table as Markdown
+    mtl-cog report --bundle OUT/bundle --list                       # the tables this bundle has
+
+A bundle (``OUT/bundle`` of a sweep, leader curve or reproduction; ``mtl_cog/reporting/bundle.py``)
+holds every run's labels, task-level results at the selected checkpoint and per-epoch curves; no
+run folder is read. Written to ``--out``: ``<table>.csv`` and ``<table>.md`` for each table
+(``mtl_cog/reporting/bundle_report.py``: summary, paired, verdicts, chosen, convergence, curve,
+curve_paired) and ``report.md`` with all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mtl_cog.config.arguments import Parser
+from mtl_cog.errors import UserError, run_cli
+from mtl_cog.io import check_writable
+from mtl_cog.reporting.bundle import read_bundle
+from mtl_cog.reporting.bundle_report import bundle_tables, markdown_of, write_bundle_report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=Path, required=True, help="a results bundle folder (OUT/bundle)")
+    parser.add_argument("--out", type=Path, default=None, help="write every table here (CSV, Markdown, report.md)")
+    parser.add_argument("--markdown", metavar="TABLE", default=None, help="print this table as Markdown")
+    parser.add_argument("--list", action="store_true", help="print the names of the tables this bundle has")
+    args = parser.parse_args(argv)
+    if args.out is None and args.markdown is None and not args.list:
+        raise UserError("report: give --out DIR, --markdown TABLE or --list (see mtl-cog report --help).")
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path | None:
+    args = parse_args(argv)
+    bundle = read_bundle(args.bundle)
+    if bundle is None:
+        raise UserError(f"--bundle {args.bundle}: no results bundle there (no campaign.json). A campaign writes it "
+                        "as OUT/bundle.")
+    tables = bundle_tables(bundle)
+    if args.list:
+        print("\n".join(tables))
+    if args.markdown is not None:
+        if args.markdown not in tables:
+            raise UserError(f"--markdown {args.markdown}: this bundle has no such table; it has "
+                            f"{', '.join(tables) or 'none (no finished run)'}.")
+        print(markdown_of(tables[args.markdown]))
+    if args.out is not None:
+        check_writable(args.out, "--out", folder=True)
+        path = write_bundle_report(bundle, args.out)
+        print(path)
+        return path
+    return None
+
+
+def cli() -> None:
+    run_cli(main)
+
+
+if __name__ == "__main__":
+    cli()

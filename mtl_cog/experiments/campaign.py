@@ -1,0 +1,376 @@
+"""One campaign engine: many runs planned, estimated, launched, resumed and collected into a results bundle.
+
+Every command that trains more than one run is a *spec generator* on top of this module: ``sweep``
+(a grid), ``leader-curve`` (ratios x seeds + reference arms), ``reproduce`` (method configs x seeds,
+after the fair protocol's tuning) and the tuning workers (one spec per trial). A ``RunSpec`` is one
+run: its config sources and overrides, its folder, and its labels (data, method, role, tuning draw,
+trial, leader/follower ratio, seed). The engine then does, once for all of them (the split of
+Hydra's sweeper, which makes the specs, and launcher, which runs them):
+
+1. **resolve** every spec's config up front: a bad spec refuses the whole campaign with one
+   ``error:`` line naming it, before any run starts (``resolve``);
+2. **plan** each run's state: recorded in the campaign's results bundle (``bundled``: nothing to
+   train, also on a fresh clone where the run folders are gone), finished in its folder (``done``:
+   collected, not retrained), interrupted (``unfinished``: resumed from its saved state) or ``new``.
+   A bundle recording the same run under another config digest is refused, naming the run and both
+   digests, and a bundle of another campaign is refused whole: two campaigns never mix (``plan``);
+3. **estimate** what is still to run, in device-hours and, on CPUs, core-hours (``estimate``);
+4. **launch** what is left through the local or submitit launcher with one thread policy
+   (``thread_env``) and one interrupt message, **collecting** each run into the bundle as it
+   finishes (``collect``), so that a lost machine loses only the runs in flight.
+
+The bundle (``mtl_cog.reporting.bundle``) lives in ``<out>/bundle`` and is what a user commits;
+``mtl-cog report --bundle`` regenerates every table from it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from filelock import FileLock
+
+from mtl_cog.config import Config, load_config
+from mtl_cog.errors import ConfigError, RunFolderError, UserError
+from mtl_cog.experiments import gpu_time
+from mtl_cog.experiments.launcher import PACKAGE_PARENT, RunJob, train_command
+from mtl_cog.experiments.sweep import DONE, LOCATION_KEYS, NEW, TRACKING_KEYS, UNFINISHED, run_state
+from mtl_cog.reporting import bundle as bundles
+from mtl_cog.reporting.bundle_rows import environment, failed_row, run_rows, versions_text
+from mtl_cog.runs import rundir
+
+BUNDLED = "bundled"  # recorded as done in the campaign's bundle: never trained again
+# Where a run's files and data lie is no setting of it: a bundle re-planned on another machine
+# (another data.root, cache or output folder) holds the same runs.
+DIGEST_IGNORED = (*TRACKING_KEYS, *LOCATION_KEYS, "data.root", "data.cache_dir", "data.download", "data.use_cache")
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What a run is, in the words of runs.csv."""
+
+    data: str
+    method: str
+    role: str  # trial / final / curve / sweep
+    seed: int
+    draw: str = ""  # the tuning draw (its tuning seeds), "" when none
+    trial: str = ""
+    ratio: float | None = None  # leader / follower learning rate, None when not on a leader grid
+
+    def row(self) -> dict:
+        return {"data": self.data, "method": self.method, "role": self.role, "seed": self.seed, "draw": self.draw,
+                "trial": self.trial, "ratio": "" if self.ratio is None else self.ratio}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run: str  # the run's name: unique in the campaign, the name of its folder
+    configs: tuple[Path, ...]  # merged in order
+    overrides: tuple[str, ...]  # then these; ``output_dir``/``run_name`` are added from ``run_dir``
+    run_dir: Path
+    labels: Labels
+    posthoc: tuple[str, ...] = ()  # post-hoc calibrators fitted on its validation predictions when collected
+
+    def all_overrides(self) -> list[str]:
+        return [*self.overrides, f"output_dir={self.run_dir.parent}", f"run_name={self.run_dir.name}"]
+
+
+@dataclass
+class Campaign:
+    name: str  # e.g. "reproduce-fair", "leader-curve-fashion_mnist-cog_fc", "sweep-cog_ts"
+    out: Path  # <out>/bundle is its results bundle
+    specs: list[RunSpec]
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+    counterparts: dict[str, str] = field(default_factory=dict)  # {method: counterpart} for paired verdicts
+
+
+@dataclass
+class Planned:
+    spec: RunSpec
+    config: Config
+    digest: str
+    state: str  # bundled / done / unfinished / new
+
+
+def run_name(*, data: str = "", method: str = "", draw: int = 1, ratio: float | None = None, trial: int | None = None,
+             index: int | None = None, seed: int | None = None) -> str:
+    """The one rule for a run folder's name, leaving out what a campaign does not vary:
+    ``<data>-<method>[-d<draw>]-r<ratio>-trial_<NN>-run_<NN>-seed<S>`` (a reproduction's
+    ``digits-cog_fc-seed0``, a curve's ``cog_fc-r0.1-seed0``, a tuning trial's ``trial_03`` or
+    ``trial_03-seed1000``, a sweep's ``run_07``). The first tuning draw has no ``-d``, so one-draw
+    campaigns keep their names; ``r<ratio>`` prints 6 significant digits and reads back as the same
+    number (``leader_curve.check_ratios`` refuses two ratios with one name).
+    """
+    parts = [data, method, "" if draw == 1 else f"d{draw}", "" if ratio is None else f"r{ratio:.6g}",
+             "" if trial is None else f"trial_{trial:02d}", "" if index is None else f"run_{index:02d}",
+             "" if seed is None else f"seed{seed}"]
+    return "-".join(p for p in parts if p)
+
+
+def _flat(value: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, item in value.items():
+        name = f"{prefix}{key}"
+        out.update(_flat(item, f"{name}.") if isinstance(item, dict) else {name: item})
+    return out
+
+
+def config_digest(cfg: Config) -> str:
+    """A short hash of every setting that makes the run what it is (not where it lies or reports)."""
+    settings = {k: v for k, v in _flat(cfg.to_dict()).items()
+                if not any(k == i or k.startswith(f"{i}.") for i in DIGEST_IGNORED)}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resolve(specs: list[RunSpec]) -> list[Config]:
+    """Every spec's config, all before anything runs: one bad spec refuses the campaign, naming it."""
+    names = [s.run for s in specs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UserError(f"the campaign plans two runs named {', '.join(repeated[:3])}: they would share a folder. "
+                        "Give distinct seeds, ratios or grid values.")
+    configs = []
+    for spec in specs:
+        try:
+            configs.append(load_config(list(spec.configs), spec.all_overrides()))
+        except ConfigError as err:
+            raise ConfigError(f"campaign run {spec.run}: {err}") from None
+    return configs
+
+
+def plan(campaign: Campaign) -> list[Planned]:
+    """Each spec's resolved config, digest and state (module docstring, step 2)."""
+    configs = resolve(campaign.specs)
+    bundle = bundles.read_bundle(bundles.bundle_dir(campaign.out))
+    if bundle is not None and bundle.name != campaign.name:
+        raise UserError(f"{bundles.bundle_dir(campaign.out)} holds the results of campaign {bundle.name!r}, not of "
+                        f"{campaign.name!r}: two campaigns never share a bundle. Use another --out.")
+    recorded = {} if bundle is None else dict(zip(bundle.runs["run"], zip(bundle.runs["config_digest"],
+                                                                          bundle.runs["status"])))
+    planned = []
+    for spec, cfg in zip(campaign.specs, configs):
+        digest = config_digest(cfg)
+        if spec.run in recorded and recorded[spec.run][0] != digest:
+            raise UserError(f"{bundles.bundle_dir(campaign.out) / bundles.RUNS}: run {spec.run} was recorded with "
+                            f"config digest {recorded[spec.run][0]}, and this campaign plans it as {digest} (another "
+                            "setting). Use another --out, or the settings the bundle was made with.")
+        if spec.run in recorded and recorded[spec.run][1] == "done":
+            state = BUNDLED
+        else:
+            state = run_state(spec.run_dir, cfg)
+        planned.append(Planned(spec, cfg, digest, state))
+    return planned
+
+
+def estimate(planned: list[Planned], measured, extra: tuple[float, float] = (0.0, 0.0)) -> dict:
+    """Seconds still to run: ``device`` (GPU rates, one device each) and ``cpu`` (one-core rates: core-seconds);
+    ``extra`` adds (device, cpu) seconds planned elsewhere (the tuning)."""
+    todo = [p for p in planned if p.state in (NEW, UNFINISHED)]
+    estimates = [gpu_time.estimate_run(p.config, measured) for p in todo]
+    return {"runs": len(planned), "todo": len(todo),
+            "device": sum(e.seconds for e in estimates if not e.on_cpu) + extra[0],
+            "cpu": sum(e.seconds for e in estimates if e.on_cpu) + extra[1],
+            "sources": sorted({e.source for e in estimates})}
+
+
+def print_estimate(planned: list[Planned], measured, parallel: int, what: str = "runs",
+                   extra: tuple[float, float] = (0.0, 0.0), note: str = "") -> dict:
+    """The dry run's one estimate line: GPU-hours and CPU core-hours still to run, and the wall time."""
+    result = estimate(planned, measured, extra)
+    print_counts(planned, what)
+    parts = []
+    if result["device"] or not result["cpu"]:
+        parts.append(f"{result['device'] / 3600:.1f} GPU-hours (~{gpu_time.format_duration(result['device'])} "
+                     "of one device)")
+    if result["cpu"]:
+        parts.append(f"{result['cpu'] / 3600:.1f} CPU core-hours (~{gpu_time.format_duration(result['cpu'] / parallel)}"
+                     f" wall with {parallel} at a time)")
+    print(f"estimated: {' + '.join(parts)} still to run{note} (throughput: "
+          f"{'; '.join(result['sources']) or 'nothing to run'})")
+    return result
+
+
+def print_counts(planned: list[Planned], what: str) -> None:
+    counts = {s: sum(p.state == s for p in planned) for s in (BUNDLED, DONE, UNFINISHED, NEW)}
+    print(f"{what}: {len(planned)} planned ({counts[BUNDLED]} in the bundle, {counts[DONE]} finished, "
+          f"{counts[UNFINISHED]} to resume, {counts[NEW]} to train)", flush=True)
+
+
+def thread_env(parallel: int, threads: int | None = None, gpus: bool = False) -> tuple[tuple[str, str], ...]:
+    """The one thread policy of every campaign: a CPU run gets ``threads`` torch threads (default: this
+    machine's cores shared by the runs at a time, at least 1), so parallel runs do not oversubscribe the
+    cores; GPU runs keep torch's default. The count each run used is recorded (``timing.jsonl``)."""
+    if gpus and threads is None:
+        return ()
+    count = threads or max(1, (os.cpu_count() or 1) // max(1, parallel))
+    return (("OMP_NUM_THREADS", str(count)), ("MKL_NUM_THREADS", str(count)))
+
+
+def threads_of(env: tuple[tuple[str, str], ...]) -> int:
+    return int(dict(env).get("OMP_NUM_THREADS", os.cpu_count() or 1))
+
+
+def interrupted(resume: str) -> SystemExit:
+    """The one interrupt message: what to type to continue."""
+    print(f"interrupted: finished runs are kept (and recorded in the bundle); {resume} continues where it stopped.",
+          file=sys.stderr)
+    return SystemExit(130)
+
+
+def code_commit() -> str:
+    """The commit of the code that ran (``+dirty`` with uncommitted changes), "" outside a git clone."""
+    try:
+        head = subprocess.run(["git", "-C", PACKAGE_PARENT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "-C", PACKAGE_PARENT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if head.returncode != 0:
+        return ""
+    return head.stdout.strip()[:12] + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def spec_record(p: Planned) -> dict:
+    """What ``campaign.json`` keeps of a run: its digest and how to compose its config again (config files
+    relative to the clone where they lie in it, overrides), so a fresh clone can rebuild it from the bundle."""
+    def portable(path: Path) -> str:
+        try:
+            return str(Path(path).resolve().relative_to(Path(PACKAGE_PARENT)))
+        except ValueError:
+            return str(path)
+    return {"digest": p.digest, "configs": [portable(c) for c in p.spec.configs], "overrides": list(p.spec.overrides)}
+
+
+def recorded_spec(bundle: bundles.Bundle, run: str) -> tuple[tuple[Path, ...], tuple[str, ...]] | None:
+    """(config files, overrides) of ``run`` as ``campaign.json`` records it; None when it records no more than a
+    digest. Relative config paths are read from this clone."""
+    record = bundle.campaign.get("specs", {}).get(run)
+    if not isinstance(record, dict) or "configs" not in record:
+        return None
+    configs = tuple(Path(c) if Path(c).is_absolute() else Path(PACKAGE_PARENT) / c for c in record["configs"])
+    return configs, tuple(record.get("overrides", ()))
+
+
+class Collector:
+    """Records finished runs into the campaign's bundle, one at a time under a file lock (several processes,
+    e.g. tuning workers, may collect into one bundle)."""
+
+    def __init__(self, campaign: Campaign, planned: list[Planned]) -> None:
+        self.campaign = campaign
+        self.folder = bundles.bundle_dir(campaign.out)
+        self.lock = FileLock(str(Path(campaign.out) / "bundle.lock"))
+        self.env = environment()
+        self.commit = code_commit()
+        self.planned = {p.spec.run: p for p in planned}
+
+    def _campaign_record(self, old: dict | None) -> dict:
+        specs = dict((old or {}).get("specs", {}))
+        specs.update({name: spec_record(p) for name, p in self.planned.items()})
+        command = self.campaign.command or (old or {}).get("command", [])  # a tuning worker keeps the driver's
+        return {"format": bundles.FORMAT, "campaign": self.campaign.name, "command": command,
+                "counterparts": {**(old or {}).get("counterparts", {}), **self.campaign.counterparts},
+                "environment": {**self.env, "commit": self.commit}, "specs": specs}
+
+    def labels_of(self, p: Planned) -> dict:
+        return {"run": p.spec.run, "campaign": self.campaign.name, "config_digest": p.digest, **p.spec.labels.row()}
+
+    def update(self, change) -> None:
+        """Apply ``change(bundle)`` to the bundle on disk and write it back (under the lock)."""
+        self.campaign.out.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            bundle = bundles.read_bundle(self.folder)
+            if bundle is None:
+                bundle = bundles.Bundle(self._campaign_record(None))
+            elif bundle.name != self.campaign.name:
+                raise UserError(f"{self.folder} holds campaign {bundle.name!r}, not {self.campaign.name!r}.")
+            bundle.campaign = self._campaign_record(bundle.campaign)
+            change(bundle)
+            bundles.write_bundle(self.folder, bundle)
+
+    def collect(self, names: list[str], failed: dict[str, str] | None = None) -> list[str]:
+        """Record the finished runs among ``names`` (and ``failed``: {run: reason}); -> runs that could not be read."""
+        rows, refused = [], []
+        for name in names:
+            p = self.planned[name]
+            if p.state == BUNDLED or not (p.spec.run_dir / rundir.DONE).is_file():
+                continue
+            try:
+                row, results, curves = run_rows(p.spec.run_dir, self.labels_of(p), p.spec.posthoc)
+            except (RunFolderError, UserError) as err:
+                print(f"{name}: not recorded in the bundle: {err}", file=sys.stderr)
+                refused.append(name)
+                continue
+            row.update(versions=versions_text(self.env), commit=self.commit)
+            rows.append((row, results, curves))
+        failures = [bundles_failed(self.labels_of(self.planned[n]), reason) for n, reason in (failed or {}).items()]
+        if rows or failures:
+            def change(bundle: bundles.Bundle) -> None:
+                for row in failures:
+                    if not (bundle.runs["run"] == row["run"]).any() or \
+                            (bundle.runs.loc[bundle.runs["run"] == row["run"], "status"] != "done").all():
+                        bundle.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
+                                       pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+                for row, results, curves in rows:
+                    bundle.add_run(row, results, curves)
+            self.update(change)
+            for row, _, _ in rows:
+                self.planned[row["run"]].state = BUNDLED
+        return refused
+
+
+def bundles_failed(labels: dict, reason: str) -> dict:
+    return failed_row(labels, "failed", reason)
+
+
+def jobs(planned: list[Planned], env: tuple[tuple[str, str], ...], processes: int = 1) -> list[tuple[Planned, RunJob]]:
+    """The launcher's jobs for the runs still to train (unfinished ones resume with ``train --resume``)."""
+    out = []
+    for p in planned:
+        if p.state not in (NEW, UNFINISHED):
+            continue
+        command = train_command(p.spec.run_dir, list(p.spec.configs), p.spec.all_overrides(), p.state == UNFINISHED,
+                                processes)
+        name = f"{p.spec.labels.data}/{p.spec.run}" if p.spec.labels.data else p.spec.run
+        out.append((p, RunJob(name, tuple(command), p.spec.run_dir.parent / f"{p.spec.run_dir.name}.log", env=env)))
+    return out
+
+
+def run(campaign: Campaign, planned: list[Planned], runner, env: tuple[tuple[str, str], ...], resume: str,
+        processes: int = 1, what: str = "runs") -> list[Planned]:
+    """Collect what already finished, train the rest (each run collected as it ends); -> the failed runs."""
+    print_counts(planned, what)
+    collector = Collector(campaign, planned)
+    collector.collect([p.spec.run for p in planned if p.state == DONE])  # finished before, not yet in the bundle
+    todo = jobs(planned, env, processes)
+    if not todo:
+        return []
+
+    def finished(index: int, code: int) -> None:
+        p, job = todo[index]
+        if code == 0:
+            if collector.collect([p.spec.run]):
+                failed_names.add(p.spec.run)
+        else:
+            failed_names.add(p.spec.run)
+            collector.collect([], {p.spec.run: f"exit {code}; see {job.log}"})
+
+    failed_names: set[str] = set()
+    try:
+        runner.run([job for _, job in todo], on_done=finished)
+    except KeyboardInterrupt:
+        raise interrupted(resume) from None
+    return [p for p, _ in todo if p.spec.run in failed_names]
+
+
+def add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--threads``: the one thread option of every campaign command."""
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU runs: torch threads per run (default: the cores shared by the runs at a time)")

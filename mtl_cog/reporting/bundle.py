@@ -1,0 +1,205 @@
+"""A campaign's results bundle: the small tables every published number is recomputed from.
+
+A campaign (``mtl_cog.experiments.campaign``: a sweep, a leader curve, a reproduction, its tuning)
+writes ``<out>/bundle/`` as its runs finish, small enough to commit (a 40-task run adds ~10 kB):
+
+- ``campaign.json``: ``format``, ``campaign`` (its name: two campaigns never share a bundle),
+  ``command``, ``specs`` ({run: {digest, configs, overrides}} of every planned run: what composes it
+  again on a fresh clone), ``counterparts``
+  ({method: counterpart}, what the paired comparisons pair), ``environment`` (python, torch,
+  platform, the code's commit);
+- ``runs.csv``: one row per run (``RUN_COLUMNS``): what it was (data, method, role, tuning draw,
+  trial, leader/follower ratio, seed, config digest), how it ended (status, reason), what it used
+  (images per split, epochs, whether it converged, wall seconds, torch threads per process, versions,
+  commit);
+- ``results.csv.gz``: ``run, split, task, metric, value`` at the selected checkpoint, task ``mean``
+  included; split ``test+ts`` is the test split after a post-hoc calibrator (``ts``) fitted on the
+  run's validation predictions;
+- ``curves.csv.gz``: ``run, epoch, split, metric, value`` per epoch: the validation task means, the
+  training loss, and what the convergence rule reads (``calibrator``/``from_last``: the calibrator's
+  largest distance to its final values; ``calibrator``/``scale``: its largest magnitude at epoch 1);
+  stage two of TST/V-TST as split ``stage_two``;
+- ``trials.csv``: every tuning trial, failed and pruned ones included (``state``, ``reason``,
+  parameters, value).
+
+The files are written one at a time, ``runs.csv`` last: a run's rows count only once its
+``runs.csv`` row exists, so a bundle interrupted between two files holds no half-recorded run. The
+CSV files are written deterministically (sorted rows, gzip without a timestamp, 8 significant
+digits), so a bundle re-collected from the same runs is byte-identical and a commit shows what changed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from mtl_cog.errors import UserError
+from mtl_cog.io import atomic_write_bytes, atomic_write_text
+
+FORMAT = "mtl_cog.results_bundle.v1"
+FOLDER = "bundle"
+CAMPAIGN, RUNS, RESULTS, CURVES, TRIALS = "campaign.json", "runs.csv", "results.csv.gz", "curves.csv.gz", "trials.csv"
+RUN_COLUMNS = ["run", "campaign", "data", "method", "role", "draw", "trial", "ratio", "seed", "config_digest",
+               "status", "reason", "train_size", "val_size", "test_size", "epochs_run", "converged", "wall_s",
+               "threads", "versions", "commit"]
+RESULT_COLUMNS = ["run", "split", "task", "metric", "value"]
+CURVE_COLUMNS = ["run", "epoch", "split", "metric", "value"]
+ROLES = ("trial", "final", "curve", "sweep")
+STATUSES = ("done", "failed", "pruned")
+FLOAT_FORMAT = "%.8g"
+
+
+@dataclass
+class Bundle:
+    campaign: dict
+    runs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RUN_COLUMNS))
+    results: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RESULT_COLUMNS))
+    curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))
+    trials: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def name(self) -> str:
+        return str(self.campaign.get("campaign", ""))
+
+    def done(self) -> pd.DataFrame:
+        """The runs.csv rows of runs that finished (status ``done``)."""
+        return self.runs[self.runs["status"] == "done"]
+
+    def add_run(self, row: dict, results: pd.DataFrame, curves: pd.DataFrame) -> None:
+        """Record one run (replacing its earlier rows, e.g. a failure now finished)."""
+        missing = [c for c in RUN_COLUMNS if c not in row]
+        if missing:
+            raise ValueError(f"a runs.csv row lacks {missing}")
+        name = row["run"]
+        self.runs = pd.concat([self.runs[self.runs["run"] != name], pd.DataFrame([row], columns=RUN_COLUMNS)],
+                              ignore_index=True)
+        self.results = pd.concat([self.results[self.results["run"] != name], results[RESULT_COLUMNS]],
+                                 ignore_index=True)
+        self.curves = pd.concat([self.curves[self.curves["run"] != name], curves[CURVE_COLUMNS]], ignore_index=True)
+
+    def set_trials(self, study: str, table: pd.DataFrame) -> None:
+        """Replace the trials of ``study`` (a ``study`` column is added) by ``table``."""
+        kept = self.trials[self.trials["study"] != study] if "study" in self.trials else self.trials
+        self.trials = pd.concat([kept, table.assign(study=study)], ignore_index=True)
+
+
+def bundle_dir(out: Path) -> Path:
+    return Path(out) / FOLDER
+
+
+def _csv_bytes(frame: pd.DataFrame, sort: list[str], gz: bool) -> bytes:
+    frame = frame.sort_values(sort, kind="stable") if len(frame) else frame
+    text = frame.to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+    if not gz:
+        return text.encode()
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, compresslevel=9) as handle:  # mtime 0: reproducible
+        handle.write(text.encode())
+    return buffer.getvalue()
+
+
+def write_bundle(folder: Path, bundle: Bundle) -> None:
+    """Write every file of ``bundle`` into ``folder`` (created), ``runs.csv`` last."""
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / CAMPAIGN, json.dumps(bundle.campaign, indent=1, sort_keys=True) + "\n")
+    results = bundle.results.astype({"value": float})  # object columns (after a concat) ignore float_format
+    curves = bundle.curves.astype({"value": float, "epoch": int})
+    atomic_write_bytes(folder / RESULTS, _csv_bytes(results, ["run", "split", "task", "metric"], gz=True))
+    atomic_write_bytes(folder / CURVES, _csv_bytes(curves, ["run", "split", "metric", "epoch"], gz=True))
+    if len(bundle.trials):
+        atomic_write_bytes(folder / TRIALS, _csv_bytes(bundle.trials, ["study", "trial"], gz=False))
+    atomic_write_bytes(folder / RUNS, _csv_bytes(bundle.runs, ["run"], gz=False))
+
+
+def _read_csv(path: Path, columns: list[str] | None, **kwargs) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""], **kwargs)
+    except (OSError, ValueError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, pd.errors.ParserError) as err:
+        raise UserError(f"{path}: not a readable results-bundle table ({type(err).__name__}: {err}). Restore it "
+                        "from git (git checkout -- <file>), or delete the bundle folder to collect it anew from "
+                        "the run folders.") from None
+    if columns is not None and list(frame.columns) != columns:
+        raise UserError(f"{path}: columns {list(frame.columns)} are not the bundle format's {columns}. Restore it "
+                        "from git, or delete the bundle folder to collect it anew from the run folders.")
+    return frame
+
+
+def read_bundle(folder: Path) -> Bundle | None:
+    """The bundle in ``folder``; None when there is none (no ``campaign.json``); one error line when damaged."""
+    folder = Path(folder)
+    if not (folder / CAMPAIGN).is_file():
+        if folder.is_dir() and any(folder.iterdir()):
+            raise UserError(f"{folder}: holds files but no {CAMPAIGN}, so it is no results bundle (or a damaged "
+                            "one). Restore it from git, or move it away.")
+        return None
+    try:
+        campaign = json.loads((folder / CAMPAIGN).read_text())
+        if not isinstance(campaign, dict) or campaign.get("format") != FORMAT:
+            raise ValueError(f"format {campaign.get('format') if isinstance(campaign, dict) else None!r}, "
+                             f"expected {FORMAT!r}")
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{folder / CAMPAIGN}: not a results bundle's campaign record ({err}). Restore it from "
+                        "git, or delete the bundle folder to collect it anew.") from None
+    if not (folder / RUNS).is_file():
+        return Bundle(campaign)
+    # every runs.csv column as text: a hex digest such as 1234e567... would otherwise be read as a float
+    runs = _read_csv(folder / RUNS, RUN_COLUMNS, dtype=str).fillna("")
+    results = _read_csv(folder / RESULTS, RESULT_COLUMNS, dtype={"run": str, "task": str})
+    curves = _read_csv(folder / CURVES, CURVE_COLUMNS, dtype={"run": str})
+    trials = _read_csv(folder / TRIALS, None) if (folder / TRIALS).is_file() else pd.DataFrame()
+    known = set(runs["run"])  # rows of a run whose runs.csv row was never written do not count
+    bundle = Bundle(campaign, runs, results[results["run"].isin(known)].reset_index(drop=True),
+                    curves[curves["run"].isin(known)].reset_index(drop=True), trials)
+    check_bundle(folder, bundle)
+    return bundle
+
+
+def check_bundle(folder: Path, bundle: Bundle) -> None:
+    """Refuse a bundle whose rows contradict each other (edited by hand, two campaigns merged)."""
+    runs = bundle.runs
+    problems = []
+    if runs["run"].duplicated().any():
+        problems.append(f"run(s) listed twice in {RUNS}: {', '.join(runs.loc[runs['run'].duplicated(), 'run'])}")
+    if set(runs["campaign"]) - {bundle.name}:
+        problems.append(f"rows of another campaign ({', '.join(sorted(set(runs['campaign']) - {bundle.name}))}) "
+                        f"in a bundle of {bundle.name!r}")
+    bad_status = sorted(set(runs["status"]) - set(STATUSES))
+    if bad_status:
+        problems.append(f"status {bad_status} (expected one of {', '.join(STATUSES)})")
+    specs = {run: record["digest"] if isinstance(record, dict) else record  # a digest alone in older bundles
+             for run, record in bundle.campaign.get("specs", {}).items()}
+    other = [r for r, d in zip(runs["run"], runs["config_digest"]) if r in specs and specs[r] != d]
+    if other:
+        problems.append(f"config digests in {RUNS} differ from {CAMPAIGN}'s for {', '.join(other[:3])}")
+    if problems:
+        raise UserError(f"{folder}: inconsistent results bundle: {'; '.join(problems)}. Restore it from git, or "
+                        "delete the bundle folder to collect it anew from the run folders.")
+
+
+def wide_scores(bundle: Bundle, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (run, split, task) with a column per metric and the run's labels, finished runs only.
+
+    A post-hoc split ``test+<name>`` becomes split ``test`` of method ``<method>+<name>`` (the
+    reports' name for a calibrator fitted after training, e.g. ``baseline+ts``).
+    """
+    runs = bundle.done() if runs is None else runs
+    if bundle.results.empty or runs.empty:
+        return pd.DataFrame(columns=["run", "split", "task", "data", "method", "role", "draw", "trial", "ratio",
+                                     "seed"])
+    scored = bundle.results[bundle.results["run"].isin(set(runs["run"])) & (bundle.results["split"] != "calibrator")]
+    wide = scored.pivot_table(
+        index=["run", "split", "task"], columns="metric", values="value", aggfunc="first").reset_index()
+    wide.columns.name = None
+    labels = runs[["run", "data", "method", "role", "draw", "trial", "ratio", "seed"]]
+    wide = wide.merge(labels, on="run", how="left")
+    posthoc = wide["split"].str.startswith("test+")
+    wide.loc[posthoc, "method"] = wide.loc[posthoc, "method"] + "+" + wide.loc[posthoc, "split"].str[5:]
+    wide.loc[posthoc, "split"] = "test"
+    wide["ratio"] = pd.to_numeric(wide["ratio"], errors="coerce")
+    wide["seed"] = wide["seed"].astype(int)
+    return wide

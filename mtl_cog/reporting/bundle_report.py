@@ -1,0 +1,303 @@
+"""Every table of a campaign, computed from its results bundle alone (``mtl-cog report --bundle``).
+
+No run folder is read: what a reader can recompute from a committed bundle is what we publish.
+``bundle_tables`` returns the tables by name; ``write_bundle_report`` writes each as CSV and Markdown
+plus ``report.md``; ``markdown_tables`` gives the Markdown that ``docs/`` embeds between
+``<!-- bundle-table ... -->`` markers (``scripts/regenerate_docs_tables.py``; a test fails when a page
+disagrees with its bundle).
+
+- ``summary``: per data set, tuning draw and method, the test metrics' task mean, mean ± std over
+  the final runs' seeds (the COG paper's Table 1 layout), with the seed count;
+- ``paired``: each COG variant minus its counterpart (``campaign.json``'s ``counterparts``), paired
+  by seed, 95 % t interval over seeds (``reporting/paired.py``), per draw;
+- ``verdicts``: the draws' verdicts side by side: ``settled`` when every draw says the same,
+  else **depends on the tuning draw**;
+- ``chosen``: the chosen trial of every study (``trials.csv``), and whether draws chose alike;
+- ``convergence``: per role, data set, draw and method: runs that settled under the convergence
+  rule (``trajectories.convergence_of_curves``), and the calibrator's whole move;
+- ``calibrators``: every learned calibrator's final values, distance from the identity and whole move;
+  ``exercised`` is false where it stayed within 1 % of the identity (then the method was not tested at this
+  budget, and the summary says so instead of ranking it);
+- ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mtl_cog.constants import IDENTITY_TOLERANCE, IDENTITY_VALUES
+from mtl_cog.errors import UserError
+from mtl_cog.io import atomic_write, atomic_write_text
+from mtl_cog.reporting.bundle import Bundle, read_bundle, wide_scores
+from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
+from mtl_cog.reporting.html_report import ReportTables, write_html_report
+from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
+from mtl_cog.reporting.paired import PAIRED_METRICS, paired_differences
+from mtl_cog.reporting.tables import markdown_table
+from mtl_cog.reporting.trajectories import convergence_of_curves
+
+SUMMARY_METRICS = ("accuracy", "nll", "brier", "ece@15")
+SETTLED, DEPENDS = "settled", "depends on the tuning draw"
+
+
+def _final_scores(bundle: Bundle) -> pd.DataFrame:
+    runs = bundle.done()
+    finals = runs[runs["role"] == "final"] if (runs["role"] == "final").any() else runs[runs["role"] != "trial"]
+    scores = wide_scores(bundle, finals)
+    return scores[scores["split"] == "test"].assign(draw=lambda f: f["draw"].fillna("").astype(str))
+
+
+def summary(bundle: Bundle) -> pd.DataFrame:
+    scores = _final_scores(bundle)
+    means = scores[scores["task"] == "mean"]
+    rows = []
+    for (data, draw, method), group in means.groupby(["data", "draw", "method"], sort=True):
+        row = {"data": data, "draw": draw, "method": method, "seeds": group["seed"].nunique()}
+        for metric in SUMMARY_METRICS:
+            values = group[metric].to_numpy(dtype=float)
+            row[metric] = values.mean()
+            row[f"{metric}_std"] = values.std(ddof=1) if len(values) > 1 else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summary_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` as the paper prints it: "mean ± std" per metric."""
+    out = table[["data", "draw", "method", "seeds"]].copy()
+    for metric in SUMMARY_METRICS:
+        out[metric] = [f"{m:.4f}" + ("" if pd.isna(s) else f" ± {s:.4f}") for m, s in
+                       zip(table[metric], table[f"{metric}_std"])]
+    return out
+
+
+def paired(bundle: Bundle) -> pd.DataFrame:
+    scores = _final_scores(bundle)
+    pairs = dict(bundle.campaign.get("counterparts", {}))
+    frames = []
+    for draw, group in scores.groupby("draw", sort=True):
+        table = paired_differences(group.rename(columns={"data": "dataset"}), pairs, PAIRED_METRICS)
+        frames.append(table.assign(draw=draw))
+    if not frames:
+        return pd.DataFrame()
+    table = pd.concat(frames, ignore_index=True)
+    return table[["dataset", "draw", *[c for c in table.columns if c not in ("dataset", "draw")]]]
+
+
+def verdicts(paired_table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (data set, variant, counterpart, metric): each draw's verdict and whether they agree."""
+    if paired_table.empty:
+        return pd.DataFrame()
+    wide = paired_table.pivot_table(index=["dataset", "variant", "counterpart", "metric"], columns="draw",
+                                    values="better", aggfunc="first")
+    wide.columns = [f"draw {c}" if c else "verdict" for c in wide.columns]
+    draws = list(wide.columns)
+    if len(draws) > 1:
+        wide["answer"] = [row[draws[0]] if row.nunique() == 1 and row.notna().all() else DEPENDS
+                          for _, row in wide[draws].iterrows()]
+        wide["status"] = [SETTLED if a != DEPENDS else DEPENDS for a in wide["answer"]]
+    return wide.reset_index()
+
+
+def chosen(bundle: Bundle) -> pd.DataFrame:
+    trials = bundle.trials
+    if trials.empty or "chosen" not in trials:
+        return pd.DataFrame()
+    picked = trials[trials["chosen"] == "*"].copy()
+    keep = ["study", "draw", "trial", "overrides", "val_nll"]
+    table = picked[[c for c in keep if c in picked]].copy()
+    counts = trials.groupby("study").agg(trials=("trial", "size"), failed=("state", lambda s: int((s == "fail").sum())),
+                                         pruned=("state", lambda s: int((s == "pruned").sum())))
+    return table.merge(counts, left_on="study", right_index=True, how="left").sort_values("study")
+
+
+def convergence(bundle: Bundle) -> pd.DataFrame:
+    runs = bundle.done()
+    curves = bundle.curves
+    rows = []
+    for run in runs.itertuples():
+        result = convergence_of_curves(curves[curves["run"] == run.run])
+        rows.append({"role": run.role, "data": run.data, "draw": "" if pd.isna(run.draw) else str(run.draw),
+                     "method": run.method, "run": run.run,
+                     "converged": None if result is None else result.converged,
+                     "calibrator_move": None if result is None else result.calibrator_move,
+                     "why_not": "" if result is None else result.why_not()})
+    return pd.DataFrame(rows)
+
+
+def convergence_counts(table: pd.DataFrame) -> pd.DataFrame:
+    if table.empty:
+        return table
+    grouped = table.groupby(["role", "data", "draw", "method"], sort=True)
+    return grouped.agg(runs=("run", "size"), converged=("converged", lambda c: int((c == True).sum())),  # noqa: E712
+                       calibrator_move_max=("calibrator_move", "max")).reset_index()
+
+
+def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(curve table, paired table) over every (data set, method) with leader-ratio runs in the bundle."""
+    runs = bundle.done()
+    curve_runs = runs[runs["role"] == "curve"]
+    if curve_runs.empty:
+        return pd.DataFrame(), pd.DataFrame()
+    scores = wide_scores(bundle, curve_runs)
+    scores = scores[scores["task"] != "mean"].rename(columns={"method": "arm"})
+    tables, pairs = [], []
+    counterparts = bundle.campaign.get("counterparts", {})
+    for data, group in scores.groupby("data", sort=True):
+        methods = sorted(set(group.loc[group["ratio"].notna(), "arm"]))
+        tables.append(curve_table(group).assign(data=data))
+        for method in methods:
+            ratios = sorted(group.loc[(group["arm"] == method) & group["ratio"].notna(), "ratio"].unique())
+            ref = counterparts.get(method, "baseline")
+            pairs.append(paired_to_reference(group, method, ref, ratios).assign(data=data, method=method))
+            below = [r for r in ratios if r < 1]
+            pairs.append(paired_to_reference(group, method, method, below, reference_ratio=1.0)
+                         .assign(data=data, method=method))
+    return pd.concat(tables, ignore_index=True), pd.concat(pairs, ignore_index=True)
+
+
+def calibrators(bundle: Bundle) -> pd.DataFrame:
+    """Per run with a learned calibrator: its final values (min / median / max), the largest distance from the
+    identity, the whole move over training, and whether it was exercised at all (moved >= 1 % from identity)."""
+    runs = bundle.done()
+    rows = bundle.results[(bundle.results["split"] == CALIBRATOR_SPLIT) & bundle.results["run"].isin(set(runs["run"]))]
+    out = []
+    labels = runs.set_index("run")
+    for (run, parameter), group in rows.groupby(["run", "metric"], sort=True):
+        values = group["value"].to_numpy(dtype=float)
+        identity = IDENTITY_VALUES.get(parameter)
+        distance = float(np.abs(values - identity).max()) if identity is not None else np.nan
+        move = bundle.curves[(bundle.curves["run"] == run) & (bundle.curves["split"] == "calibrator")
+                             & (bundle.curves["metric"] == "from_last")].sort_values("epoch")["value"]
+        row = labels.loc[run]
+        out.append({"data": row["data"], "draw": "" if pd.isna(row["draw"]) else str(row["draw"]),
+                    "method": row["method"], "role": row["role"], "ratio": row["ratio"], "seed": row["seed"],
+                    "parameter": parameter, "min": values.min(), "median": float(np.median(values)),
+                    "max": values.max(), "from_identity": distance,
+                    "whole_move": float(move.iloc[0]) if len(move) else np.nan,
+                    "exercised": bool(distance >= IDENTITY_TOLERANCE) if identity is not None else True})
+    return pd.DataFrame(out)
+
+
+def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+    """Every table of the campaign by name (empty tables left out)."""
+    table = summary(bundle)
+    pair = paired(bundle)
+    conv = convergence(bundle)
+    curve, curve_pair = curves(bundle)
+    tables = {"summary": summary_cells(table) if not table.empty else table, "summary_values": table,
+              "paired": pair, "verdicts": verdicts(pair), "chosen": chosen(bundle),
+              "convergence": convergence_counts(conv), "convergence_runs": conv, "calibrators": calibrators(bundle),
+              "curve": curve,
+              "curve_paired": curve_pair}
+    return {name: frame for name, frame in tables.items() if not frame.empty}
+
+
+def markdown_of(frame: pd.DataFrame) -> str:
+    """A table as the docs show it: floats with 4 decimals (intervals and differences keep their sign)."""
+    shown = frame.copy()
+    for column in shown.columns:
+        if pd.api.types.is_float_dtype(shown[column]):
+            shown[column] = [("" if pd.isna(v) else f"{v:.4f}") for v in shown[column]]
+    return markdown_table(shown)
+
+
+def _label(data: str, draw: str, draws: int) -> str:
+    """A data set's section of report.html: one per tuning draw when there are several (never pooled)."""
+    return data if draws <= 1 or not draw else f"{data} (draw {draw})"
+
+
+def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables:
+    """``report.html``'s input from the bundle alone. The per-task panels show the task metrics; reliability
+    diagrams need each prediction's bin, which a bundle does not keep (``compare`` over the run folders draws
+    them)."""
+    summary = tables.get("summary_values", pd.DataFrame())
+    if summary.empty:
+        return ReportTables(pd.DataFrame(columns=["dataset", "method", "n_seeds"]))
+    draws = summary["draw"].nunique()
+    label = lambda frame: [_label(d, str(w), draws) for d, w in zip(frame["data"], frame["draw"])]  # noqa: E731
+    frame = summary.assign(dataset=label(summary)).rename(columns={"seeds": "n_seeds"})
+    paired_table = tables.get("paired", pd.DataFrame())
+    if not paired_table.empty:
+        paired_table = paired_table.assign(dataset=[_label(d, str(w), draws) for d, w in
+                                                    zip(paired_table["dataset"], paired_table["draw"])])
+    scores = _final_scores(bundle)
+    per_task = scores[scores["task"] != "mean"].assign(dataset=lambda f: label(f))
+    per_task = per_task.groupby(["dataset", "method", "task"], sort=False)[
+        [m for m in SUMMARY_METRICS if m in per_task]].mean().reset_index()
+    runs = bundle.done()
+    curves = bundle.curves[bundle.curves["split"] == "val"].merge(
+        runs[["run", "data", "draw", "method", "seed", "role"]], on="run")
+    curves = curves[curves["role"] == "final"].assign(dataset=lambda f: label(f))
+    leader = tables.get("curve", pd.DataFrame())
+    leader = leader.rename(columns={"data": "dataset"}) if not leader.empty else leader
+    notes = [f"Computed from the results bundle of campaign {bundle.name} alone ({len(runs)} finished runs); "
+             "per-task reliability diagrams need the run folders (mtl-cog compare)."]
+    return ReportTables(frame, paired=paired_table, per_task=per_task, curves=curves, leader_curve=leader,
+                        notes=notes, title=f"Campaign {bundle.name}")
+
+
+def write_bundle_report(bundle: Bundle, out: Path) -> Path:
+    """Each table as ``<name>.csv`` and ``<name>.md`` in ``out``, ``report.md`` with all of them, and
+    ``report.html`` (``mtl_cog.reporting.html_report``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tables = bundle_tables(bundle)
+    sections = [f"# Campaign {bundle.name}", "", f"{len(bundle.runs)} runs in the bundle ("
+                + ", ".join(f"{n} {s}" for s, n in bundle.runs["status"].value_counts().sort_index().items())
+                + "); every table below is computed from the bundle alone.", ""]
+    for name, frame in tables.items():
+        atomic_write(out / f"{name}.csv", lambda tmp, frame=frame: frame.to_csv(tmp, index=False))
+        text = markdown_of(frame)
+        atomic_write_text(out / f"{name}.md", text + "\n")
+        if not name.endswith(("_runs", "_values")):
+            sections += [f"## {name}", "", text, ""]
+    atomic_write_text(out / "report.md", "\n".join(sections))
+    write_html_report(out / "report.html", html_tables(bundle, tables))
+    return out / "report.md"
+
+
+# ------------------------------------------------------------------------------------------ docs/ tables
+# A results table in docs/ sits between these markers and is generated from a committed bundle:
+#     <!-- bundle-table: results/<campaign>/bundle <table> [where <pandas query>] -->
+#     ... the table, as markdown_of writes it ...
+#     <!-- /bundle-table -->
+MARKER = re.compile(r"<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: where (?P<query>.+?))? -->\n"
+                    r"(?P<body>.*?)<!-- /bundle-table -->", re.DOTALL)
+
+
+def regenerate_docs(root: Path, check: bool = False) -> list[str]:
+    """Rewrite every bundle-table block under ``root/docs`` (and the README) from its bundle; with ``check``,
+    write nothing. -> the blocks that disagreed with their bundle (``file: table``)."""
+    stale, cache = [], {}
+    for page in sorted([*(root / "docs").rglob("*.md"), root / "README.md"]):
+        if not page.is_file():
+            continue
+        text = page.read_text()
+
+        def table_for(match: re.Match, page: Path = page) -> str:
+            path = root / match["bundle"]
+            if path not in cache:
+                bundle = read_bundle(path)
+                if bundle is None:
+                    raise UserError(f"{page}: bundle-table names {match['bundle']}, which holds no results bundle.")
+                cache[path] = bundle_tables(bundle)
+            tables = cache[path]
+            if match["table"] not in tables:
+                raise UserError(f"{page}: bundle {match['bundle']} has no table {match['table']!r} "
+                                f"(it has {', '.join(tables)}).")
+            frame = tables[match["table"]]
+            if match["query"]:
+                frame = frame.query(match["query"])
+            body = markdown_of(frame.reset_index(drop=True)) + "\n"
+            if body != match["body"]:
+                stale.append(f"{page.relative_to(root)}: {match['table']} of {match['bundle']}")
+            head = match.group(0)[: match.start("body") - match.start(0)]
+            return f"{head}{body}<!-- /bundle-table -->"
+
+        new = MARKER.sub(table_for, text)
+        if new != text and not check:
+            atomic_write_text(page, new)
+    return stale

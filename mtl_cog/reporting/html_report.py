@@ -1,0 +1,385 @@
+"""One self-contained ``report.html`` of a comparison: tables, verdicts, curves and a reliability diagram per task.
+
+``write_html_report(path, tables)`` takes plain pandas tables (``ReportTables``), so any source can
+feed it: ``compare`` builds them from run folders (``mtl_cog.reporting.comparison``), a results
+bundle can build them from its CSV files. The page needs no network: figures are inline SVG
+(``mtl_cog.reporting.svg_charts``), style and script are inline (``mtl_cog.reporting.html_assets``).
+Sections appear only when their table has rows, in this order per data set: summary (sortable),
+paired verdicts, leader curves, convergence, learned calibrators, per task (a picker over every task:
+each method's reliability diagram side by side and the task's metrics), subgroups, shift.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.colors import to_hex
+
+from mtl_cog.constants import SUMMARY_BINS
+from mtl_cog.evaluation.metrics import lower_is_better
+from mtl_cog.io import atomic_write_text
+from mtl_cog.reporting.html_assets import SCRIPT, STYLE, SVG_DEFS
+from mtl_cog.reporting.plots import method_colors
+from mtl_cog.reporting.svg_charts import Band, Chart, Series, dot_strip_svg, line_chart_svg, reliability_svg
+
+ALL_TASKS = "all tasks pooled"  # the reliability table's task for every task of a data set pooled
+
+
+@dataclass
+class ReportTables:
+    """The report's input: plain tables, one row per observation. Only ``summary`` is required.
+
+    Column names in brackets are optional; metric columns are named as everywhere in the project
+    (``accuracy``, ``nll``, ``brier``, ``ece@15``, ``smece``, ...), with ``<metric>_std`` beside a mean
+    when a spread over seeds exists.
+
+    - ``summary``: one row per (dataset, method): dataset, method, n_seeds, metric columns, [avg_rank],
+      [top_ranked] (``mtl_cog.reporting.tables.summary_table``).
+    - ``paired``: one row per (dataset, variant, metric): dataset, variant, counterpart, metric,
+      mean_difference, ci_low, ci_high, n_seeds, n_tasks, better (``variant`` / ``counterpart`` /
+      ``inconclusive``; ``mtl_cog.reporting.paired.paired_differences``).
+    - ``per_task``: one row per (dataset, method, task): metric columns (``tables.per_task_table``).
+    - ``reliability``: one row per (dataset, method, task, bin): dataset, method, task, bin (0..B-1 of
+      B uniform bins on [0, 1]), n_bins, count, mean_confidence, frequency, [mean_truth]; seeds pooled;
+      task ``ALL_TASKS`` for every task pooled (``evaluation.binning.reliability_bins``).
+    - ``curves``: per-epoch values: dataset, method, seed, epoch, split, metric, value (a bundle's
+      ``curves.csv.gz`` with the run's dataset, method and seed joined on).
+    - ``convergence``: one row per run: dataset, method, seed, epochs, nll_gain_last_20pct,
+      calibrator_move_last_20pct, converged, why_not (``trajectories.convergence_table``).
+    - ``calibrators``: one row per (run, parameter, task): dataset, method, seed, parameter, task,
+      last_epoch_value, calibrator_at_identity (``trajectories.calibrator_table``).
+    - ``leader_curve``: one row per (arm, ratio, metric): [dataset], arm, ratio (empty for a reference
+      arm drawn as a band), metric, mean, ci_low, ci_high, n_seeds (``leader_curve.curve_table``).
+    - ``shift``: dataset, method, [seed], severity (0 = clean), metric columns (task means over corruptions;
+      ``shift_report.method_shift_table``); averaged over seeds here.
+    - ``subgroups``: dataset, method, [seed], group, value, task, n, metric columns (a run's
+      ``group_metrics.csv`` with its dataset, method and seed); averaged over seeds and tasks here.
+    - ``notes``: lines shown at the top (runs set apart and why); ``bins``: the bin count of the
+      summary's binned errors; ``title``, ``subtitle``: the page heading.
+    """
+
+    summary: pd.DataFrame
+    paired: pd.DataFrame = field(default_factory=pd.DataFrame)
+    per_task: pd.DataFrame = field(default_factory=pd.DataFrame)
+    reliability: pd.DataFrame = field(default_factory=pd.DataFrame)
+    curves: pd.DataFrame = field(default_factory=pd.DataFrame)
+    convergence: pd.DataFrame = field(default_factory=pd.DataFrame)
+    calibrators: pd.DataFrame = field(default_factory=pd.DataFrame)
+    leader_curve: pd.DataFrame = field(default_factory=pd.DataFrame)
+    shift: pd.DataFrame = field(default_factory=pd.DataFrame)
+    subgroups: pd.DataFrame = field(default_factory=pd.DataFrame)
+    notes: list[str] = field(default_factory=list)
+    bins: int = SUMMARY_BINS
+    title: str = "Comparison of methods"
+    subtitle: str = ""
+
+
+def shown_metrics(bins: int) -> list[str]:
+    """The metric columns a table shows, in this order, where present."""
+    return ["accuracy", "nll", "brier", f"ece@{bins}", f"rmsce@{bins}", f"mce@{bins}", "smece", f"adaece@{bins}",
+            f"classwise_ece@{bins}", "aurc", f"worst_group_ece@{bins}", "multicalibration_smece", f"nf_ece@{bins}",
+            "prob_error"]
+
+
+def _rows(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    if frame is None or frame.empty:
+        return pd.DataFrame()
+    return frame[frame["dataset"] == dataset] if "dataset" in frame else frame
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
+
+
+def _number(value) -> str:
+    return "–" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.4f}"
+
+
+def _cell(value, std=None, klass: str = "") -> str:
+    """A numeric cell: the value to sort by in data-v, mean ± std as text."""
+    if value is None or pd.isna(value):
+        return f'<td{klass} data-v="">–</td>'
+    text = _number(float(value)) + ("" if std is None or pd.isna(std) else f" ± {float(std):.4f}")
+    return f'<td{klass} data-v="{float(value):.10g}">{text}</td>'
+
+
+def _header(names: list[str], tips: dict[str, str] | None = None) -> str:
+    tips = tips or {}
+    cells = "".join(f'<th title="{escape(tips.get(n, ""))}">{escape(n)}</th>' if n in tips else
+                    f"<th>{escape(n)}</th>" for n in names)
+    return f"<thead><tr>{cells}</tr></thead>"
+
+
+def _arrow(metric: str) -> str:
+    return f"{metric} {'↓' if lower_is_better(metric) else '↑'}"
+
+
+def summary_html(rows: pd.DataFrame, bins: int) -> str:
+    metrics = [m for m in shown_metrics(bins) if m in rows and rows[m].notna().any()]
+    ranked = "avg_rank" in rows
+    names = ["method", "seeds", *map(_arrow, metrics), *(["avg rank ↓"] if ranked else [])]
+    body = []
+    order = rows.sort_values("avg_rank", kind="stable") if ranked else rows
+    for _, row in order.iterrows():
+        top = bool(row.get("top_ranked", False))
+        cells = [f'<td>{escape(str(row["method"]))}{" ★" if top else ""}</td>',
+                 f'<td data-v="{row.get("n_seeds", "")}">{row.get("n_seeds", "")}</td>']
+        cells += [_cell(row[m], row.get(f"{m}_std")) for m in metrics]
+        if ranked:
+            cells.append(_cell(row["avg_rank"]))
+        body.append(f'<tr{" class=top" if top else ""}>{"".join(cells)}</tr>')
+    return (f'<div class="scroll"><table class="sortable summary">{_header(names)}<tbody>{"".join(body)}'
+            "</tbody></table></div>")
+
+
+def paired_html(rows: pd.DataFrame) -> str:
+    names = ["variant", "counterpart", "metric", "difference", "95% interval", "seeds × tasks", "better"]
+    body = []
+    for row in rows.itertuples():
+        interval = "one seed: no interval" if pd.isna(row.ci_low) else f"[{row.ci_low:+.4f}, {row.ci_high:+.4f}]"
+        body.append(f"<tr><td>{escape(str(row.variant))}</td><td class=l>{escape(str(row.counterpart))}</td>"
+                    f"<td class=l>{escape(str(row.metric))}</td>"
+                    f'<td data-v="{row.mean_difference:.10g}">{row.mean_difference:+.4f}</td>'
+                    f'<td data-v="{row.ci_low if not pd.isna(row.ci_low) else ""}">{interval}</td>'
+                    f"<td>{row.n_seeds} × {row.n_tasks}</td>"
+                    f'<td class="l {escape(str(row.better))}">{escape(str(row.better))}</td></tr>')
+    return (f'<table class="sortable paired">{_header(names)}<tbody>{"".join(body)}</tbody></table>')
+
+
+def _legend(colors: dict[str, str]) -> str:
+    return '<div class="legend">' + "".join(f'<span style="--c:{c}">{escape(m)}</span>' for m, c in
+                                            colors.items()) + "</div>"
+
+
+def leader_html(rows: pd.DataFrame, colors: dict[str, str]) -> str:
+    charts = []
+    for metric, group in rows.groupby("metric", sort=False):
+        chart = Chart(f"test {metric}", "leader / follower learning-rate ratio", metric, log_x=True)
+        for arm, points in group.groupby("arm", sort=False):
+            color = colors.get(arm, "#555")
+            points = points.sort_values("ratio")
+            if points["ratio"].isna().all():
+                first = points.iloc[0]
+                chart.bands.append(Band(str(arm), color, float(first["mean"]), float(first["ci_low"]),
+                                        float(first["ci_high"])))
+                continue
+            points = points[points["ratio"].notna()]
+            chart.series.append(Series(str(arm), color, points["ratio"].tolist(), points["mean"].tolist(),
+                                       points["ci_low"].tolist(), points["ci_high"].tolist()))
+        charts.append(line_chart_svg(chart))
+    return f'<div class="charts">{"".join(charts)}</div>'
+
+
+def convergence_html(curves: pd.DataFrame, table: pd.DataFrame, colors: dict[str, str]) -> str:
+    parts = []
+    if not curves.empty:
+        charts = []
+        for (split, metric), group in curves.groupby(["split", "metric"], sort=False):
+            chart = Chart(f"{split} {metric} per epoch (mean over seeds)", "epoch", metric)
+            for method, points in group.groupby("method", sort=False):
+                mean = points.groupby("epoch")["value"].mean()
+                chart.series.append(Series(str(method), colors.get(method, "#555"), mean.index.tolist(),
+                                           mean.tolist()))
+            charts.append(line_chart_svg(chart))
+        parts.append(f'<div class="charts">{"".join(charts)}</div>')
+    if not table.empty:
+        names = ["method", "seed", "epochs", "NLL gain, last 20%", "calibrator move, last 20%", "settled", "why not"]
+        body = []
+        for row in table.itertuples():
+            settled = bool(row.converged)
+            body.append(f'<tr{"" if settled else " class=bad"}><td>{escape(str(row.method))}</td>'
+                        f"<td>{row.seed}</td><td>{row.epochs}</td>{_cell(row.nll_gain_last_20pct)}"
+                        f"{_cell(getattr(row, 'calibrator_move_last_20pct', None))}"
+                        f'<td class=l>{"yes" if settled else "no"}</td>'
+                        f'<td class=l>{escape(str(row.why_not or ""))}</td></tr>')
+        parts.append(f'<table class="sortable">{_header(names)}<tbody>{"".join(body)}</tbody></table>')
+    return "".join(parts)
+
+
+def calibrators_html(rows: pd.DataFrame, colors: dict[str, str]) -> str:
+    names = ["method", "parameter", "median", "min", "max", "left the identity"]
+    body, strips = [], []
+    for (method, parameter), group in rows.groupby(["method", "parameter"], sort=False):
+        values = group["last_epoch_value"].astype(float)
+        stuck = group.drop_duplicates(["seed"])["calibrator_at_identity"].fillna(False).astype(bool)
+        flag = "no: never left the identity" if stuck.all() else ("yes" if not stuck.any() else
+                                                                 f"not in {int(stuck.sum())} run(s)")
+        body.append(f'<tr{" class=bad" if stuck.all() else ""}><td>{escape(str(method))}</td>'
+                    f"<td class=l>{escape(str(parameter))}</td>{_cell(values.median())}{_cell(values.min())}"
+                    f"{_cell(values.max())}<td class=l>{flag}</td></tr>")
+        per_task = group.groupby("task", sort=False)["last_epoch_value"].mean()
+        strips.append((f"{method}: {parameter}", colors.get(method, "#555"),
+                       [(str(t), float(v)) for t, v in per_task.items()]))
+    strip = dot_strip_svg(strips, "last-epoch value per task (mean over seeds); dashed: the identity",
+                          "calibrator value", reference=1.0 if all("temperature" in s[0] or "scale" in s[0]
+                                                                   for s in strips) else None)
+    return (f'<table class="sortable">{_header(names)}<tbody>{"".join(body)}</tbody></table>'
+            f'<div class="scroll">{strip}</div>')
+
+
+def _task_metrics(rows: pd.DataFrame, bins: int) -> str:
+    metrics = [m for m in shown_metrics(bins) if m in rows and rows[m].notna().any()]
+    body = []
+    for _, row in rows.iterrows():
+        cells = "".join(_cell(row[m], row.get(f"{m}_std")) for m in metrics)
+        body.append(f'<tr><td>{escape(str(row["method"]))}</td>{cells}</tr>')
+    return (f'<div class="scroll"><table class="sortable">{_header(["method", *map(_arrow, metrics)])}'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _diagram(method: str, rows: pd.DataFrame, label: str) -> str:
+    """One method's reliability diagram from its bin rows; the subtitle's ECE is of the pooled predictions."""
+    count = rows["count"].to_numpy(dtype=float)
+    confidence, frequency = rows["mean_confidence"].to_numpy(dtype=float), rows["frequency"].to_numpy(dtype=float)
+    ece = float(np.nansum(count * np.abs(frequency - confidence)) / count.sum()) if count.sum() > 0 else math.nan
+    truth = rows["mean_truth"].to_numpy(dtype=float) if "mean_truth" in rows else None
+    subtitle = f"{label}@{int(rows['n_bins'].iloc[0])} {ece:.4f} · n {int(count.sum()):,}"
+    return reliability_svg(count, confidence, frequency, method, subtitle,
+                           truth if truth is not None and np.isfinite(truth).any() else None)
+
+
+def tasks_html(dataset: str, reliability: pd.DataFrame, per_task: pd.DataFrame, methods: list[str],
+               summary: pd.DataFrame, bins: int) -> str:
+    """The task picker and one hidden panel per task: each method's reliability diagram and the task's metrics."""
+    tasks = list(dict.fromkeys([*reliability.get("task", []), *per_task.get("task", [])]))
+    tasks = ([ALL_TASKS] if ALL_TASKS in tasks else []) + [t for t in tasks if t != ALL_TASKS]
+    if not tasks:
+        return ""
+    by_task = {task: group for task, group in reliability.groupby("task", sort=False)} if not reliability.empty \
+        else {}
+    metrics_by_task = {task: group for task, group in per_task.groupby("task", sort=False)} if not per_task.empty \
+        else {}
+    options = "".join(f'<option value="{escape(t)}">{escape(t)}</option>' for t in tasks)
+    panels = []
+    for task in tasks:
+        diagrams = []
+        bins_of = by_task.get(task, pd.DataFrame())
+        for method in methods:
+            rows = bins_of[bins_of["method"] == method].sort_values("bin") if not bins_of.empty else bins_of
+            if not rows.empty:
+                diagrams.append(_diagram(str(method), rows, "pooled ECE" if task == ALL_TASKS else "ECE"))
+        metrics = metrics_by_task.get(task)
+        if metrics is None and task == ALL_TASKS:
+            metrics = summary  # the task mean: the summary's numbers
+        table = "" if metrics is None or metrics.empty else _task_metrics(metrics, bins)
+        panels.append(f'<div class="task-panel" data-task="{escape(task)}"'
+                      f'{"" if task == tasks[0] else " hidden"}><div class="diagrams">{"".join(diagrams)}</div>'
+                      f"{table}</div>")
+    return (f'<div class="task-view" data-dataset="{escape(dataset)}" data-shown="{escape(tasks[0])}">'
+            f'<div class="picker"><label>task <select aria-label="task">{options}</select></label>'
+            '<button type="button" data-step="-1">◀ previous</button>'
+            f'<button type="button" data-step="1">next ▶</button><span>{len(tasks)} entries; '
+            "link to one with #task=NAME</span></div>"
+            f'{"".join(panels)}</div>')
+
+
+def shift_html(rows: pd.DataFrame, colors: dict[str, str], bins: int) -> str:
+    metrics = [m for m in ("accuracy", "nll", "brier", f"ece@{bins}", "smece", "aurc") if m in rows]
+    means = rows.drop(columns=[c for c in ("dataset", "seed") if c in rows]).groupby(
+        ["method", "severity"], sort=False)[metrics].mean().reset_index()
+    charts = []
+    for metric in metrics:
+        chart = Chart(f"{metric} under corruption", "severity (0 = clean)", metric)
+        for method, points in means.groupby("method", sort=False):
+            points = points.sort_values("severity")
+            chart.series.append(Series(str(method), colors.get(method, "#555"), points["severity"].tolist(),
+                                       points[metric].tolist()))
+        charts.append(line_chart_svg(chart, width=320, height=220))
+    return f'<div class="charts">{"".join(charts)}</div>'
+
+
+def subgroups_html(rows: pd.DataFrame, methods: list[str], bins: int) -> str:
+    metric = next((m for m in (f"ece@{bins}", "smece", "accuracy") if m in rows), None)
+    if metric is None:
+        return ""
+    cells = rows.groupby(["group", "value", "method"], sort=False)[[metric, "n"]].mean()
+    present = [m for m in methods if m in set(rows["method"])]
+    body = []
+    for (group, value), block in cells.groupby(level=[0, 1], sort=False):
+        block = block.droplevel([0, 1])
+        n = block["n"].mean()
+        values = "".join(_cell(block.loc[m, metric]) if m in block.index else '<td data-v="">–</td>'
+                         for m in present)
+        body.append(f"<tr><td>{escape(str(group))} = {escape(str(value))}</td><td data-v=\"{n:.6g}\">"
+                    f"{n:,.0f}</td>{values}</tr>")
+    names = ["group", "samples (mean per task)", *present]
+    return (f'<p class="note">{escape(metric)} inside each group, mean over tasks and seeds.</p>'
+            f'<div class="scroll"><table class="sortable">{_header(names)}<tbody>{"".join(body)}</tbody>'
+            "</table></div>")
+
+
+def dataset_html(dataset: str, tables: ReportTables) -> str:
+    summary = _rows(tables.summary, dataset)
+    methods = list(dict.fromkeys(summary["method"]))
+    colors = {m: to_hex(c) for m, c in method_colors(methods + [
+        a for a in _rows(tables.leader_curve, dataset).get("arm", []) if a not in methods]).items()}
+    anchor = _slug(dataset)
+    parts = [f'<section class="dataset" id="ds-{anchor}"><h2>{escape(dataset)}</h2>', "<h3>Summary</h3>",
+             '<p class="note">Test-set metrics, mean ± std over distinct seeds (no ± with one seed); task mean for '
+             "multi-task data. Average rank over accuracy, NLL and Brier (1 = best); ★ = top-ranked. Click a "
+             "header to sort.</p>", summary_html(summary, tables.bins), _legend(colors)]
+    paired = _rows(tables.paired, dataset)
+    if not paired.empty:
+        parts += ["<h3>COG variants against their counterparts (paired)</h3>",
+                  '<p class="note">Mean difference variant − counterpart, 95% t interval over seeds of the '
+                  "task-averaged differences; <i>better</i> names the side the interval excludes zero for.</p>",
+                  paired_html(paired)]
+    leader = _rows(tables.leader_curve, dataset)
+    if not leader.empty:
+        parts += ["<h3>Leader curves</h3>", '<p class="note">Each metric against the leader/follower ratio (mean '
+                  "over seeds, 95% interval shaded); dashed bands: reference methods.</p>", leader_html(leader, colors)]
+    curves, converge = _rows(tables.curves, dataset), _rows(tables.convergence, dataset)
+    if not curves.empty or not converge.empty:
+        parts += ["<h3>Convergence</h3>", '<p class="note">Settled: the best validation NLL improved by at most 1% '
+                  "in the last 20% of epochs and the calibrator made at most 10% of its move there.</p>",
+                  convergence_html(curves, converge, colors)]
+    calibrators = _rows(tables.calibrators, dataset)
+    if not calibrators.empty:
+        parts += ["<h3>Learned calibrators</h3>", calibrators_html(calibrators, colors)]
+    task_view = tasks_html(dataset, _rows(tables.reliability, dataset), _rows(tables.per_task, dataset), methods,
+                           summary, tables.bins)
+    if task_view:
+        parts += [f'<h3 id="tasks-{anchor}">Per task</h3>',
+                  '<p class="note">Reliability diagrams of every method on the chosen task (test set, every seed\'s '
+                  "predictions pooled, so its ECE is of the pool; the table gives mean ± std over seeds): blue, "
+                  "observed frequency per bin; hatched red, the gap to the bin's mean confidence; black dots, mean "
+                  "true probability where known; grey, predictions per bin (log). "
+                  "Hover a bar for its numbers.</p>", task_view]
+    subgroups = _rows(tables.subgroups, dataset)
+    if not subgroups.empty:
+        parts += ["<h3>Subgroups</h3>", subgroups_html(subgroups, methods, tables.bins)]
+    shift = _rows(tables.shift, dataset)
+    if not shift.empty:
+        parts += ["<h3>Under corruption shift</h3>", '<p class="note">Task means averaged over corruptions and '
+                  "seeds, against severity.</p>", shift_html(shift, colors, tables.bins)]
+    return "".join(parts) + "</section>"
+
+
+def report_html(tables: ReportTables) -> str:
+    """The whole page as one string."""
+    if tables.summary is None or tables.summary.empty:
+        raise ValueError("the report needs a summary table with at least one row")
+    datasets = list(dict.fromkeys(tables.summary["dataset"]))
+    nav = "".join(f'<a href="#ds-{_slug(d)}">{escape(d)}</a><a href="#tasks-{_slug(d)}">{escape(d)}: per task</a>'
+                  for d in datasets)
+    notes = "" if not tables.notes else ("<h3>Runs set apart</h3><ul>" +
+                                         "".join(f"<li>{escape(n)}</li>" for n in tables.notes) + "</ul>")
+    return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{escape(tables.title)}</title><style>{STYLE}</style></head><body>{SVG_DEFS}"
+            f"<header><h1>{escape(tables.title)}</h1>"
+            f'{f"<p>{escape(tables.subtitle)}</p>" if tables.subtitle else ""}<nav>{nav}</nav></header>'
+            f'<main>{notes}{"".join(dataset_html(d, tables) for d in datasets)}</main>'
+            f"<script>{SCRIPT}</script></body></html>\n")
+
+
+def write_html_report(path: str | Path, tables: ReportTables) -> Path:
+    """Write ``report_html(tables)`` to ``path`` atomically; -> the path."""
+    atomic_write_text(Path(path), report_html(tables))
+    return Path(path)

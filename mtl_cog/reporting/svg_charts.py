@@ -1,0 +1,220 @@
+"""Small inline SVG charts for the HTML report: reliability diagrams from bin statistics, line charts, dot strips.
+
+Drawn as text rather than by matplotlib because the report holds hundreds of them (40 tasks x 10
+methods): an SVG of a reliability diagram is ~3 KB and stays sharp at any zoom, where a PNG of the
+same is ~30 KB as a data URI. Each mark carries a ``<title>`` (the browser's tooltip) with its
+numbers, so a reader can check a bar without a table. No script is needed to display them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from html import escape
+
+import numpy as np
+
+GAP_COLOR, BAR_COLOR, COUNT_COLOR = "#c44e52", "#4c72b0", "#999"
+
+
+def _n(value: float) -> str:
+    """A coordinate with one decimal (enough at screen resolution; keeps 400 diagrams small)."""
+    text = f"{value:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _fmt(value: float) -> str:
+    """A number for a label or tooltip: 4 significant digits."""
+    return "–" if value is None or not np.isfinite(value) else f"{value:.4g}"
+
+
+def reliability_svg(count, mean_confidence, frequency, title: str, subtitle: str = "", mean_truth=None,
+                    size: int = 160) -> str:
+    """A reliability diagram of one method on one task, from its uniform bins (``evaluation.binning.reliability_bins``).
+
+    Blue bars: observed frequency per bin; hatched red: the gap to the bin's mean confidence; dashed:
+    perfect calibration; black dots: the bin's mean true probability where known; grey strip under
+    it: predictions per bin on a log scale (a large gap in a bin of 3 predictions is noise).
+    """
+    count = np.asarray(count, dtype=float)
+    n_bins = len(count)
+    left, top, strip = 30, 34, 30
+    width, height = left + size + 8, top + size + strip + 26
+    x = lambda v: left + v * size  # noqa: E731 (two one-line maps, clearer inline than as functions)
+    y = lambda v: top + (1 - v) * size  # noqa: E731
+    bin_width = size / n_bins
+    parts = [f'<svg class="rel" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)} {escape(subtitle)}">',
+             f'<text x="{left}" y="13" class="t">{escape(title)}</text>',
+             f'<text x="{left}" y="27" class="s">{escape(subtitle)}</text>',
+             f'<rect x="{left}" y="{top}" width="{size}" height="{size}" class="frame"/>']
+    strip_top = top + size + 18
+    biggest = max(count.max(initial=0), 1)
+    for b in range(n_bins):
+        if count[b] <= 0:
+            continue
+        freq, conf = float(frequency[b]), float(mean_confidence[b])
+        truth = "" if mean_truth is None or not np.isfinite(mean_truth[b]) else f", mean p* {_fmt(mean_truth[b])}"
+        tip = (f"bin [{b / n_bins:.3g}, {(b + 1) / n_bins:.3g}): {int(count[b]):,} predictions, mean confidence "
+               f"{_fmt(conf)}, observed {_fmt(freq)}{truth}")
+        low, high = sorted((freq, conf))
+        strip_h = strip * math.log1p(count[b]) / math.log1p(biggest)
+        parts.append(
+            f'<g><title>{escape(tip)}</title>'
+            f'<rect x="{_n(x(b / n_bins))}" y="{_n(y(freq))}" width="{_n(bin_width)}" height="{_n(freq * size)}" '
+            f'class="bar"/>'
+            f'<rect x="{_n(x(b / n_bins))}" y="{_n(y(high))}" width="{_n(bin_width)}" '
+            f'height="{_n((high - low) * size)}" class="gap"/>'
+            f'<rect x="{_n(x(b / n_bins))}" y="{_n(strip_top + strip - strip_h)}" width="{_n(bin_width)}" '
+            f'height="{_n(strip_h)}" class="cnt"/></g>')
+        if mean_truth is not None and np.isfinite(mean_truth[b]):
+            parts.append(f'<circle cx="{_n(x(conf))}" cy="{_n(y(float(mean_truth[b])))}" r="2" class="truth"/>')
+    parts.append(f'<line x1="{x(0)}" y1="{y(0)}" x2="{x(1)}" y2="{y(1)}" class="diag"/>')
+    for tick in (0, 0.5, 1):
+        parts.append(f'<text x="{_n(x(tick))}" y="{top + size + 11}" class="k" text-anchor="middle">{tick:g}</text>'
+                     f'<text x="{left - 3}" y="{_n(y(tick) + 3)}" class="k" text-anchor="end">{tick:g}</text>')
+    parts.append(f'<text x="{left}" y="{height - 2}" class="k">per bin (log scale), max {int(biggest):,}</text>')
+    return "".join(parts) + "</svg>"
+
+
+@dataclass
+class Series:
+    """One line of a line chart; ``low``/``high`` (same length as ``y``) draw a band around it."""
+
+    label: str
+    color: str
+    x: list[float]
+    y: list[float]
+    low: list[float] | None = None
+    high: list[float] | None = None
+
+
+@dataclass
+class Band:
+    """A horizontal reference (a method without the chart's x, e.g. the tuned baseline on a leader curve)."""
+
+    label: str
+    color: str
+    y: float
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass
+class Chart:
+    title: str
+    x_label: str
+    y_label: str
+    series: list[Series] = field(default_factory=list)
+    bands: list[Band] = field(default_factory=list)
+    log_x: bool = False
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values covering [low, high] (steps of 1, 2 or 5 times a power of ten)."""
+    if not (np.isfinite(low) and np.isfinite(high)) or high <= low:
+        return [low] if np.isfinite(low) else []
+    raw = (high - low) / max(count - 1, 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(low / step - 1e-9) * step
+    return [round(first + i * step, 12) for i in range(int((high - first) / step + 1e-9) + 1)]
+
+
+def line_chart_svg(chart: Chart, width: int = 360, height: int = 240) -> str:
+    """Lines (with optional bands) against x, horizontal reference bands, axes with round ticks; ``log_x`` for
+    ratios spanning decades."""
+    left, right, top, bottom = 58, 10, 24, 38
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xs = [v for s in chart.series for v in s.x if np.isfinite(v) and (v > 0 or not chart.log_x)]
+    ys = [v for s in chart.series for v in [*s.y, *(s.low or []), *(s.high or [])] if np.isfinite(v)]
+    ys += [v for b in chart.bands for v in (b.y, b.low, b.high) if v is not None and np.isfinite(v)]
+    if not xs or not ys:
+        return ""
+    fx = (lambda v: math.log10(v)) if chart.log_x else (lambda v: v)
+    x_low, x_high = fx(min(xs)), fx(max(xs))
+    x_low, x_high = (x_low - 0.5, x_high + 0.5) if x_low == x_high else (x_low, x_high)
+    y_low, y_high = min(ys), max(ys)
+    pad = (y_high - y_low) * 0.06 or abs(y_high) * 0.05 or 1.0
+    y_low, y_high = y_low - pad, y_high + pad
+    px = lambda v: left + (fx(v) - x_low) / (x_high - x_low) * plot_w  # noqa: E731
+    py = lambda v: top + (1 - (v - y_low) / (y_high - y_low)) * plot_h  # noqa: E731
+    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(chart.title)}">',
+             f'<text x="{left}" y="14" class="t">{escape(chart.title)}</text>',
+             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
+    for tick in nice_ticks(y_low, y_high):
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{_n(py(tick))}" y2="{_n(py(tick))}" class="grid"/>'
+                     f'<text x="{left - 4}" y="{_n(py(tick) + 3)}" class="k" text-anchor="end">{tick:.4g}</text>')
+    if chart.log_x:
+        x_ticks = [10.0**p for p in range(math.floor(x_low), math.ceil(x_high) + 1) if x_low <= p <= x_high]
+    else:
+        x_ticks = nice_ticks(x_low, x_high, 6)
+    for tick in x_ticks:
+        parts.append(f'<text x="{_n(px(tick))}" y="{top + plot_h + 13}" class="k" text-anchor="middle">{tick:g}</text>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" class="k" text-anchor="middle">'
+                 f'{escape(chart.x_label)}</text>'
+                 f'<text x="12" y="{top + plot_h / 2}" class="k" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {top + plot_h / 2})">{escape(chart.y_label)}</text>')
+    for band in chart.bands:
+        tip = f"{band.label}: {_fmt(band.y)}" + ("" if band.low is None or not np.isfinite(band.low) else
+                                                  f" [{_fmt(band.low)}, {_fmt(band.high)}]")
+        parts.append(f'<g><title>{escape(tip)}</title>')
+        if band.low is not None and np.isfinite(band.low) and np.isfinite(band.high):
+            parts.append(f'<rect x="{left}" width="{plot_w}" y="{_n(py(band.high))}" '
+                         f'height="{_n(py(band.low) - py(band.high))}" fill="{band.color}" opacity="0.15"/>')
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{_n(py(band.y))}" y2="{_n(py(band.y))}" '
+                     f'stroke="{band.color}" stroke-dasharray="5 3" stroke-width="1.5"/></g>')
+    for series in chart.series:
+        points = [(px(a), py(b), a, b) for a, b in zip(series.x, series.y)
+                  if np.isfinite(b) and np.isfinite(a) and (a > 0 or not chart.log_x)]
+        if series.low is not None and series.high is not None:
+            band = [(px(a), py(lo), py(hi)) for a, lo, hi in zip(series.x, series.low, series.high)
+                    if np.isfinite(lo) and np.isfinite(hi) and (a > 0 or not chart.log_x)]
+            if len(band) > 1:
+                outline = [f"{_n(u)},{_n(hi)}" for u, _, hi in band] + [f"{_n(u)},{_n(lo)}" for u, lo, _ in band[::-1]]
+                parts.append(f'<polygon points="{" ".join(outline)}" fill="{series.color}" opacity="0.15"/>')
+        if len(points) > 1:
+            line = " ".join(f"{_n(u)},{_n(v)}" for u, v, _, _ in points)
+            parts.append(f'<polyline points="{line}" fill="none" stroke="{series.color}" stroke-width="1.6"/>')
+        for u, v, a, b in points:
+            parts.append(f'<circle cx="{_n(u)}" cy="{_n(v)}" r="2.5" fill="{series.color}">'
+                         f'<title>{escape(series.label)}: {_fmt(b)} at {_fmt(a)}</title></circle>')
+    return "".join(parts) + "</svg>"
+
+
+def dot_strip_svg(rows: list[tuple[str, str, list[tuple[str, float]]]], title: str, x_label: str,
+                  reference: float | None = None, width: int = 520) -> str:
+    """One row of dots per label: ``rows`` = (label, colour, [(name, value), ...]); a dashed line at
+    ``reference`` (e.g. the identity temperature 1). For values across tasks, e.g. a learned calibrator."""
+    values = [v for _, _, dots in rows for _, v in dots if np.isfinite(v)]
+    if not values:
+        return ""
+    left, right, top, row_h = 150, 12, 24, 18
+    height = top + row_h * len(rows) + 34
+    low, high = min(values + ([reference] if reference is not None else [])), max(
+        values + ([reference] if reference is not None else []))
+    pad = (high - low) * 0.05 or 0.05
+    low, high = low - pad, high + pad
+    plot_w = width - left - right
+    px = lambda v: left + (v - low) / (high - low) * plot_w  # noqa: E731
+    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+             f'<text x="4" y="14" class="t">{escape(title)}</text>']
+    bottom = top + row_h * len(rows)
+    for tick in nice_ticks(low, high):
+        parts.append(f'<line x1="{_n(px(tick))}" x2="{_n(px(tick))}" y1="{top}" y2="{bottom}" class="grid"/>'
+                     f'<text x="{_n(px(tick))}" y="{bottom + 12}" class="k" text-anchor="middle">{tick:.4g}</text>')
+    if reference is not None:
+        parts.append(f'<line x1="{_n(px(reference))}" x2="{_n(px(reference))}" y1="{top}" y2="{bottom}" '
+                     'class="diag"/>')
+    for i, (label, color, dots) in enumerate(rows):
+        cy = top + row_h * i + row_h / 2
+        parts.append(f'<text x="{left - 6}" y="{_n(cy + 3)}" class="k" text-anchor="end">{escape(label)}</text>')
+        for name, value in dots:
+            if np.isfinite(value):
+                parts.append(f'<circle cx="{_n(px(value))}" cy="{_n(cy)}" r="3" fill="{color}" opacity="0.7">'
+                             f'<title>{escape(name)}: {_fmt(value)}</title></circle>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 4}" class="k" text-anchor="middle">'
+                 f'{escape(x_label)}</text>')
+    return "".join(parts) + "</svg>"

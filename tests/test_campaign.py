@@ -1,0 +1,200 @@
+"""The campaign engine and its results bundle: plan, resume from the bundle alone, refuse mixed or damaged bundles,
+and a campaign killed at a random point finishing with the results of an uninterrupted one."""
+
+import gzip
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from mtl_cog.errors import UserError
+from mtl_cog.experiments import campaign
+from mtl_cog.reporting import bundle as bundles
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["tracking=none", "train.epochs=2", "train.batch_size=32", "train.eval_batch_size=64",
+        "model.backbone=cog_cnn_tiny", "data.image_size=16", "data.synthetic.num_attributes=5",
+        "data.synthetic.train_size=96", "data.synthetic.val_size=50", "data.synthetic.test_size=37"]
+
+
+def sweep_argv(out: Path, *extra: str) -> list[str]:
+    return ["--config", str(REPO / "configs" / "synthetic" / "cog_ts.yaml"), *TINY, *extra, "--out", str(out),
+            "--grid", "optim.leader_lr=1e-5,1e-4"]
+
+
+def run_sweep(argv: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "mtl_cog.cli.sweep", *argv], capture_output=True, text=True, env=env,
+                          cwd=REPO)
+
+
+def write_tiny_bundle(folder: Path) -> None:
+    """A bundle of two final runs (seeds 0 and 1) of cog_ts and baseline, two tasks, as a campaign writes it."""
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {},
+                             "counterparts": {"cog_ts": "baseline"}})
+    for method, shift in (("baseline", 0.0), ("cog_ts", -0.01)):
+        for seed in (0, 1):
+            run = f"synthetic-{method}-seed{seed}"
+            row = {c: "" for c in bundles.RUN_COLUMNS} | {
+                "run": run, "campaign": "c", "data": "synthetic", "method": method, "role": "final", "draw": "1",
+                "seed": seed, "status": "done", "config_digest": "x"}
+            results = pd.DataFrame([{"run": run, "split": "test", "task": task, "metric": metric,
+                                     "value": base + shift + 0.001 * seed + 0.002 * i}
+                                    for i, task in enumerate(["a", "b", "mean"])
+                                    for metric, base in (("accuracy", 0.9), ("nll", 0.3), ("brier", 0.1),
+                                                         ("ece@15", 0.02))])
+            bundle.add_run(row, results, pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    bundles.write_bundle(folder, bundle)
+
+
+def test_the_report_regenerates_from_the_bundle_alone(tmp_path):
+    from mtl_cog.cli import report
+
+    write_tiny_bundle(tmp_path / "bundle")
+    report.main(["--bundle", str(tmp_path / "bundle"), "--out", str(tmp_path / "out")])
+    summary = pd.read_csv(tmp_path / "out" / "summary_values.csv")
+    assert summary.set_index("method").loc["cog_ts", "nll"] == pytest.approx(0.3 - 0.01 + 0.0005 + 0.004)
+    paired = pd.read_csv(tmp_path / "out" / "paired.csv")
+    nll = paired[paired["metric"] == "nll"].iloc[0]
+    assert nll["mean_difference"] == pytest.approx(-0.01) and nll["n_seeds"] == 2
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "cog_ts" in html and "http://" not in html and "https://" not in html
+    with pytest.raises(UserError, match="no such table"):
+        report.main(["--bundle", str(tmp_path / "bundle"), "--markdown", "nope"])
+    with pytest.raises(UserError, match="no results bundle"):
+        report.main(["--bundle", str(tmp_path / "empty"), "--list"])
+
+
+def test_run_names_follow_one_rule():
+    assert campaign.run_name(data="digits", method="cog_fc", seed=3) == "digits-cog_fc-seed3"
+    assert campaign.run_name(method="cog_fc", ratio=0.1, seed=0) == "cog_fc-r0.1-seed0"
+    assert campaign.run_name(method="cog_fc", ratio=1.0, seed=0) == "cog_fc-r1-seed0"
+    assert campaign.run_name(data="d", method="m", draw=2, seed=0) == "d-m-d2-seed0"
+    assert campaign.run_name(trial=3) == "trial_03" and campaign.run_name(trial=3, seed=7) == "trial_03-seed7"
+    assert campaign.run_name(index=7) == "run_07"
+
+
+def test_a_bad_spec_refuses_the_whole_campaign_naming_it(tmp_path):
+    labels = campaign.Labels("synthetic", "cog_ts", "sweep", 0)
+    good = campaign.RunSpec("a", (REPO / "configs/synthetic/cog_ts.yaml",), tuple(TINY), tmp_path / "a", labels)
+    bad = campaign.RunSpec("b", good.configs, (*TINY, "optim.leader_lr=1"), tmp_path / "b", labels)
+    with pytest.raises(UserError, match="campaign run b: .*leader_lr"):
+        campaign.plan(campaign.Campaign("c", tmp_path, [good, bad]))
+    with pytest.raises(UserError, match="two runs named a"):
+        campaign.plan(campaign.Campaign("c", tmp_path, [good, good]))
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_the_digest_ignores_where_a_run_lies_not_what_it_is():
+    from mtl_cog.config import load_config
+
+    path = REPO / "configs" / "synthetic" / "cog_ts.yaml"
+    base = campaign.config_digest(load_config(path, TINY))
+    assert campaign.config_digest(load_config(path, [*TINY, "output_dir=/elsewhere", "data.root=/x"])) == base
+    assert campaign.config_digest(load_config(path, [*TINY, "train.epochs=3"])) != base
+
+
+def test_a_bundle_is_written_deterministically_and_read_back(tmp_path):
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {"r": "1234e567"}})
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "r", "campaign": "c", "status": "done", "seed": 0,
+                                                   "config_digest": "1234e567"}  # reads as a float unless kept text
+    results = pd.DataFrame([{"run": "r", "split": "test", "task": "mean", "metric": "nll", "value": 0.123456789}])
+    curves = pd.DataFrame([{"run": "r", "epoch": 1, "split": "val", "metric": "nll", "value": 0.5}])
+    bundle.add_run(row, results, curves)
+    bundles.write_bundle(tmp_path / "a", bundle)
+    bundles.write_bundle(tmp_path / "b", bundles.read_bundle(tmp_path / "a"))
+    for name in (bundles.RUNS, bundles.RESULTS, bundles.CURVES, bundles.CAMPAIGN):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert bundles.read_bundle(tmp_path / "a").results["value"].iloc[0] == pytest.approx(0.12345679)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: (f / bundles.RESULTS).write_bytes(b"\x1f\x8b garbage"), "not a readable results-bundle table"),
+    (lambda f: (f / bundles.RUNS).write_text("run,status\nr,done\n"), "columns"),
+    (lambda f: (f / bundles.CAMPAIGN).write_text("{"), "campaign record"),
+    (lambda f: (f / bundles.RUNS).write_text((f / bundles.RUNS).read_text().replace(",c,", ",other,")),
+     "another campaign"),
+])
+def test_a_damaged_bundle_is_one_error_line(tmp_path, damage, message):
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}})
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "r", "campaign": "c", "status": "done", "seed": 0}
+    bundle.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS), pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    bundles.write_bundle(tmp_path, bundle)
+    damage(tmp_path)
+    with pytest.raises(UserError, match=message):
+        bundles.read_bundle(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_campaign_resumes_from_its_bundle_alone_and_refuses_another_spec(tmp_path):
+    """Sweep of 2 tiny runs; then, with the run folders gone (a fresh clone holding only the committed bundle),
+    the same command trains nothing and writes the same table; a changed setting is refused naming the run."""
+    out = tmp_path / "sweep"
+    first = run_sweep(sweep_argv(out))
+    assert first.returncode == 0, first.stderr
+    table = (out / "sweep.csv").read_text()
+    fresh = tmp_path / "fresh"
+    shutil.copytree(out / "bundle", fresh / "bundle")
+    again = run_sweep(sweep_argv(fresh))
+    assert again.returncode == 0, again.stderr
+    assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in again.stdout
+    assert not (fresh / "run_00").exists() and (fresh / "sweep.csv").read_text() == table
+    changed = run_sweep(sweep_argv(fresh, "train.epochs=3"))
+    assert changed.returncode == 2 and changed.stderr.count("\n") == 1
+    assert "run run_00 was recorded with config digest" in changed.stderr and "Traceback" not in changed.stderr
+    report = subprocess.run([sys.executable, "-m", "mtl_cog.cli.report", "--bundle", str(fresh / "bundle"), "--out",
+                             str(tmp_path / "report")], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "report" / "summary.md").read_text().count("cog_ts") == 1  # one method, two runs pooled
+
+
+@pytest.mark.slow
+def test_a_campaign_killed_at_a_random_point_finishes_with_the_uninterrupted_results(tmp_path):
+    whole = tmp_path / "whole"
+    assert run_sweep(sweep_argv(whole)).returncode == 0
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "mtl_cog.cli.sweep", *sweep_argv(killed)], env=env, cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(random.Random(os.getpid()).uniform(4, 25))  # anywhere from start-up to the second run's end
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    resumed = run_sweep(sweep_argv(killed))
+    assert resumed.returncode == 0, resumed.stderr
+    for name in (bundles.RESULTS, bundles.CURVES):
+        a = gzip.decompress((whole / "bundle" / name).read_bytes())
+        b = gzip.decompress((killed / "bundle" / name).read_bytes())
+        assert a == b, name
+    keep = ["run", "status", "config_digest", "epochs_run", "converged", "val_size", "test_size", "train_size"]
+    runs = [pd.read_csv(folder / "bundle" / bundles.RUNS)[keep] for folder in (whole, killed)]
+    assert runs[0].equals(runs[1])
+
+
+@pytest.mark.slow
+def test_a_fair_protocol_resumes_its_tuning_from_the_bundle_on_a_fresh_clone(tmp_path, monkeypatch, capsys):
+    """The study file is lost with the machine; the bundle's trials are restored into a new study, so no trial
+    and no final run trains again, and the same settings are chosen."""
+    from mtl_cog.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--protocol", "fair", "--budget", "2", "--seeds", "0", "--epochs", "2", "--data", "digits",
+            "--method", "cog_fc", "--jobs", "1", "--threads", "1"]
+    reproduce.main([*argv, "--out", "first"])
+    chosen = pd.read_csv(tmp_path / "first" / "report" / "chosen_settings.csv")
+    shutil.copytree(tmp_path / "first" / "bundle", tmp_path / "fresh" / "bundle")
+    capsys.readouterr()
+    reproduce.main([*argv, "--out", "fresh"])
+    out = capsys.readouterr().out
+    assert "1 already complete, 0 worker(s) to run" in out
+    assert "final runs: 1 planned (1 in the bundle, 0 finished, 0 to resume, 0 to train)" in out
+    again = pd.read_csv(tmp_path / "fresh" / "report" / "chosen_settings.csv")
+    assert again["settings"].tolist() == chosen["settings"].tolist()
+    assert not list((tmp_path / "fresh").glob("tuning/*/trial_*"))  # nothing trained
