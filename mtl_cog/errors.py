@@ -52,6 +52,10 @@ class NonFiniteLossError(UserError, RuntimeError):
     """The loss became NaN or infinite; the message names epoch and step."""
 
 
+class NonFiniteOutputError(UserError, RuntimeError):
+    """A network produced NaN or infinite logits, or a calibrator NaN or infinite outputs; the message says where."""
+
+
 class ConfigError(UserError, ValueError):
     """A user error in a config file or override; the message names key and value."""
 

@@ -101,6 +101,21 @@ def make_folder(folder: str | Path) -> Path:
     return folder
 
 
+def output_folder(folder: str | Path, what: str) -> Path:
+    """Create a command's output folder (``mkdir -p``), or refuse it in one line naming ``what`` (``--out``):
+    a file in the way, or a folder (existing or its nearest existing parent) that cannot be written.
+
+    Every command creates its output folder through this helper, and calls ``check_writable(folder,
+    what, folder=True)`` before its work, so a bad path is refused before the work, not after it.
+    """
+    check_writable(folder, what, folder=True)  # an existing read-only folder: mkdir alone would not fail
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise storage_error(folder, err, f"{what}: cannot create the folder") from None
+    return Path(folder)
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp_path)`` and atomically move the result to ``path``."""
     path = Path(path)

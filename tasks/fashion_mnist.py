@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from mtl_cog.data.task_api import TASKS, SplitSource, TaskSource, TaskSpec, capped_sizes
 from mtl_cog.errors import DataError
@@ -91,35 +93,58 @@ def find_folder(root: Path) -> Path:
                  "three other official files.")
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as handle:
-                return handle.read()
-        return path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as err:  # truncated or not gzip at all
-        raise _error(f"cannot read {path}: {err}.") from None
+CHUNK = 1 << 20  # bytes inflated per read: a file that inflates beyond its header's length is stopped within one
+
+
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def _read_at_most(handle, limit: int) -> bytes:
+    """Up to ``limit`` bytes, in chunks: one read of a huge size would allocate all of it at once."""
+    data = bytearray()
+    while len(data) < limit:
+        chunk = handle.read(min(CHUNK, limit - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
 
 
 def read_idx(path: Path, magic: int, shape_tail: tuple[int, ...]) -> np.ndarray:
-    """One IDX file -> uint8 array of shape (N, *shape_tail), every header field and the length checked."""
-    data = _read_bytes(path)
+    """One IDX file -> uint8 array of shape (N, *shape_tail), every header field and the length checked.
+
+    The header is read first and bounds the rest: a file whose header announces more than the
+    memory available is refused before reading, and a ``.gz`` that inflates beyond the announced
+    length (a damaged or foreign file can inflate to gigabytes) is stopped one chunk past it.
+    """
     dims = 1 + len(shape_tail)
     header = 4 * (1 + dims)
-    if len(data) < header:
-        raise _error(f"{path}: {len(data)} bytes, shorter than the {header}-byte IDX header (truncated).")
-    found = struct.unpack(">I", data[:4])[0]
-    if found != magic:
-        raise _error(f"{path}: IDX magic number 0x{found:08x}, expected 0x{magic:08x} "
-                     f"({'images' if magic == IMAGE_MAGIC else 'labels'}, uint8, {dims} dimension(s)).")
-    shape = struct.unpack(f">{dims}I", data[4:header])
-    if tuple(shape[1:]) != shape_tail:
-        raise _error(f"{path}: IDX sizes {shape}, expected (N, {', '.join(map(str, shape_tail))}).")
-    expected = header + int(np.prod(shape, dtype=np.int64))
-    if len(data) != expected:
-        what = "truncated" if len(data) < expected else "trailing bytes"
-        raise _error(f"{path}: {len(data)} bytes, its header announces {expected} ({what}).")
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape).copy()  # writable, for torch
+    try:
+        with _open(path) as handle:
+            head = _read_at_most(handle, header)
+            if len(head) < header:
+                raise _error(f"{path}: {len(head)} bytes, shorter than the {header}-byte IDX header (truncated).")
+            found = struct.unpack(">I", head[:4])[0]
+            if found != magic:
+                raise _error(f"{path}: IDX magic number 0x{found:08x}, expected 0x{magic:08x} "
+                             f"({'images' if magic == IMAGE_MAGIC else 'labels'}, uint8, {dims} dimension(s)).")
+            shape = struct.unpack(f">{dims}I", head[4:header])
+            if tuple(shape[1:]) != shape_tail:
+                raise _error(f"{path}: IDX sizes {shape}, expected (N, {', '.join(map(str, shape_tail))}).")
+            announced = int(np.prod(shape, dtype=np.int64))
+            available = psutil.virtual_memory().available
+            if announced > available:
+                raise _error(f"{path}: its header announces {shape[0]:,} items ({announced / 2**30:,.1f} GiB), more "
+                             f"than the {available / 2**30:.1f} GiB of memory available: not a Fashion-MNIST file.")
+            body = _read_at_most(handle, announced + 1)  # one byte more: trailing bytes
+    except (OSError, EOFError, zlib.error) as err:  # truncated, not gzip at all, or damaged deflate data
+        raise _error(f"cannot read {path}: {err}.") from None
+    if len(body) != announced:
+        what = "truncated" if len(body) < announced else "trailing bytes"
+        raise _error(f"{path}: {header + len(body)}{'+' if len(body) > announced else ''} bytes, its header announces "
+                     f"{header + announced} ({what}).")
+    return np.frombuffer(body, dtype=np.uint8).reshape(shape).copy()  # writable, for torch
 
 
 @dataclass

@@ -39,7 +39,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mtl_cog.data.task_api import TASKS, ReadBlocks, SplitSource, TaskSource, TaskSpec, block_ranges, capped_sizes
+from mtl_cog.data.task_api import (
+    TASKS,
+    ReadBlocks,
+    SplitSource,
+    TaskSource,
+    TaskSpec,
+    block_ranges,
+    capped_sizes,
+    check_generation_memory,
+)
+from mtl_cog.errors import DataError
 from tasks.cifar import resize_square
 from tasks.fashion_mnist import locate, official_splits, read_official, source_files
 
@@ -208,6 +218,21 @@ def split_sizes_of(cfg) -> dict[str, int]:
     return {"train": cfg.train_size, "val": cfg.val_size, "test": cfg.test_size}
 
 
+# Bytes a picture's layout and labels hold while a split is drawn: four tiles' random draw, class,
+# item and their copies (int64 or float64, about six arrays of four) and 40 int64 labels with the
+# task functions' intermediates (about twice that).
+BYTES_PER_PICTURE = 6 * len(TILES) * 8 + 2 * 40 * 8
+
+
+def check_sources(pools: dict[str, tuple[np.ndarray, np.ndarray]], files: str) -> None:
+    """A split's pictures draw their items from its pool: an empty pool (a source file of 0 items) has none."""
+    empty = [split for split, (_, labels) in pools.items() if len(labels) == 0]
+    if empty:
+        raise DataError(f"fashion_mosaic: the source pool of the {', '.join(empty)} split holds no Fashion-MNIST "
+                        f"item (read from {files}); its pictures have nothing to show. Use the complete official "
+                        "files.")
+
+
 class FashionMosaicTask:
     def split_sizes(self, data_cfg) -> dict[str, int]:
         return capped_sizes(split_sizes_of(data_cfg.fashion_mosaic), data_cfg.max_samples)
@@ -220,7 +245,11 @@ class FashionMosaicTask:
 
     def open(self, data_cfg) -> TaskSource:
         cfg = data_cfg.fashion_mosaic
-        pools = official_splits(read_official(locate(data_cfg)))
+        check_generation_memory(sum(split_sizes_of(cfg).values()), BYTES_PER_PICTURE, data_cfg.image_size,
+                                data_cfg.use_cache, "data.fashion_mosaic")  # before reading or drawing anything
+        folder = locate(data_cfg)
+        pools = official_splits(read_official(folder))
+        check_sources(pools, str(folder))
         splits, stats = {}, None
         for split, n in split_sizes_of(cfg).items():
             images, labels = pools[split]

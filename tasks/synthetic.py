@@ -17,12 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-import psutil
 import torch
 import torch.nn.functional as F
 
-from mtl_cog.data.task_api import TASKS, ReadBlocks, SplitSource, TaskSource, TaskSpec, block_length, capped_sizes
-from mtl_cog.errors import ConfigError
+from mtl_cog.data.task_api import (
+    TASKS,
+    ReadBlocks,
+    SplitSource,
+    TaskSource,
+    TaskSpec,
+    block_length,
+    capped_sizes,
+    check_generation_memory,
+)
 
 
 def _patterns(num_latents: int, size: int, rng: np.random.Generator) -> torch.Tensor:
@@ -58,23 +65,11 @@ def _render_blocks(latents: np.ndarray, patterns: torch.Tensor, noise_state: dic
 
 
 def _check_memory(cfg, data_cfg) -> None:
-    """Refuse sizes whose generation cannot fit in memory, before allocating (else: a MemoryError traceback).
-
-    Each split's latents, logits, probabilities and labels are generated at once, as float64 and
-    int64: about (num_latents + 4 * num_attributes) * 8 bytes per sample, plus the images
-    (3 * S * S bytes each) when they are decoded into memory instead of a cache.
-    """
+    """Each split's latents, logits, probabilities and labels are generated at once, as float64 and int64:
+    about (num_latents + 4 * num_attributes) * 8 bytes per sample."""
     samples = cfg.train_size + cfg.val_size + cfg.test_size
-    per_sample = (cfg.num_latents + 4 * cfg.num_attributes) * 8
-    if not data_cfg.use_cache:
-        per_sample += 3 * data_cfg.image_size ** 2
-    needed, available = samples * per_sample, psutil.virtual_memory().available
-    if needed > available:
-        raise ConfigError(
-            f"data.synthetic: {samples:,} samples (train_size + val_size + test_size) need about "
-            f"{needed / 2**30:,.1f} GiB of memory to generate, more than the {available / 2**30:.1f} GiB available. "
-            "Choose smaller sizes."
-        )
+    check_generation_memory(samples, (cfg.num_latents + 4 * cfg.num_attributes) * 8, data_cfg.image_size,
+                            data_cfg.use_cache, "data.synthetic")
 
 
 class SyntheticTask:

@@ -67,6 +67,7 @@ def test_a_post_hoc_method_is_one_class_and_one_registry_entry(tmp_path, monkeyp
     save_config(Config(), tmp_path / "config.yaml")
     save_predictions(tmp_path / "predictions_val.npz", val)
     save_predictions(tmp_path / "predictions_test.npz", test)
+    (tmp_path / "DONE").write_text("best_epoch=1\n")  # a finished run (from before digests): readers need DONE
     results = evaluate.main(["--run", str(tmp_path), "--posthoc", "ts", "halve"])
     frame = pd.read_csv(tmp_path / "posthoc_metrics.csv")
     assert list(frame["method"].unique()) == ["none", "ts", "halve"]

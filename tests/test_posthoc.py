@@ -175,6 +175,7 @@ def test_evaluate_posthoc_writes_rows_and_calibrated_predictions(tmp_path):
     save_config(Config(), tmp_path / "config.yaml")
     save_predictions(tmp_path / "predictions_val.npz", val)
     save_predictions(tmp_path / "predictions_test.npz", test)
+    (tmp_path / "DONE").write_text("best_epoch=1\n")  # a finished run (from before digests): readers need DONE
     _evaluate_script().main(["--run", str(tmp_path), "--posthoc", "ts", "sms", "histogram"])
     frame = pd.read_csv(tmp_path / "posthoc_metrics.csv")
     assert list(frame["method"].unique()) == ["none", "ts", "sms", "histogram"]
@@ -192,6 +193,7 @@ def test_exact_and_guo_temperature_scaling_are_reported_under_their_own_names(tm
     save_config(Config(), tmp_path / "config.yaml")
     save_predictions(tmp_path / "predictions_val.npz", val)
     save_predictions(tmp_path / "predictions_test.npz", test)
+    (tmp_path / "DONE").write_text("best_epoch=1\n")  # a finished run (from before digests): readers need DONE
     results = _evaluate_script().main(["--run", str(tmp_path), "--posthoc", "ts", "ts_guo"])
     frame = pd.read_csv(tmp_path / "posthoc_metrics.csv")
     assert list(frame["method"].unique()) == ["none", "ts", "ts_guo"]

@@ -53,7 +53,8 @@ from mtl_cog.io import atomic_write_json, check_writable
 from mtl_cog.reporting.posthoc_run import fit_posthoc_run, posthoc_method_names
 from mtl_cog.reporting.shift_report import write_group_files, write_shift_files
 from mtl_cog.runs import rundir
-from mtl_cog.runs.trained import check_same_spec, load_network, open_finished_run, run_task_spec
+from mtl_cog.runs.finished import check_finished_run
+from mtl_cog.runs.trained import NETWORK_FILES, check_same_spec, load_network, run_task_spec
 from mtl_cog.training.accelerator import create_accelerator
 
 
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> dict:
         check_bins(args.bins, "--bins")
     if args.out is not None:
         check_writable(args.out, "--out")  # before the work, not after it
+    if args.unfinished and (args.shift is not None or args.posthoc):
+        raise UserError("--unfinished goes with --run RUN_DIR --out FILE only: --shift and --posthoc write their "
+                        "results into the run folder, which only a finished run's may hold.")
     if args.shift is not None:
         if args.run is None:
             raise UserError("--shift needs --run RUN_DIR (it runs the run's network on corrupted test images).")
@@ -120,6 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.predictions is not None:
         settings = AssessSettings(args.bins or list(DEFAULT_BINS), DEFAULT_PAIRS if args.pairs is None else args.pairs,
                                   groups=tuple(args.groups or ()))
+        if rundir.is_run_folder(args.predictions.parent):  # a run's own file: the one the run wrote
+            check_finished_run(args.predictions.parent, [args.predictions.name], allow_unfinished=True)
         predictions = load_predictions(args.predictions)
         check_groups(list(settings.groups), predictions.task_names, "--groups")
         metrics = assess(predictions, settings).metrics
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(args.out)
         return metrics
 
-    cfg = open_finished_run(args.run, args.unfinished, "--unfinished")  # DONE + the files it wrote
+    cfg = check_finished_run(args.run, NETWORK_FILES, args.unfinished, "--unfinished")  # DONE + the files it wrote
     accelerator = create_accelerator(timeout_s=cfg.train.dist_timeout_s)
     with accelerator.main_process_first():  # the main process builds any data cache first
         task_data = load_task(cfg.data)
@@ -156,10 +162,11 @@ def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: 
         raise UserError(f"--posthoc {' '.join(unsupported)} cannot be combined with --shift (it re-runs the network "
                         f"on perturbed images of its own); use {', '.join(POSTHOC_METHODS)}.")
     levels = parse_severities(severities) if severities else None  # a bad range fails before anything loads
-    cfg = rundir.load_run_config(run_dir)
+    val_file = rundir.predictions_file("val")
+    cfg = check_finished_run(run_dir, [*NETWORK_FILES, *([val_file] if posthoc else [])])  # DONE + its files
     accelerator = create_accelerator(timeout_s=cfg.train.dist_timeout_s)
     levels = levels or list(cfg.eval.shift_severities)
-    val = load_predictions(run_dir / rundir.predictions_file("val")) if posthoc else None  # before the work
+    val = load_predictions(run_dir / val_file) if posthoc else None  # before the work
     with accelerator.main_process_first():
         task_data = load_task(cfg.data)
     spec, test = task_data.spec, task_data.splits["test"]

@@ -16,11 +16,20 @@ Several machines (``--num_machines N --machine_rank R --main_process_ip IP --mai
 machines that do not meet within the rendezvous timeout (one was not started, or cannot reach
 machine 0) and a port already in use on machine 0 end in one line each too, instead of the
 store's traceback.
+
+The launch's own values (from the command line and ``--config_file``, merged as Accelerate merges
+them) are checked before anything starts (``check_launch_values``): a process or machine count
+below 1, a ``--machine_rank`` outside 0..N-1, a port outside 0..65535, an address that is no IP
+address or host name each end in one ``error:`` line instead of a traceback from deep inside
+torchrun, a silent one-machine run, or a wait for the rendezvous timeout.
 """
 
 from __future__ import annotations
 
+import copy
+import ipaddress
 import logging
+import re
 import subprocess
 import sys
 
@@ -50,6 +59,88 @@ def rendezvous_failure(args, err: Exception) -> str:
             "--rdzv_conf timeout=SECONDS for the others (600 by default).")
 
 
+# A host name (RFC 1123): dot-separated labels of letters, digits and inner hyphens.
+HOST_NAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                       r"[A-Za-z0-9])?)*\.?$")
+MAX_PORT = 65535
+
+
+def is_address(text: str) -> bool:
+    """Whether ``text`` is an IPv4/IPv6 address or a syntactically valid host name (it is not looked up)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(HOST_NAME.match(text))
+
+
+def check_launch_values(args) -> None:
+    """Refuse launch values torchrun would fail on with a traceback, take silently, or wait on until its timeout.
+
+    ``args``: Accelerate's launch arguments after its own merge with the config file.
+    """
+    def whole(name: str) -> int | None:
+        value = getattr(args, name, None)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            try:  # a config file may hold "2"
+                return int(str(value))
+            except ValueError:
+                raise UserError(f"--{name} must be a whole number, got {value!r}.") from None
+        return value
+
+    processes, machines, rank, port = (whole(n) for n in ("num_processes", "num_machines", "machine_rank",
+                                                          "main_process_port"))
+    if processes is not None and processes < 1:
+        raise UserError(f"--num_processes must be at least 1 (the processes of the whole launch), got {processes}.")
+    machines = 1 if machines is None else machines
+    if machines < 1:
+        raise UserError(f"--num_machines must be at least 1, got {machines}.")
+    if rank is not None and not 0 <= rank < machines:
+        raise UserError(f"--machine_rank must be 0 to {machines - 1} (this machine's number among --num_machines "
+                        f"{machines}), got {rank}.")
+    low = 1 if machines > 1 else 0  # 0 = any free port: only one machine can pick it alone
+    if port is not None and not low <= port <= MAX_PORT:
+        raise UserError(f"--main_process_port must be a port number {low} to {MAX_PORT}"
+                        + (" (every machine must know it: 0, any free port, only works on one machine)"
+                           if machines > 1 and port == 0 else "") + f", got {port}.")
+    address = getattr(args, "main_process_ip", None)
+    if address is not None and not is_address(str(address)):
+        raise UserError(f"--main_process_ip must be machine 0's IP address or host name, got {address!r}.")
+    if machines > 1:
+        if address is None or port is None:
+            raise UserError(f"a launch on {machines} machines needs --main_process_ip and --main_process_port: where "
+                            "the machines meet (machine 0's address and a free port on it).")
+        if processes is not None and processes % machines:
+            raise UserError(f"--num_processes is the processes of the whole launch: {processes} cannot be split "
+                            f"evenly over {machines} machines. Give a multiple of --num_machines.")
+
+
+def merged_arguments(args):
+    """The launch values Accelerate will use (command line over ``--config_file``), or one error line.
+
+    Accelerate merges them in a private function (``_validate_launch_command``), on a copy here so
+    that the launch itself merges the original once more; its own refusals (two launch modes, a
+    missing config file) become one line too. Where a future Accelerate lacks the function, the
+    command-line values are checked as given.
+    """
+    from accelerate.commands import launch
+
+    validate = getattr(launch, "_validate_launch_command", None)
+    if validate is None:
+        return args
+    logger = logging.getLogger(launch.__name__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its "values were not passed" warning is printed by the launch itself
+    try:
+        return validate(copy.deepcopy(args))[0]
+    except (ValueError, FileNotFoundError) as err:
+        raise UserError(f"accelerate launch: {str(err).strip().splitlines()[0]}") from None
+    finally:
+        logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> None:
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed import DistError
@@ -63,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     # torchrun logs each failure and the processes it stops at ERROR level; the lines below replace them
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = launch_command_parser().parse_args(argv)
+    check_launch_values(args)  # the command line's values first, so the message names the option given
+    check_launch_values(merged_arguments(args))  # then with the config file's
     # --quiet makes Accelerate's one-process launcher exit 1 on any failure, hiding the script's exit code;
     # without it the launcher raises CalledProcessError with that code, which ends below in exit code 2
     args.quiet = False

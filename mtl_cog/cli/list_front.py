@@ -22,12 +22,12 @@ from mtl_cog.config.arguments import Parser, real_number
 from mtl_cog.errors import ReportError, UserError, run_cli
 from mtl_cog.evaluation.assess import AssessSettings, assess
 from mtl_cog.evaluation.metrics import BINNED_FAMILIES
-from mtl_cog.evaluation.predictions import load_predictions
 from mtl_cog.evaluation.robustness import metric_name
-from mtl_cog.io import atomic_write
+from mtl_cog.io import atomic_write, check_writable, output_folder
 from mtl_cog.models.lipschitz import network_lipschitz
 from mtl_cog.reporting import plots
 from mtl_cog.runs import rundir
+from mtl_cog.runs.finished import finished_predictions
 from mtl_cog.runs.trained import load_run
 
 UNBINNED_ERRORS = ("smece", "count_ece", "pair_joint_ece")
@@ -60,7 +60,10 @@ def lipschitz_runs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.exists():
             raise UserError(f"{path} does not exist.")
-        candidates = [path] if (path / rundir.CONFIG).is_file() else sorted(p.parent for p in path.rglob(rundir.CONFIG))
+        if (path / rundir.CONFIG).is_file():  # a run named directly must be a finished one (load_run checks)
+            found.append(path)
+            continue
+        candidates = sorted(p.parent for p in path.rglob(rundir.CONFIG))
         found += [run for run in candidates if (run / rundir.DONE).is_file() and (run / rundir.TEST_METRICS).is_file()]
     return found
 
@@ -74,7 +77,7 @@ def front_table(runs: list[Path], eps: float, ece: str) -> pd.DataFrame:
         if network_lipschitz(trained.network) is None:
             continue  # not a Lipschitz network
         # the sequence fit ends with (mtl_cog.evaluation.assess), at --eps, on the run's saved test predictions
-        predictions = load_predictions(run / rundir.predictions_file("test"))
+        predictions = finished_predictions(run, ("test",))["test"]  # the file the run wrote, its tasks
         mean = assess(predictions, AssessSettings.of_run(trained.config, certify_eps=[eps]), trained.network,
                       trained.spec).metrics["mean"]
         if ece not in mean:
@@ -95,9 +98,10 @@ def front_table(runs: list[Path], eps: float, ece: str) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    check_writable(args.out, "--out", folder=True)  # before the work, not after it
     certified = metric_name(args.eps)
     table = front_table(lipschitz_runs(args.runs), args.eps, args.ece)
-    args.out.mkdir(parents=True, exist_ok=True)
+    output_folder(args.out, "--out")
     atomic_write(args.out / "list_front.csv", lambda tmp: table.to_csv(tmp, index=False))
     for dataset, rows in table.groupby("dataset"):
         figure = plots.lipschitz_front_figure(rows, str(dataset), certified, args.ece)

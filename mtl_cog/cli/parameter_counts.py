@@ -22,7 +22,7 @@ from mtl_cog.config import load_config
 from mtl_cog.config.arguments import Parser, add_deprecated_alias
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.io import atomic_write_text
+from mtl_cog.io import atomic_write_text, check_writable
 from mtl_cog.models.network import build_network, parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if not args.data:
         raise UserError("parameter-counts: --data is required (a folder of configs/, e.g. --data celeba).")
+    if args.out:
+        check_writable(args.out, "--out")  # before the work, not after it
     text = table(args.data, LogitLayout(parse_classes(args.classes)))
     print(text)
     if args.out:

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from mtl_cog.errors import ConfigError
-from mtl_cog.io import atomic_write_text
+from mtl_cog.io import atomic_write_text, output_folder
 
 DATASETS = "datasets"
 METHODS = "methods"
@@ -127,7 +127,7 @@ def write_combinations(root: Path) -> list[Path]:
             raise ConfigError(f"{path} holds more than a _base_ line, and its first line is not "
                               f"{base_line(dataset, method).strip()!r}: fix it by hand.")
     for dataset, method in stale:
-        combination_path(root, dataset, method).parent.mkdir(exist_ok=True)
+        output_folder(combination_path(root, dataset, method).parent, "the configs folder")
         atomic_write_text(combination_path(root, dataset, method), base_line(dataset, method))
     return [combination_path(root, d, m) for d, m in stale]
 

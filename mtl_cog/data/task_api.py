@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import psutil
 import torch
 from tqdm.auto import tqdm
 
 from mtl_cog.constants import MISSING_LABEL
-from mtl_cog.errors import DataError
+from mtl_cog.errors import ConfigError, DataError
 from mtl_cog.registry import Registry
 
 
@@ -333,3 +334,19 @@ def capped_sizes(sizes: dict[str, int], max_samples: int | None) -> dict[str, in
 
 
 TASKS: Registry[Task] = Registry("task", plugins="tasks")  # the built-in data sets, imported on first lookup
+
+
+def check_generation_memory(samples: int, per_sample: int, image_size: int, use_cache: bool, what: str) -> None:
+    """Refuse sizes a generated data set cannot be built in, before allocating (else a ``MemoryError`` traceback).
+
+    ``per_sample``: the bytes a task's generation holds per sample at once (its latents, layouts,
+    labels); the images (3 x S x S bytes each) come on top when they are decoded into memory
+    instead of a cache (``data.use_cache=false``). ``what`` names the config section in the message.
+    """
+    needed = samples * (per_sample + (0 if use_cache else 3 * image_size ** 2))
+    available = psutil.virtual_memory().available
+    if needed > available:
+        raise ConfigError(
+            f"{what}: {samples:,} samples (train_size + val_size + test_size) need about {needed / 2**30:,.1f} GiB of "
+            f"memory to generate, more than the {available / 2**30:.1f} GiB available. Choose smaller sizes."
+        )

@@ -8,6 +8,7 @@ from accelerate import Accelerator
 
 from mtl_cog.data.batches import BatchTransform, eval_batch_indices
 from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.errors import NonFiniteOutputError
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import to_predictions
 
@@ -40,7 +41,25 @@ def predict(
     if len(np.unique(all_idx)) != len(split):
         raise RuntimeError(f"evaluation covered {len(np.unique(all_idx))} of {len(split)} samples.")
     model.train(was_training)
+    check_finite_logits(logits)  # the same gathered logits on every process: all stop together
     return logits
+
+
+def check_finite_logits(logits: np.ndarray, where: str = "the network") -> None:
+    """Refuse NaN or infinite logits: every probability and metric computed from them would be NaN.
+
+    Trained weights never produce them (loading refuses non-finite weights and impossible running
+    statistics, training stops at a non-finite loss), so they mean weights that are damaged in a way
+    no range check sees, or a network that diverged.
+    """
+    if np.isfinite(logits).all():  # also the empty batch
+        return
+    bad = ~np.isfinite(logits).reshape(len(logits), -1).all(axis=1)
+    if bad.any():
+        raise NonFiniteOutputError(
+            f"{where} produced NaN or infinite logits for {int(bad.sum())} of {len(logits)} images (first: image "
+            f"{int(np.argmax(bad))}), so no probability or metric of them would be a number. Its weights are damaged "
+            "or it diverged: retrain, or restore the run folder from a copy.")
 
 
 def predict_split(accelerator: Accelerator, network: torch.nn.Module, spec: TaskSpec, split: SplitData,

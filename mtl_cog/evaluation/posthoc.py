@@ -36,7 +36,9 @@ it is reported as is, ``sms`` is its regularised counterpart.
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from types import ModuleType
 from typing import ClassVar
 
 import numpy as np
@@ -181,6 +183,15 @@ class MatrixScaling(LearnedScaling):
     calibrator = "matrix"
 
 
+def probmetrics(module: str) -> ModuleType:
+    """``probmetrics.<module>``, imported on first use (it is slow to import) without the ``FutureWarning``
+    (``torch.jit.script`` is deprecated) that its dependency torchmin raises when imported: a third-party
+    deprecation no user can act on, which would be printed in the middle of ``evaluate``'s output."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        return importlib.import_module(f"probmetrics.{module}")
+
+
 class ProbmetricsCalibration(PosthocCalibrator):
     """A probmetrics calibrator (``probmetrics.calibrators``) per task; binary tasks enter as logits [0, z]."""
 
@@ -188,9 +199,7 @@ class ProbmetricsCalibration(PosthocCalibrator):
     options: ClassVar[dict[str, object]] = {}  # keyword arguments of ``get_calibrator``
 
     def make(self):
-        from probmetrics.calibrators import get_calibrator
-
-        return get_calibrator(self.name, **self.options)
+        return probmetrics("calibrators").get_calibrator(self.name, **self.options)
 
     def _guarded(self, task: str, work):
         try:
@@ -200,8 +209,7 @@ class ProbmetricsCalibration(PosthocCalibrator):
                 from None
 
     def fit(self, val: Predictions, images: torch.Tensor | None = None) -> ProbmetricsCalibration:
-        from probmetrics.distributions import CategoricalLogits
-
+        CategoricalLogits = probmetrics("distributions").CategoricalLogits  # noqa: N806  (a class)
         self.fitted = []
         for name, z, y in zip(val.task_names, val.logits, val.labels):
             z, y = labelled_rows(z, y)  # partly labelled: fit on the task's labelled samples only
@@ -212,8 +220,7 @@ class ProbmetricsCalibration(PosthocCalibrator):
         return self
 
     def apply(self, predictions: Predictions, images: torch.Tensor | None = None) -> Predictions:
-        from probmetrics.distributions import CategoricalLogits
-
+        CategoricalLogits = probmetrics("distributions").CategoricalLogits  # noqa: N806  (a class)
         logits = []
         for calibrator, name, z in zip(self.fitted, predictions.task_names, predictions.logits):
             out = self._guarded(name, lambda c=calibrator, z=z: c.predict_proba_torch(
@@ -244,9 +251,8 @@ class HistogramBinning(ProbmetricsCalibration):
     name = "histogram"
 
     def make(self):  # multi-class: one-vs-rest
-        from probmetrics.calibrators import BinaryHistogramBinningCalibrator, MulticlassOneVsRestCalibrator
-
-        return MulticlassOneVsRestCalibrator(BinaryHistogramBinningCalibrator())
+        calibrators = probmetrics("calibrators")
+        return calibrators.MulticlassOneVsRestCalibrator(calibrators.BinaryHistogramBinningCalibrator())
 
 
 @POSTHOC.register("stability")

@@ -128,7 +128,11 @@ def check_float32_range(values: np.ndarray, what: str) -> None:
 
 def save_predictions(path: str | Path, predictions: Predictions) -> None:
     for t, name in enumerate(predictions.task_names):  # before the cast to float32 would make them inf
-        check_float32_range(np.asarray(predictions.logits[t]), f"{path}: task {name!r}: logits")
+        logits = np.asarray(predictions.logits[t])
+        if not np.all(np.isfinite(logits)):  # a calibrator's NaN output: no reader could score the file
+            raise PredictionFileError(f"{path}: task {name!r}: logits contain NaN or infinite values; nothing was "
+                                      "written (the calibrator or network that produced them failed).")
+        check_float32_range(logits, f"{path}: task {name!r}: logits")
     stored = as_stored(predictions)
     arrays: dict[str, np.ndarray] = {"task_names": np.array(stored.task_names, dtype=str)}
     for t, name in enumerate(stored.task_names):

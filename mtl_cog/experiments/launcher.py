@@ -39,6 +39,7 @@ from typing import Protocol
 
 from mtl_cog.config.arguments import whole_number
 from mtl_cog.errors import UserError
+from mtl_cog.io import output_folder
 
 # The folder holding the mtl_cog package (the clone, or site-packages): on every run's PYTHONPATH.
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -140,7 +141,7 @@ class LocalLauncher:
                     job = jobs[i]
                     env = {**os.environ, **dict(job.env), **self._slot_env(slot)}
                     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
-                    job.log.parent.mkdir(parents=True, exist_ok=True)
+                    output_folder(job.log.parent, "the log folder")
                     log = open(job.log, "a")  # noqa: SIM115  (closed when the process is collected)
                     print(f"[{i + 1}/{len(jobs)}] {job.name}: started", flush=True)
                     process = subprocess.Popen(list(job.command), cwd=job.cwd, env=env, stdout=log,
@@ -186,7 +187,7 @@ class SubmititLauncher:
         if not jobs:
             return []
         for job in jobs:
-            job.log.parent.mkdir(parents=True, exist_ok=True)
+            output_folder(job.log.parent, "the log folder")
         try:
             with self.executor.batch():  # one Slurm job array
                 handles = [self.executor.submit(subprocess.call, shell_command(job)) for job in jobs]

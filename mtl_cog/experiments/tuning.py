@@ -18,7 +18,9 @@ Optuna (Akiba et al., KDD 2019) is the field's standard tuner; we use it as foll
 - **Resume.** Every trial trains a run folder ``OUT/tuning/<study>/trial_NN`` that saves its
   state each epoch. A worker that dies stops its heartbeat; the next worker to start marks the
   trial failed and retries it with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the
-  retry continues the same run folder (``trial_NN`` is the first attempt's number).
+  retry continues the same run folder. ``NN`` counts first attempts only (``run_numbers``), so a
+  retry, which Optuna numbers after the trials asked so far, shifts no later folder: an interrupted
+  tuning names the same folders and ``trials.csv`` rows as an uninterrupted one.
 - **One search per study.** The study records its knobs and ranges, the epochs per trial,
   pruning and the seeds the trials train with (``check_same_search``); reopening it for another
   search is refused rather than ranking trials of two searches together.
@@ -46,9 +48,11 @@ from pathlib import Path
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from mtl_cog.errors import UserError
 from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, Knob, start_points
+from mtl_cog.experiments.study_storage import check_storage, shown
 
 STUDY_FILE = "optuna.db"
 HEARTBEAT_SECONDS = 20  # a live trial's worker writes its heartbeat this often (a thread, whatever the epoch length)
@@ -85,15 +89,24 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
     """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner; every trial
     trains once per seed of ``trial_seeds`` (``--tuning-seeds``), the sampler draws with ``seed``.
 
-    Refused when the study was started over another search (``check_same_search``).
+    Refused when the storage cannot hold a study (``study_storage.check_storage``, before anything is
+    written) or the study was started over another search (``check_same_search``).
     """
-    with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
-        storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
-                             heartbeat_stale_trial_callback=retry)
-    study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler(seed, budget),
-                                pruner=pruner(prune, epochs), load_if_exists=True)
+    check_storage(url)
+    try:
+        with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
+            storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
+                                 heartbeat_stale_trial_callback=retry)
+        study = optuna.create_study(storage=storage, study_name=name, direction="minimize",
+                                    sampler=sampler(seed, budget), pruner=pruner(prune, epochs), load_if_exists=True)
+        if not study.trials and NUMBERING_ATTR not in study.user_attrs:  # new: folders count first attempts
+            study.set_user_attr(NUMBERING_ATTR, BY_FIRST_ATTEMPTS)
+    except SQLAlchemyError as err:  # what the checks cannot see: a server that refuses, a database gone mid-way
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"study storage {shown(url)} cannot be opened ({cause[:300]}). Check that the database "
+                        "is reachable and writable, or use another --study-storage.") from None
     check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds))
     return study
 
@@ -167,7 +180,7 @@ def suggest(trial: optuna.Trial, knobs: list[Knob]) -> dict[str, float]:
 
 
 def first_attempt(trial: FrozenTrial | optuna.Trial) -> int:
-    """The number of the trial this one retries (itself if none): it names the run folder."""
+    """The number of the trial this one retries (itself if none)."""
     if not isinstance(trial, FrozenTrial):
         trial = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
     retried = trial.system_attrs.get("failed_trial")  # RetryHeartbeatStaleTrialCallback's mark: the first attempt
@@ -187,6 +200,35 @@ def retry_lost(trial: optuna.Trial) -> None:
 
 
 LOST = "lost"  # user attribute of a trial whose worker died (retried with the same parameters): not counted
+
+
+# How a study numbers its trial_NN folders (a user attribute set when the study is created). Studies
+# from before it keep what they started with, the first attempt's trial number, so that their
+# folders keep their names when they are resumed.
+NUMBERING_ATTR = "run_numbers"
+BY_FIRST_ATTEMPTS = "first attempts in order"
+
+
+def run_numbers(study: optuna.Study) -> dict[int, int]:
+    """Optuna's trial number -> the NN of the trial's run folder ``trial_NN``.
+
+    NN is the trial's place among the study's first attempts (trials that retry none: neither a
+    dead trial's heartbeat retry nor ``retry_lost``'s), a retry taking its first attempt's: what an
+    uninterrupted tuning numbers them. Optuna numbers a retry after every trial asked so far, so
+    numbering folders by Optuna's numbers would shift every later folder once a worker was killed.
+    The first attempts before a trial exist when it is asked, so its NN never changes.
+    """
+    trials = study.get_trials(deepcopy=False)
+    if study.user_attrs.get(NUMBERING_ATTR) != BY_FIRST_ATTEMPTS:
+        return {t.number: first_attempt(t) for t in trials}
+    firsts = sorted(t.number for t in trials if first_attempt(t) == t.number)
+    place = {number: i for i, number in enumerate(firsts)}
+    return {t.number: place[first_attempt(t)] for t in trials}
+
+
+def run_number(trial: optuna.Trial) -> int:
+    """The NN of ``trial``'s run folder ``trial_NN`` (``run_numbers``)."""
+    return run_numbers(trial.study)[trial.number]
 
 
 def counted_trials(study: optuna.Study, budget: int) -> tuple[list[FrozenTrial], list[FrozenTrial]]:

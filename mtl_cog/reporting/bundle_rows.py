@@ -1,11 +1,12 @@
 """A finished run folder as results-bundle rows (``mtl_cog.reporting.bundle``): what a campaign keeps of it.
 
-``run_rows`` reads only what the run's digests vouch for (``DONE``, then ``verify_digests`` on the
-config, task spec and prediction files: a file swapped in from another run is refused with one
-error line naming it), scores the selected checkpoint's validation and test predictions, fits the
-requested post-hoc calibrators on validation (split ``test+<name>``), and reads the per-epoch curves
-(``trajectories.curve_rows``), the epochs' timing and thread count (``timing.jsonl``) and whether
-the run converged (``trajectories.convergence_of_curves``: the same rule every report applies).
+``run_rows`` reads only what the run's digests vouch for (``finished_predictions``: ``DONE``, the
+config, task spec and prediction files checked against ``digests.json``, the predictions' tasks the
+run's: a file swapped in from another run is refused with one error line naming it), scores the
+selected checkpoint's validation and test predictions, fits the requested post-hoc calibrators on
+validation (split ``test+<name>``), and reads the per-epoch curves (``trajectories.curve_rows``),
+the epochs' timing and thread count (``timing.jsonl``) and whether the run converged
+(``trajectories.convergence_of_curves``: the same rule every report applies).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from mtl_cog.evaluation.posthoc import calibrate
-from mtl_cog.evaluation.predictions import Predictions, load_predictions
+from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import read_jsonl
 from mtl_cog.reporting.trajectories import calibrator_trajectory, convergence_of_curves, curve_rows, read_metrics_lines
 from mtl_cog.runs import rundir
-from mtl_cog.runs.digests import verify_digests
+from mtl_cog.runs.finished import finished_predictions
 
 RESULT_METRICS = ("accuracy", "nll", "brier", "ece@15", "smece")  # what tables and verdicts read; bins 15
 CALIBRATOR_SPLIT = "calibrator"  # results rows of the learned calibrator's final values (task, parameter, value)
@@ -36,11 +37,8 @@ def _score_rows(predictions: Predictions, split: str) -> list[tuple[str, str, st
 
 
 def results_rows(run_dir: Path, posthoc: tuple[str, ...] = ()) -> pd.DataFrame:
-    """``split, task, metric, value`` of the selected checkpoint (digests checked first)."""
-    files = (rundir.CONFIG, rundir.TASK_SPEC, rundir.predictions_file("val"), rundir.predictions_file("test"))
-    verify_digests(run_dir, files)
-    val = load_predictions(run_dir / rundir.predictions_file("val"))
-    test = load_predictions(run_dir / rundir.predictions_file("test"))
+    """``split, task, metric, value`` of the selected checkpoint (the run's one check first)."""
+    val, test = finished_predictions(run_dir, ("val", "test")).values()
     rows = _score_rows(val, "val") + _score_rows(test, "test")
     for name in posthoc:
         rows += _score_rows(calibrate(name, val, test), f"test+{name}")

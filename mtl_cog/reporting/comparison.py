@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from mtl_cog.evaluation.truth import FLOOR_METRICS, MODEL_METRICS
-from mtl_cog.io import atomic_write, atomic_write_text, make_folder
+from mtl_cog.io import atomic_write, atomic_write_text, output_folder
 from mtl_cog.progress import Progress
 from mtl_cog.reporting import plots, shift_report
 from mtl_cog.reporting.html_inputs import report_tables
@@ -155,7 +155,7 @@ def write_comparison(runs_paths: list[Path], out: Path, bins: list[int], summary
     summary = summary_table(scores)
     errors = calibration_error_table(scores)
     per_task = per_task_table(scores)
-    out = make_folder(out)
+    out = output_folder(out, "--out")
     _write_csv(summary, out / "summary.csv")
     _write_csv(errors, out / "calibration_errors.csv")
     _write_csv(per_task, out / "per_task.csv")

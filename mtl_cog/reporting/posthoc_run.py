@@ -17,12 +17,12 @@ from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.data.loading import load_task
 from mtl_cog.evaluation.metrics import metrics_frame
 from mtl_cog.evaluation.posthoc import POSTHOC, build_posthoc, check_pair
-from mtl_cog.evaluation.predictions import Predictions, load_predictions, save_predictions
+from mtl_cog.evaluation.predictions import Predictions, save_predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import atomic_write, atomic_write_json
 from mtl_cog.progress import track
 from mtl_cog.runs import rundir
-from mtl_cog.runs.digests import verify_digests
+from mtl_cog.runs.finished import finished_predictions
 from mtl_cog.runs.trained import TrainedRun, load_run
 
 
@@ -37,12 +37,10 @@ def fit_posthoc_run(run_dir: Path, methods: list[str], bins: list[int] | None, o
 
     Nothing is written until every method has been fitted and scored, so a method that is refused
     (a degenerate fit, a data set that cannot be read) leaves the run folder as it was."""
-    verify_digests(run_dir, (rundir.CONFIG, rundir.predictions_file("val"), rundir.predictions_file("test")))
+    val, test = finished_predictions(run_dir, ("val", "test")).values()  # DONE, the files it wrote, its tasks
     eval_cfg = rundir.load_run_config(run_dir).eval
     bins = bins or eval_cfg.bins
     pairs = eval_cfg.joint_pairs if pairs is None else pairs
-    val = load_predictions(run_dir / rundir.predictions_file("val"))
-    test = load_predictions(run_dir / rundir.predictions_file("test"))
     results = {"none": score(test, bins, pairs)}
     calibrated: dict[str, Predictions] = {}
     trained: TrainedRun | None = None

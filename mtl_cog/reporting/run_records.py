@@ -35,7 +35,7 @@ from mtl_cog.evaluation.metrics import (
 from mtl_cog.evaluation.multitask_metrics import is_multitask_metric
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.runs import rundir
-from mtl_cog.runs.digests import verify_digests
+from mtl_cog.runs.finished import check_run_files
 from mtl_cog.runs.task_spec import load_task_spec
 
 POSTHOC_PREFIX = rundir.posthoc_predictions_file("test", "")[: -len(".npz")]  # "predictions_test_"
@@ -82,7 +82,8 @@ def find_run_dirs(paths: list[str | Path]) -> list[Path]:
     """Run folders among ``paths``: each path is a run folder or a folder holding run folders (any depth).
 
     We do not descend into a run folder (its ``wandb/`` subfolder holds a ``config.yaml`` too).
-    A folder with ``config.yaml`` but no test results (unfinished run) is skipped with a warning.
+    A folder with ``config.yaml`` but no test results or no ``DONE`` (an unfinished run) is skipped
+    with a warning; one named directly is refused by ``load_run_record``.
     """
     found: list[Path] = []
     for start in map(Path, paths):
@@ -91,12 +92,12 @@ def find_run_dirs(paths: list[str | Path]) -> list[Path]:
         stack = [start]
         while stack:
             folder = stack.pop()
-            if _is_run_dir(folder):
+            if _is_run_dir(folder) and (folder == start or (folder / rundir.DONE).is_file()):
                 found.append(folder)
                 continue
             if (folder / rundir.CONFIG).is_file() and folder.name != "files":  # wandb keeps files/config.yaml
-                warnings.warn(f"skipping {folder}: it has {rundir.CONFIG} but no test results (unfinished run?)",
-                              stacklevel=2)
+                warnings.warn(f"skipping {folder}: it has {rundir.CONFIG} but no test results or no {rundir.DONE} "
+                              "(unfinished run?)", stacklevel=2)
                 continue
             stack.extend(sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True))
     unique = sorted(set(found))
@@ -186,7 +187,8 @@ READ_FOR_TABLES = (rundir.CONFIG, rundir.TASK_SPEC, rundir.TEST_METRICS, rundir.
 
 def load_run_record(run_dir: str | Path) -> RunRecord:
     run_dir = Path(run_dir)
-    verify_digests(run_dir, READ_FOR_TABLES)  # the files below are the ones the run wrote
+    # DONE, and the files below are the ones the run wrote (those it has: older runs lack some)
+    check_run_files(run_dir, [name for name in READ_FOR_TABLES if (run_dir / name).is_file()])
     config = _read_config(run_dir)
     method = method_identity(config)  # the aggregator (mtl.aggregator) is part of the method compared
     record = RunRecord(run_dir, str(config["data"]["task"]), method, int(config["seed"]), config)

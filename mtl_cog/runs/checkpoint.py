@@ -3,7 +3,9 @@
 Loading refuses a checkpoint that does not fit the model (names, shapes) or holds NaN/inf values:
 training never writes such weights (a non-finite loss stops the run or skips the batch before any
 update), so they mean a damaged or foreign file, and a network built from them would only
-produce NaN predictions that every metric then averages.
+produce NaN predictions that every metric then averages. The same holds for values outside the
+range that makes the network well-defined: a normalisation layer's running variance is a mean of
+squares, never negative (its square root divides every activation), and its batch count is a count.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def load_weights(path: str | Path, model: torch.nn.Module, state: dict[str, torc
             "training never writes such a file. Retrain, or restore the run folder from a copy."
         )
     check_finite(path, state)
+    check_ranges(path, model, state)
     model.load_state_dict(state)
 
 
@@ -82,4 +85,25 @@ def check_finite(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
         raise CheckpointError(
             f"{path} holds NaN or infinite values in {len(bad)} tensor(s) ({', '.join(bad[:5])}); it is damaged "
             "and was not loaded. Retrain, or resume from an intact copy of the run folder."
+        )
+
+
+def check_ranges(path: str | Path, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse running statistics no training writes: a negative variance (NaN after its square root) or a
+    negative batch count, in every normalisation layer that keeps them (BatchNorm, InstanceNorm with
+    running statistics)."""
+    bad = []
+    for prefix, module in model.named_modules():
+        if not isinstance(getattr(module, "running_var", None), torch.Tensor):  # keeps no running statistics
+            continue
+        dot = f"{prefix}." if prefix else ""
+        variance, count = tensors.get(f"{dot}running_var"), tensors.get(f"{dot}num_batches_tracked")
+        if variance is not None and bool((variance < 0).any()):
+            bad.append(f"{dot}running_var holds {int((variance < 0).sum())} negative value(s)")
+        if count is not None and bool((count < 0).any()):
+            bad.append(f"{dot}num_batches_tracked is negative")
+    if bad:
+        raise CheckpointError(
+            f"{path} holds values no training writes ({'; '.join(bad[:3])}): a network built from it would "
+            "predict NaN. It is damaged or foreign and was not loaded. Retrain, or restore the run folder from a copy."
         )

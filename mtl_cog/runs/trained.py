@@ -32,11 +32,12 @@ from mtl_cog.data.images import resize_center_crop
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TaskSpec
 from mtl_cog.errors import RunFolderError, UserError
+from mtl_cog.evaluation.inference import check_finite_logits
 from mtl_cog.models.network import build_network
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.runs import rundir
 from mtl_cog.runs.checkpoint import load_model
-from mtl_cog.runs.digests import verify_digests
+from mtl_cog.runs.finished import check_finished_run
 from mtl_cog.runs.task_spec import load_task_spec
 
 ImageBatch = np.ndarray | torch.Tensor | Image.Image | Sequence[Image.Image]
@@ -117,7 +118,9 @@ class TrainedRun:
         step = int(batch_size or self.config.train.eval_batch_size)
         outputs = [self.network(self.transform(batch[i:i + step].to(self.device))).float().cpu()
                    for i in range(0, len(batch), step)]
-        return torch.cat(outputs).numpy() if outputs else np.zeros((0, self.spec.layout.total), np.float32)
+        logits = torch.cat(outputs).numpy() if outputs else np.zeros((0, self.spec.layout.total), np.float32)
+        check_finite_logits(logits, f"the network of {self.run_dir}")
+        return logits
 
     def predict_proba(self, images: ImageBatch, batch_size: int | None = None) -> dict[str, np.ndarray]:
         """{task: P(y=1) of shape (N,) for a binary task, or (N, K) class probabilities}, calibrator applied."""
@@ -130,32 +133,14 @@ class TrainedRun:
         return self.network.calibrator.by_task(self.task_names)
 
 
-# What predicting with a run's network reads: each is checked against the run's digests first.
-NETWORK_FILES = (rundir.CONFIG, rundir.TASK_SPEC, rundir.BEST_MODEL)
-
-
-def open_finished_run(run_dir: Path, allow_unfinished: bool = False, unfinished_option: str = "") -> Config:
-    """The config of a finished run whose network files are the ones it wrote; else a ``RunFolderError``.
-
-    A run without ``DONE`` is refused: its best checkpoint may still change, and a checkpoint of a
-    run killed mid-way is not the run's result. ``allow_unfinished`` (an explicit option of the
-    caller, named by ``unfinished_option`` in the message) opens it anyway; such a run has no
-    digests yet, so only the type and range checks of the loaders apply.
-    """
-    cfg = rundir.load_run_config(run_dir)  # first: a folder that is no run, or a broken config, says so
-    finished = (run_dir / rundir.DONE).exists()
-    if not finished and not allow_unfinished:
-        hint = f", or pass {unfinished_option} to score its last best checkpoint anyway" if unfinished_option else ""
-        raise RunFolderError(f"{run_dir} has not finished ({rundir.DONE} is missing): its best checkpoint may "
-                             f"still change. Finish it with --resume {run_dir}{hint}.")
-    if finished:
-        verify_digests(run_dir, NETWORK_FILES)
-    return cfg
+# What predicting with a run's network reads besides the config and the task spec (which
+# ``check_finished_run`` always checks): checked against the run's digests first.
+NETWORK_FILES = (rundir.BEST_MODEL,)
 
 
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> TrainedRun:
     """Open a finished run folder (``DONE`` present) for prediction on ``device``."""
     run_dir = Path(run_dir)
-    cfg = open_finished_run(run_dir)
+    cfg = check_finished_run(run_dir, NETWORK_FILES)
     spec = run_task_spec(cfg, run_dir)
     return TrainedRun(run_dir, cfg, spec, load_network(cfg, spec, run_dir), torch.device(device))

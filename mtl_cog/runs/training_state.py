@@ -54,6 +54,10 @@ class EpochProgress:
     loss_sums: list[float] = field(default_factory=list)  # per process: sum of its losses so far
     trained: int = 0  # steps with an optimiser update
     skipped: int = 0  # batches dropped because their loss was not finite (train.nonfinite=skip)
+    # mtl.aggregator: the backbone's task weights summed over the epoch's trained steps so far (float64, the
+    # same on every process), so a resumed epoch logs the mean over all its steps; empty without one (and
+    # in states saved before the sums were kept, whose resumed epoch logs the mean since the resume)
+    weight_sums: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -84,9 +88,10 @@ class Progress:
             raise ValueError(f"progress best_epoch = {self.best_epoch} is not before the next epoch {self.epoch}")
         if self.best is not None and (isinstance(self.best, bool) or not isinstance(self.best, (int, float))):
             raise ValueError(f"progress best = {self.best!r} is not a number")
-        if not isinstance(self.within.loss_sums, list) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.within.loss_sums):
-            raise ValueError(f"progress within.loss_sums = {self.within.loss_sums!r} is not a list of numbers")
+        for name, values in (("loss_sums", self.within.loss_sums), ("weight_sums", self.within.weight_sums)):
+            if not isinstance(values, list) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                raise ValueError(f"progress within.{name} = {values!r} is not a list of numbers")
 
 
 # ---------------------------------------------------------------------------------------- save

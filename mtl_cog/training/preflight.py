@@ -46,6 +46,14 @@ def check_registered_names(cfg: Config) -> None:
         except UnknownNameError as err:  # its message suggests close matches and lists the options
             extra = f" Or {EQUAL} (the mean of the task losses)." if key == "mtl.aggregator" else ""
             raise ConfigError(f"{key}: {err}{extra}") from None
+    if cfg.mtl.aggregate_on != "features":  # where the Gramian is taken: only an aggregator that uses one reads it
+        uses_gramian = cfg.mtl.aggregator != EQUAL and AGGREGATORS.get(cfg.mtl.aggregator).needs_gramian
+        if not uses_gramian:
+            what = ("equal weights (the mean of the task losses) take no Gramian" if cfg.mtl.aggregator == EQUAL
+                    else f"{cfg.mtl.aggregator} weights the task losses without a Gramian")
+            raise ConfigError(f"mtl.aggregate_on={cfg.mtl.aggregate_on} has no effect with "
+                              f"mtl.aggregator={cfg.mtl.aggregator}: {what}. Leave mtl.aggregate_on at features, or "
+                              "choose an aggregator that uses it (upgrad, mgda, imtl_g, aligned_mtl, ...).")
     for name in cfg.eval.shift_posthoc:  # fitted on the clean validation predictions, applied under shift
         if name not in POSTHOC_METHODS:
             raise ConfigError(f"eval.shift_posthoc: unknown post-hoc method {name!r}. "
