@@ -64,6 +64,7 @@ from mtl_cog.reporting.comparison import write_comparison
 from mtl_cog.reporting.paired import counterpart_pairs
 from mtl_cog.reporting.posthoc_run import posthoc_method_names
 from mtl_cog.reporting.tables import markdown_table
+from mtl_cog.runs import rundir
 
 PROTOCOLS = ("configs", "fair")
 DEFAULT_DATA = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10", "cifar100")}
@@ -242,6 +243,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     args = parse_args(argv)
     check_seeds(args)
     check_writable(args.out, "--out", folder=True)
+    if args.protocol == "fair":  # a bad storage URL is refused before anything is written
+        tuning.check_storage(fair_tuning.study_url(args))
     report_dir = args.out / "report"
     name = f"reproduce-{args.protocol}-{args.scale}"
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
@@ -284,7 +287,9 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     if bundle is None or bundle.done().empty:
         raise UserError("every run failed; see the .log files next to the run folders.")
     write_bundle_report(bundle, report_dir)
-    if args.draws == 1:  # the figures of the run folders (one draw: no two settings of one method mixed)
+    # the figures and reliability diagrams of the run folders: one draw (no two settings of one method mixed), and
+    # only when every final run's folder is here (a fresh clone has the bundle alone: its tables are complete)
+    if args.draws == 1 and all((p.spec.run_dir / rundir.DONE).is_file() for p in planned):
         write_comparison([args.out / "runs"], report_dir / "figures", list(DEFAULT_BINS), SUMMARY_BINS)
     write_protocol_note(report_dir, args, chosen)
     if failed:

@@ -42,6 +42,7 @@ from mtl_cog.errors import ConfigError, RunFolderError, UserError
 from mtl_cog.experiments import gpu_time
 from mtl_cog.experiments.launcher import PACKAGE_PARENT, RunJob, train_command
 from mtl_cog.experiments.sweep import DONE, LOCATION_KEYS, NEW, TRACKING_KEYS, UNFINISHED, run_state
+from mtl_cog.io import output_folder
 from mtl_cog.reporting import bundle as bundles
 from mtl_cog.reporting.bundle_rows import environment, failed_row, run_rows, versions_text
 from mtl_cog.runs import rundir
@@ -284,7 +285,7 @@ class Collector:
 
     def update(self, change) -> None:
         """Apply ``change(bundle)`` to the bundle on disk and write it back (under the lock)."""
-        self.campaign.out.mkdir(parents=True, exist_ok=True)
+        output_folder(self.campaign.out, "--out")
         with self.lock:
             bundle = bundles.read_bundle(self.folder)
             if bundle is None:

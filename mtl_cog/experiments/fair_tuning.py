@@ -42,6 +42,7 @@ from mtl_cog.errors import UserError
 from mtl_cog.experiments import campaign, gpu_time, protocol, tuning
 from mtl_cog.experiments.launcher import LocalLauncher, RunJob, python_module_command
 from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state, validation_scores
+from mtl_cog.io import output_folder
 from mtl_cog.reporting import bundle as bundles
 from mtl_cog.reporting.bundle_rows import failed_row
 from mtl_cog.reporting.trajectories import read_metrics_lines
@@ -72,7 +73,7 @@ def open_spec(spec: tuning.StudySpec, url: str, budget: int, prune: bool) -> opt
 def run_workers(studies: Studies, args: argparse.Namespace, runner, env: tuple[tuple[str, str], ...],
                 campaign_name: str) -> None:
     """Start the studies' workers with ``runner`` (local or Slurm) until every study holds its budget."""
-    (args.out / "tuning").mkdir(parents=True, exist_ok=True)
+    output_folder(args.out / "tuning", "--out")
     workers = args.tune_workers or ((args.parallel or 2) if isinstance(runner, LocalLauncher) else 4)
     recorded = bundles.read_bundle(bundles.bundle_dir(args.out))
     jobs, complete = [], 0
@@ -87,7 +88,7 @@ def run_workers(studies: Studies, args: argparse.Namespace, runner, env: tuple[t
         command = python_module_command("mtl_cog.cli.tune", worker_args(spec, study_url(args), args, campaign_name))
         jobs += [RunJob(f"{spec.name}/worker{i}", tuple(command), spec.folder / f"worker{i}.log", env=env)
                  for i in range(min(workers, args.budget))]
-        spec.folder.mkdir(parents=True, exist_ok=True)
+        output_folder(spec.folder, "--out")
     print(f"tuning: {len(studies)} studies of {args.budget} trials, {complete} already complete, "
           f"{len(jobs)} worker(s) to run", flush=True)
     if not jobs:
@@ -328,7 +329,7 @@ def work(argv: list[str] | None = None) -> int:
     spec = dataclasses.replace(spec, widening=args.widening)
 
     def trial_specs(trial: optuna.Trial, setting: dict[str, float]) -> list[tuple[campaign.RunSpec, Config]]:
-        number = tuning.first_attempt(trial)
+        number = tuning.run_number(trial)
         out = []
         for seed, run_dir in trial_runs(folder, number, seeds):
             overrides = (*args.overrides, f"seed={seed}", *protocol.as_overrides(setting))

@@ -14,10 +14,9 @@ from pathlib import Path
 
 from mtl_cog.config import Config
 from mtl_cog.errors import ConfigError, UserError
-from mtl_cog.evaluation.predictions import load_predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.runs import rundir
-from mtl_cog.runs.digests import verify_digests
+from mtl_cog.runs.finished import finished_predictions
 from mtl_cog.training import resume_settings
 
 
@@ -66,8 +65,8 @@ def validation_scores(run_dir: Path, bins: list[int]) -> dict[str, float]:
     """Mean-over-tasks validation metrics of a finished run's best checkpoint (predictions_val.npz)."""
     if not (run_dir / rundir.DONE).exists():
         return {"nll": math.nan}
-    verify_digests(run_dir, (rundir.predictions_file("val"),))  # tuning picks by these numbers
-    return score(load_predictions(run_dir / rundir.predictions_file("val")), bins)["mean"]
+    # tuning picks by these numbers: read only through the one check of a finished run (digests, task spec)
+    return score(finished_predictions(run_dir, ("val",))["val"], bins)["mean"]
 
 
 def best_index(nlls: list[float]) -> int | None:
