@@ -234,6 +234,40 @@ def test_learned_log_variances_are_in_the_saved_objective_state():
     assert "aggregator.log_variance" in copy.deepcopy(objective).state_dict()
 
 
+def _conflicting_gramian(tasks: int = 6, seed: int = 0) -> torch.Tensor:
+    jacobian = torch.randn(tasks, 4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return jacobian @ jacobian.T
+
+
+def test_pcgrad_order_is_random_seeded_by_the_run_and_leaves_the_global_generator_alone():
+    """PCGrad draws a random order per task and step (Yu et al.): from its own generator, seeded by the run."""
+    gramian, losses, present = _conflicting_gramian(), torch.zeros(6), torch.ones(6, dtype=torch.bool)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a, b, other = (build_aggregator("pcgrad", 6, seed) for seed in (7, 7, 8))
+    first = [a.weights(gramian, losses, present) for _ in range(20)]
+    assert torch.equal(torch.get_rng_state(), before)  # the global generator did not move
+    torch.manual_seed(999)  # nor does the global generator's state change PCGrad's draws
+    second = [b.weights(gramian, losses, present) for _ in range(20)]
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
+    assert len({tuple(w.tolist()) for w in first}) > 1  # random: the order changes the weights
+    assert any(not torch.equal(x, other.weights(gramian, losses, present)) for x in first)
+
+
+def test_pcgrad_generator_travels_with_the_objective_state():
+    """The generator state is a buffer of the objective (saved in the training state): loaded into a fresh
+    PCGrad it continues the same sequence of orders, as a resumed run does."""
+    gramian, losses, present = _conflicting_gramian(seed=1), torch.zeros(6), torch.ones(6, dtype=torch.bool)
+    running = build_aggregator("pcgrad", 6, seed=3)
+    for _ in range(5):
+        running.weights(gramian, losses, present)
+    restored = build_aggregator("pcgrad", 6, seed=0)
+    restored.load_state_dict(copy.deepcopy(running.state_dict()))
+    assert "rng_state" in running.state_dict()
+    for _ in range(10):
+        assert torch.equal(running.weights(gramian, losses, present), restored.weights(gramian, losses, present))
+
+
 @pytest.mark.slow
 def test_two_processes_give_the_one_process_gradient(launch_two_processes):
     """DDP over two halves of a batch (with missing labels): the synchronised gradients equal one process's

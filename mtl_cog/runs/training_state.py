@@ -54,6 +54,7 @@ class EpochProgress:
     loss_sums: list[float] = field(default_factory=list)  # per process: sum of its losses so far
     trained: int = 0  # steps with an optimiser update
     skipped: int = 0  # batches dropped because their loss was not finite (train.nonfinite=skip)
+    weight_sums: list[float] = field(default_factory=list)  # mtl.aggregator: each task's weight summed so far
 
 
 @dataclass
@@ -84,9 +85,11 @@ class Progress:
             raise ValueError(f"progress best_epoch = {self.best_epoch} is not before the next epoch {self.epoch}")
         if self.best is not None and (isinstance(self.best, bool) or not isinstance(self.best, (int, float))):
             raise ValueError(f"progress best = {self.best!r} is not a number")
-        if not isinstance(self.within.loss_sums, list) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.within.loss_sums):
-            raise ValueError(f"progress within.loss_sums = {self.within.loss_sums!r} is not a list of numbers")
+        for name in ("loss_sums", "weight_sums"):
+            values = getattr(self.within, name)
+            if not isinstance(values, list) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                raise ValueError(f"progress within.{name} = {values!r} is not a list of numbers")
 
 
 # ---------------------------------------------------------------------------------------- save

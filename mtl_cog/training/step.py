@@ -79,8 +79,8 @@ def train_one_epoch(
     With an ``aggregation`` (``mtl.aggregator`` other than ``equal``) the step is
     ``aggregated_step.aggregated_loss`` instead of ``batch_loss`` (the backbone follows the
     aggregated gradient, the heads and the leader the mean loss's), and the epoch also returns
-    ``task_weights``: the backbone's mean task weights over the epoch's steps (since the resume,
-    for an epoch continued from a mid-epoch save).
+    ``task_weights``: the backbone's mean task weights over the epoch's steps (their sums travel with a
+    mid-epoch save, so a continued epoch reports what the uninterrupted one would).
 
     Resumable: ``start`` continues an epoch after its first ``start.step`` batches, and every
     ``save_every`` steps ``on_save(progress)`` is called (on every process) to save the state.
@@ -107,7 +107,10 @@ def train_one_epoch(
     bad_step = torch.tensor(NO_BAD_STEP, device=device)
     weight_sum = None
     if aggregation is not None:
-        weight_sum = torch.zeros(aggregation.aggregator.num_tasks, dtype=torch.float64, device=device)
+        tasks = aggregation.aggregator.num_tasks
+        carried = len(done.weight_sums) == tasks  # a state saved before the sums were: count from the resume
+        weight_sum = torch.tensor(done.weight_sums if carried else [0.0] * tasks, dtype=torch.float64, device=device)
+        weight_steps_before = 0 if carried else done.trained
         shared = [p for p in accelerator.unwrap_model(network).backbone.parameters() if p.requires_grad]
 
     def check_finite() -> None:
@@ -149,12 +152,13 @@ def train_one_epoch(
         if on_save is not None and save_every and (step + 1) % save_every == 0 and step + 1 < len(batches):
             if nonfinite == "stop":
                 check_finite()
-            on_save(EpochProgress(step + 1, accelerator.gather(total.view(1)).tolist(), trained, skipped))
+            weights_so_far = weight_sum.tolist() if weight_sum is not None else []
+            on_save(EpochProgress(step + 1, accelerator.gather(total.view(1)).tolist(), trained, skipped,
+                                  weights_so_far))
     if nonfinite == "stop":
         check_finite()
     mean_loss = accelerator.reduce(total, reduction="mean").item() / max(trained, 1)
     stats = {"loss": mean_loss, "steps": trained, "skipped": skipped}
     if weight_sum is not None:
-        steps_here = max(trained - done.trained, 1)
-        stats["task_weights"] = (weight_sum / steps_here).tolist()
+        stats["task_weights"] = (weight_sum / max(trained - weight_steps_before, 1)).tolist()
     return stats

@@ -75,7 +75,7 @@ def build_trainee(accelerator: Accelerator, cfg: Config, layout: LogitLayout, se
     counts = parameter_counts(network)
     objective = build_objective(layout, cfg.method).to(accelerator.device)
     set_partial_labels(objective, partial_labels)
-    aggregator = build_aggregator(cfg.mtl.aggregator, layout.num_tasks)
+    aggregator = build_aggregator(cfg.mtl.aggregator, layout.num_tasks, cfg.seed)  # PCGrad's draws: the run's seed
     if aggregator is not None:
         objective.add_module("aggregator", aggregator.to(accelerator.device))
         where = f" (Gramian on the backbone's {cfg.mtl.aggregate_on})" if aggregator.needs_gramian else ""

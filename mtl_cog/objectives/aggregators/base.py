@@ -51,6 +51,9 @@ class TaskAggregator(nn.Module):
     def penalty(self, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor | float:
         return 0.0
 
+    def seed(self, seed: int) -> None:
+        """Seed the aggregator's own random draws from the run's seed (most draw nothing)."""
+
 
 class GramianWeighting(TaskAggregator):
     """A ``torchjd`` weighting of the Gramian (``torchjd.aggregation.*Weighting``), on the present tasks only.
@@ -78,8 +81,11 @@ class GramianWeighting(TaskAggregator):
         return out
 
 
-def build_aggregator(name: str, num_tasks: int) -> TaskAggregator | None:
-    """The registered aggregator ``name`` for ``num_tasks`` tasks; None for ``equal`` (plain training)."""
+def build_aggregator(name: str, num_tasks: int, seed: int = 0) -> TaskAggregator | None:
+    """The registered aggregator ``name`` for ``num_tasks`` tasks, its random draws (if any) seeded by ``seed``
+    (the run's); None for ``equal`` (plain training)."""
     if name == EQUAL:
         return None
-    return AGGREGATORS.get(name)(num_tasks)
+    aggregator = AGGREGATORS.get(name)(num_tasks)
+    aggregator.seed(seed)
+    return aggregator
