@@ -268,6 +268,50 @@ def test_pcgrad_generator_travels_with_the_objective_state():
         assert torch.equal(running.weights(gramian, losses, present), restored.weights(gramian, losses, present))
 
 
+def test_conflict_from_the_gramian_by_hand():
+    """Two opposed gradients: the mean's update raises neither loss only when it is not the zero vector."""
+    from mtl_cog.training.aggregated_step import conflict_from_gramian
+
+    jacobian = torch.tensor([[1.0, 0.0], [-0.5, 0.1]], dtype=torch.float64)
+    gramian, both = jacobian @ jacobian.T, torch.tensor([True, True])
+    assert bool(conflict_from_gramian(gramian, torch.tensor([0.5, 0.5]), both))  # d = (0.25, 0.05): <g_1, d> < 0
+    assert not bool(conflict_from_gramian(gramian, build_aggregator("upgrad", 2).weights(gramian, torch.zeros(2),
+                                                                                          both), both))
+    assert not bool(conflict_from_gramian(gramian, torch.tensor([0.5, 0.5]), torch.tensor([True, False])))
+
+
+@pytest.mark.parametrize("on", ["features", "parameters"])
+def test_the_conflict_check_uses_the_exact_inner_products_of_the_parameter_gradients(on, monkeypatch):
+    """Both places report <g_t, d> of the backbone's parameter gradients g_t and update d = sum_t w_t g_t:
+    parameters from the Gramian, features by a forward-mode product (through BatchNorm, whose running
+    statistics the check leaves alone)."""
+    import mtl_cog.training.aggregated_step as step
+
+    layout = LogitLayout((2, 2, 2))
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.BatchNorm1d(6), nn.Tanh())
+    network = Network(backbone, LinearHeads(6, layout), CALIBRATORS.get("identity")(layout))
+    objective = build_objective(layout, MethodConfig(loss="ce"))
+    images, labels = batch(layout, n=32)
+    labels[:, 1] = 1 - labels[:, 0]  # task 1 is task 0's opposite: a conflict to find
+    shared = list(backbone.parameters())
+    seen = []
+    monkeypatch.setattr(step, "rises", lambda inner, sq, present: seen.append((inner, sq)) or torch.tensor(False))
+    out = aggregated_loss(ACCELERATOR, network, objective, Aggregation(build_aggregator("mgda", 3), on), images,
+                          labels, shared, check_conflict=True)
+    tracked = int(backbone[2].num_batches_tracked)
+    features, logits = network(images, with_features=True)
+    losses = objective(logits, labels)
+    rows = torch.autograd.grad(losses, shared, grad_outputs=torch.eye(3), is_grads_batched=True)
+    jacobian = torch.cat([r.reshape(3, -1) for r in rows], 1).double()
+    inner, update_sq = seen[0]
+    expected = jacobian @ (jacobian.T @ out.weights)
+    assert torch.allclose(inner, expected, rtol=1e-5, atol=1e-9)
+    assert torch.allclose(update_sq, expected @ out.weights, rtol=1e-5)
+    assert tracked == 1  # only the step's own forward updated BatchNorm's running statistics
+    assert out.conflict is not None
+
+
 @pytest.mark.slow
 def test_two_processes_give_the_one_process_gradient(launch_two_processes):
     """DDP over two halves of a batch (with missing labels): the synchronised gradients equal one process's

@@ -438,19 +438,27 @@ class MtlConfig:
     ``aggregator``: ``equal`` (the mean of the per-task losses: plain training, bit for bit) or a
     name registered in ``mtl_cog/objectives/aggregators/`` (uncertainty, upgrad, mgda, pcgrad,
     imtl_g, aligned_mtl). ``aggregate_on``: where the Gramian of the per-task gradients is taken,
-    ``features`` (the backbone's output, Sener & Koltun's MGDA-UB bound: one cheap Jacobian through
-    the heads) or ``parameters`` (the backbone's parameters: exact, one backward per task). The
-    heads and the COG leader get the mean loss's gradient either way.
+    ``features`` (the backbone's output: one cheap Jacobian through the heads; a representation-level
+    heuristic, whose weights keep the aggregator's property at the features, not at the backbone's
+    parameters; Sener & Koltun's MGDA-UB bound covers MGDA only) or ``parameters`` (the backbone's
+    parameters: exact, the T per-task gradients through the backbone). The heads and the COG leader
+    get the mean loss's gradient either way; ``conflict_every``: see ``mtl/conflict_rate``.
     """
 
     aggregator: str = EQUAL_WEIGHTS
     aggregate_on: str = "features"
+    # features: check every this many steps whether some task's loss rises to first order under the backbone's
+    # update (mtl/conflict_rate; one forward-mode product, ~1.7 steps of work); 0 = never. Parameters: every step
+    conflict_every: int = 10
 
     def validate(self) -> None:
         if not self.aggregator:
             raise ConfigError("mtl.aggregator must name an aggregator (equal, uncertainty, upgrad, mgda, ...).")
         if self.aggregate_on not in AGGREGATE_ON:
             raise ConfigError(f"mtl.aggregate_on must be one of {', '.join(AGGREGATE_ON)}. Got {self.aggregate_on!r}.")
+        if isinstance(self.conflict_every, bool) or self.conflict_every < 0:
+            raise ConfigError(f"mtl.conflict_every must be >= 0 (0 = never check on the features). "
+                              f"Got {self.conflict_every!r}.")
 
 
 @dataclass

@@ -55,6 +55,7 @@ class EpochProgress:
     trained: int = 0  # steps with an optimiser update
     skipped: int = 0  # batches dropped because their loss was not finite (train.nonfinite=skip)
     weight_sums: list[float] = field(default_factory=list)  # mtl.aggregator: each task's weight summed so far
+    conflicts: list[int] = field(default_factory=list)  # mtl.aggregator: [steps checked, steps in conflict] so far
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Progress:
             raise ValueError(f"progress best_epoch = {self.best_epoch} is not before the next epoch {self.epoch}")
         if self.best is not None and (isinstance(self.best, bool) or not isinstance(self.best, (int, float))):
             raise ValueError(f"progress best = {self.best!r} is not a number")
-        for name in ("loss_sums", "weight_sums"):
+        for name in ("loss_sums", "weight_sums", "conflicts"):
             values = getattr(self.within, name)
             if not isinstance(values, list) or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):

@@ -84,6 +84,7 @@ def build_trainee(accelerator: Accelerator, cfg: Config, layout: LogitLayout, se
     optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)
     scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
     prepared, optimizer = accelerator.prepare(network, optimizer)
-    aggregation = Aggregation(aggregator, cfg.mtl.aggregate_on) if aggregator is not None else None
+    aggregation = (Aggregation(aggregator, cfg.mtl.aggregate_on, conflict_every=cfg.mtl.conflict_every)
+                   if aggregator is not None else None)
     return Trainee(accelerator, prepared, accelerator.unwrap_model(prepared), objective, optimizer, scheduler, counts,
                    aggregation)
