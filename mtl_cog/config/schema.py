@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtl_cog.constants import CORRUPTIONS, DEFAULT_BINS, SEVERITIES, SUMMARY_BINS
+from mtl_cog.constants import CORRUPTIONS, DEFAULT_BINS, SEVERITIES, SHIFT_SUITES, SUMMARY_BINS
 from mtl_cog.errors import ConfigError
 
 # Adam (the optimiser of every method) moves each weight by about lr per step: above this a run can
@@ -325,9 +325,15 @@ class EvalConfig:
     shift_seed: int = 0  # the corruptions' random draws: the same corrupted images for every run
     shift_posthoc: list[str] = field(default_factory=list)  # post-hoc calibrators (fitted on clean val) under shift
     shift_workers: int = 0  # processes that corrupt images when a corrupted split is built; 0 = every CPU
+    # whose severity parameters: cifar10c (CIFAR-10-C's script) | imagenetc (ImageNet-C's) | auto (cifar10c for
+    # pictures <= 64 px, imagenetc above; docs/shift.md)
+    shift_suite: str = "auto"
 
     def validate(self) -> None:
         check_bins(self.bins, "eval.bins")
+        if self.shift_suite not in ("auto", *SHIFT_SUITES):
+            raise ConfigError(f"eval.shift_suite must be one of auto, {', '.join(SHIFT_SUITES)}. "
+                              f"Got {self.shift_suite!r}.")
         self.shift = check_corruptions(self.shift, "eval.shift")
         check_severities(self.shift_severities, "eval.shift_severities")
         check_seed(self.shift_seed, "eval.shift_seed")
