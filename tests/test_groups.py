@@ -124,3 +124,18 @@ def test_multicalibration_smece_is_relplots_smece_of_each_group():
     width = relplot.smECE(confidence, outcome, return_width=True)[1]
     own = relplot.smECE(confidence[small], outcome[small], return_width=True)[1]
     assert abs(width - own) > 1e-3
+
+
+def test_subgroups_plug_in_as_an_evaluation_add_on():
+    """eval.groups reaches a split's metrics through assess.ADD_ONS, like any add-on, not inside score."""
+    from mtl_cog.evaluation.assess import ADD_ONS, AssessSettings, assess, subgroup_metrics
+    from mtl_cog.evaluation.predictions import Predictions
+
+    names, logits, labels = _data(seed=5)
+    predictions = Predictions(task_names=names, logits=logits, labels=labels)
+    assert subgroup_metrics in ADD_ONS
+    metrics = assess(predictions, AssessSettings(bins=[15], pairs=0, groups=("Male",))).metrics
+    assert metrics["groups"] == group_metrics(names, logits, labels, ["Male"])
+    hat = metrics["groups"]["tasks"]["Hat"]
+    assert metrics["tasks"]["Hat"]["multicalibration_smece"] == hat["multicalibration_smece"]
+    assert "groups" not in assess(predictions, AssessSettings(bins=[15], pairs=0)).metrics
