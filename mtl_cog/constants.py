@@ -16,3 +16,7 @@ CORRUPTIONS = (
     "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression",
 )
 SEVERITIES = (1, 2, 3, 4, 5)
+# whose severity parameters a corruption uses (mtl_cog.data.shift): CIFAR-10-C's script (32 px pictures) or
+# ImageNet-C's (224 px); "auto" picks cifar10c for pictures <= AUTO_SUITE_MAX_SIDE px, imagenetc above
+SHIFT_SUITES = ("cifar10c", "imagenetc")
+AUTO_SUITE_MAX_SIDE = 64

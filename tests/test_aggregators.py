@@ -30,7 +30,6 @@ from mtl_cog.training.preflight import check_registered_names
 from mtl_cog.training.step import apply_update, batch_loss
 
 NAMES = sorted(AGGREGATORS.names())
-ACCELERATOR = create_accelerator()
 
 
 def tiny_network(layout: LogitLayout, calibrator: str = "identity", seed: int = 0) -> Network:
@@ -53,7 +52,7 @@ def grads(network: nn.Module) -> dict[str, torch.Tensor]:
 def aggregated_grads(network, objective, aggregation, images, labels, on="features"):
     shared = list(network.backbone.parameters())
     network.zero_grad()
-    out = aggregated_loss(ACCELERATOR, network, objective, aggregation, images, labels, shared)
+    out = aggregated_loss(create_accelerator(), network, objective, aggregation, images, labels, shared)
     out.backward.backward()
     return grads(network), out
 
@@ -90,7 +89,7 @@ def test_equal_is_plain_training_bit_for_bit():
     ], weight_decay=cfg.weight_decay)
     for step in range(5):
         images, labels = batch(layout, seed=step)
-        apply_update(ACCELERATOR, opt_ours, batch_loss(ours, objective, images, labels))
+        apply_update(create_accelerator(), opt_ours, batch_loss(ours, objective, images, labels))
         opt_plain.zero_grad()
         objective(plain(images), labels).mean().backward()
         opt_plain.step()
@@ -133,7 +132,7 @@ def test_one_task_every_aggregator_is_plain_training(name):
     for step in range(steps):
         images, labels = batch(layout, seed=step)
         shared = list(ours.backbone.parameters())
-        out = aggregated_loss(ACCELERATOR, ours, objective, aggregation, images, labels, shared)
+        out = aggregated_loss(create_accelerator(), ours, objective, aggregation, images, labels, shared)
         assert torch.allclose(out.weights, torch.ones(1, dtype=torch.float64))
         opt_ours.zero_grad()
         out.backward.backward()
@@ -232,6 +231,84 @@ def test_learned_log_variances_are_in_the_saved_objective_state():
     objective = build_objective(layout, MethodConfig(loss="ce"))
     objective.add_module("aggregator", build_aggregator("uncertainty", 2))
     assert "aggregator.log_variance" in copy.deepcopy(objective).state_dict()
+
+
+def _conflicting_gramian(tasks: int = 6, seed: int = 0) -> torch.Tensor:
+    jacobian = torch.randn(tasks, 4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return jacobian @ jacobian.T
+
+
+def test_pcgrad_order_is_random_seeded_by_the_run_and_leaves_the_global_generator_alone():
+    """PCGrad draws a random order per task and step (Yu et al.): from its own generator, seeded by the run."""
+    gramian, losses, present = _conflicting_gramian(), torch.zeros(6), torch.ones(6, dtype=torch.bool)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a, b, other = (build_aggregator("pcgrad", 6, seed) for seed in (7, 7, 8))
+    first = [a.weights(gramian, losses, present) for _ in range(20)]
+    assert torch.equal(torch.get_rng_state(), before)  # the global generator did not move
+    torch.manual_seed(999)  # nor does the global generator's state change PCGrad's draws
+    second = [b.weights(gramian, losses, present) for _ in range(20)]
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
+    assert len({tuple(w.tolist()) for w in first}) > 1  # random: the order changes the weights
+    assert any(not torch.equal(x, other.weights(gramian, losses, present)) for x in first)
+
+
+def test_pcgrad_generator_travels_with_the_objective_state():
+    """The generator state is a buffer of the objective (saved in the training state): loaded into a fresh
+    PCGrad it continues the same sequence of orders, as a resumed run does."""
+    gramian, losses, present = _conflicting_gramian(seed=1), torch.zeros(6), torch.ones(6, dtype=torch.bool)
+    running = build_aggregator("pcgrad", 6, seed=3)
+    for _ in range(5):
+        running.weights(gramian, losses, present)
+    restored = build_aggregator("pcgrad", 6, seed=0)
+    restored.load_state_dict(copy.deepcopy(running.state_dict()))
+    assert "rng_state" in running.state_dict()
+    for _ in range(10):
+        assert torch.equal(running.weights(gramian, losses, present), restored.weights(gramian, losses, present))
+
+
+def test_conflict_from_the_gramian_by_hand():
+    """Two opposed gradients: the mean's update raises neither loss only when it is not the zero vector."""
+    from mtl_cog.training.aggregated_step import conflict_from_gramian
+
+    jacobian = torch.tensor([[1.0, 0.0], [-0.5, 0.1]], dtype=torch.float64)
+    gramian, both = jacobian @ jacobian.T, torch.tensor([True, True])
+    assert bool(conflict_from_gramian(gramian, torch.tensor([0.5, 0.5]), both))  # d = (0.25, 0.05): <g_1, d> < 0
+    assert not bool(conflict_from_gramian(gramian, build_aggregator("upgrad", 2).weights(gramian, torch.zeros(2),
+                                                                                          both), both))
+    assert not bool(conflict_from_gramian(gramian, torch.tensor([0.5, 0.5]), torch.tensor([True, False])))
+
+
+@pytest.mark.parametrize("on", ["features", "parameters"])
+def test_the_conflict_check_uses_the_exact_inner_products_of_the_parameter_gradients(on, monkeypatch):
+    """Both places report <g_t, d> of the backbone's parameter gradients g_t and update d = sum_t w_t g_t:
+    parameters from the Gramian, features by a forward-mode product (through BatchNorm, whose running
+    statistics the check leaves alone)."""
+    import mtl_cog.training.aggregated_step as step
+
+    layout = LogitLayout((2, 2, 2))
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.BatchNorm1d(6), nn.Tanh())
+    network = Network(backbone, LinearHeads(6, layout), CALIBRATORS.get("identity")(layout))
+    objective = build_objective(layout, MethodConfig(loss="ce"))
+    images, labels = batch(layout, n=32)
+    labels[:, 1] = 1 - labels[:, 0]  # task 1 is task 0's opposite: a conflict to find
+    shared = list(backbone.parameters())
+    seen = []
+    monkeypatch.setattr(step, "rises", lambda inner, sq, present: seen.append((inner, sq)) or torch.tensor(False))
+    out = aggregated_loss(create_accelerator(), network, objective, Aggregation(build_aggregator("mgda", 3), on), images,
+                          labels, shared, check_conflict=True)
+    tracked = int(backbone[2].num_batches_tracked)
+    features, logits = network(images, with_features=True)
+    losses = objective(logits, labels)
+    rows = torch.autograd.grad(losses, shared, grad_outputs=torch.eye(3), is_grads_batched=True)
+    jacobian = torch.cat([r.reshape(3, -1) for r in rows], 1).double()
+    inner, update_sq = seen[0]
+    expected = jacobian @ (jacobian.T @ out.weights)
+    assert torch.allclose(inner, expected, rtol=1e-5, atol=1e-9)
+    assert torch.allclose(update_sq, expected @ out.weights, rtol=1e-5)
+    assert tracked == 1  # only the step's own forward updated BatchNorm's running statistics
+    assert out.conflict is not None
 
 
 @pytest.mark.slow

@@ -2,23 +2,22 @@
 
 ``group_metrics`` never sorts nor copies a group's rows (mtl_cog.evaluation.group_bins); here every
 cell is recomputed the straightforward way — the group's rows cut out and scored by
-``compute_metrics``, their smECE by ``smooth_ece_at`` of the sorted rows — on random data with
+``compute_metrics`` (smECE included: each group at its own bandwidth) — on random data with
 empty and one-class groups, a three-valued group task with an empty value, labels missing from a
-group task, a K-class scored task, a task with a non-finite logit and bandwidths on several grids.
+group task, a K-class scored task and a task with a non-finite logit.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.special import expit, softmax
+from scipy.special import expit
 
 from mtl_cog.constants import MISSING_LABEL
-from mtl_cog.evaluation.binning import CLAMP, SortedRows
+from mtl_cog.evaluation.binning import CLAMP
 from mtl_cog.evaluation.group_bins import Combined, GroupBins, batches
 from mtl_cog.evaluation.groups import CELL_METRICS, NO_SAMPLES, OK, ONE_CLASS, group_metrics
 from mtl_cog.evaluation.metrics import compute_metrics
-from mtl_cog.evaluation.smooth_ece import grid_sizes, smooth_ece_at
 
 
 def _data(n=900, seed=0):
@@ -37,7 +36,7 @@ def _data(n=900, seed=0):
     return names, logits, labels
 
 
-def _expected(names, logits, labels, group, value, bandwidths):
+def _expected(names, logits, labels, group, value):
     """Every other task's cell, from the group's rows alone."""
     g = names.index(group)
     inside = np.asarray(labels[g]) == value
@@ -46,31 +45,14 @@ def _expected(names, logits, labels, group, value, bandwidths):
         if t == g:
             continue
         rows = inside & (labels[t] != MISSING_LABEL)  # partly labelled: the task's labelled rows of the group
-        z, y = logits[t][rows], labels[t][rows]
-        metrics = compute_metrics([name], [z], [y], [15], selective=False)["tasks"][name]
-        if np.ndim(z) == 1:
-            confidence, outcome = expit(z), (y > 0).astype(float)
-        else:
-            probs = softmax(z, axis=1)
-            confidence, outcome = probs.max(1), (probs.argmax(1) == y).astype(float)
-        rows = SortedRows.sort(np.clip(confidence, CLAMP, 1 - CLAMP)[None], outcome[None])
-        metrics["smece"] = smooth_ece_at(rows, np.array([bandwidths[name]]))[0]
-        out[name] = metrics
+        out[name] = compute_metrics([name], [logits[t][rows]], [labels[t][rows]], [15], selective=False)["tasks"][name]
     return out
 
 
-@pytest.mark.parametrize("sigma", ["own", "mixed"])
-def test_every_cell_equals_the_group_scored_on_its_own(sigma):
+def test_every_cell_equals_the_group_scored_on_its_own():
     names, logits, labels = _data()
-    bandwidths: dict = {}
-    compute_metrics(names, logits, labels, [15], bandwidths=bandwidths)
-    if sigma == "mixed":  # grids of 1001, 2001, 4001 points and several evaluation meshes
-        bandwidths = dict(zip(names, [0.3, 0.004, 0.05, 0.0099, 0.002, 0.02, 0.011]))
-        assert len(set(grid_sizes(np.array(list(bandwidths.values()))))) >= 3
     groups = ["Male", "Young", "Region"]
-    report = group_metrics(names, logits, labels, groups, bandwidths)
-    if sigma == "own":  # without bandwidths, σ* is found the same way (of the labelled rows)
-        assert report == group_metrics(names, logits, labels, groups)
+    report = group_metrics(names, logits, labels, groups)
     checked = set()
     for group in groups:
         values = 3 if group == "Region" else 2
@@ -84,7 +66,7 @@ def test_every_cell_equals_the_group_scored_on_its_own(sigma):
                 assert all(c["status"] == NO_SAMPLES and "accuracy" not in c for c in cells)
                 checked.add(NO_SAMPLES)
                 continue
-            expected = _expected(names, logits, labels, group, value, bandwidths)
+            expected = _expected(names, logits, labels, group, value)
             for cell in cells:
                 for metric in CELL_METRICS:
                     assert cell[metric] == pytest.approx(expected[cell["task"]][metric], rel=0, abs=1e-12), \
@@ -102,8 +84,9 @@ def test_a_non_finite_task_gets_nan_cells_and_leaves_the_others_alone():
     for before, after in zip(clean["cells"], report["cells"]):
         if after["task"] == "Smiling":
             assert all(np.isnan(after[m]) for m in CELL_METRICS)
-        else:
-            assert after == before
+        else:  # smECE's batched FFTs may round the last bit differently with another row in the batch
+            assert after == {k: pytest.approx(v, rel=0, abs=1e-13) if isinstance(v, float) else v
+                             for k, v in before.items()}
 
 
 def test_group_tasks_counted_together_or_one_by_one_give_the_same_cells():
@@ -136,7 +119,7 @@ def test_bin_sums_are_those_of_each_groups_rows():
     confidence[:, :5] = [0.0 + CLAMP, 1 / 15, 0.2, 1 - CLAMP, 14 / 15]  # bin edges and the clamped ends
     outcome = (rng.random((3, 200)) < confidence).astype(float)
     group = rng.integers(0, 3, 200)
-    sums, _ = GroupBins(confidence, outcome, np.full(3, 0.05), 15).scores(Combined([group], [3]))
+    sums = GroupBins(confidence, outcome, 15).scores(Combined([group], [3]))
     for value in range(3):
         mask = group == value
         expected = bin_sums(confidence[:, mask], outcome[:, mask], uniform_bin_index(confidence[:, mask], 15), 15)

@@ -6,10 +6,8 @@ import numpy as np
 import pytest
 
 from mtl_cog.errors import ConfigError
-from mtl_cog.evaluation.binning import SortedRows
 from mtl_cog.evaluation.groups import CELL_METRICS, ECE, NO_SAMPLES, ONE_CLASS, cells_frame, group_metrics
 from mtl_cog.evaluation.metrics import compute_metrics
-from mtl_cog.evaluation.smooth_ece import smooth_ece_at
 
 
 def _data(n=400, seed=0):
@@ -42,10 +40,7 @@ def test_one_group_covering_everyone_gives_the_overall_metrics():
 
 def test_cells_equal_metrics_of_the_subset_and_summaries_are_worst_and_gap():
     names, logits, labels = _data(seed=1)
-    bandwidths = {}
-    compute_metrics(names, logits, labels, [15], bandwidths=bandwidths)
     report = group_metrics(names, logits, labels, ["Male", "Young"])
-    assert report == group_metrics(names, logits, labels, ["Male", "Young"], bandwidths)  # same σ* either way
     cells = report["cells"]
     assert len(cells) == 2 * 2 * 3
     for group in ("Male", "Young"):
@@ -58,14 +53,8 @@ def test_cells_equal_metrics_of_the_subset_and_summaries_are_worst_and_gap():
             for c in cells:
                 if c["group"] == group and c["value"] == value:
                     assert c["n"] == mask.sum()
-                    for metric in CELL_METRICS[:-1]:
+                    for metric in CELL_METRICS:  # smECE too: the group's own, at its own bandwidth
                         assert c[metric] == pytest.approx(sub[c["task"]][metric], abs=1e-12)
-                    # smECE inside a group: at the task's whole-split bandwidth σ*
-                    t = names.index(c["task"])
-                    p = np.clip(1 / (1 + np.exp(-logits[t][mask])), 1e-7, 1 - 1e-7)
-                    rows = SortedRows.sort(p[None], labels[t][mask][None].astype(float))
-                    expected = smooth_ece_at(rows, np.array([bandwidths[c["task"]]]))[0]
-                    assert c["smece"] == pytest.approx(expected, abs=1e-12)
     hat = [c for c in cells if c["task"] == "Hat"]
     summary = report["tasks"]["Hat"]
     assert summary[f"worst_group_{ECE}"] == max(c[ECE] for c in hat)
@@ -109,11 +98,44 @@ def test_unknown_or_repeated_group_is_refused_with_a_suggestion():
         group_metrics(names, logits, labels, ["Male", "Male"])
 
 
-def test_smooth_ece_at_its_own_bandwidth_is_smooth_ece():
-    from mtl_cog.evaluation.smooth_ece import smooth_ece
+def test_multicalibration_smece_is_relplots_smece_of_each_group():
+    """Each group's smECE at its own kernel width (relplot.smECE of the group's rows), not the split's:
+    on data where a small group is calibrated differently, the two widths differ and so do the values."""
+    relplot = pytest.importorskip("relplot")
+    rng = np.random.default_rng(7)
+    n = 3000
+    small = rng.random(n) < 0.08  # an 8 % group, overconfident
+    z = rng.normal(0, 2, n)
+    truth = np.where(small, z / 3, z)
+    names = ["Small", "Task"]
+    logits = [rng.normal(size=n), z]
+    labels = [small.astype(np.int64), (rng.random(n) < 1 / (1 + np.exp(-truth))).astype(np.int64)]
+    report = group_metrics(names, logits, labels, ["Small"])
+    p = np.clip(1 / (1 + np.exp(-z)), 1e-7, 1 - 1e-7)
+    confidence, outcome = p, labels[1].astype(float)  # a binary task is calibrated on (p, y)
+    expected = {}
+    for value in (0, 1):
+        mask = small == value
+        expected[value] = relplot.smECE(confidence[mask], outcome[mask])
+        cell = next(c for c in report["cells"] if c["task"] == "Task" and c["value"] == value)
+        assert cell["smece"] == pytest.approx(expected[value], rel=0, abs=1e-9)
+    assert report["tasks"]["Task"]["multicalibration_smece"] == pytest.approx(max(expected.values()), abs=1e-9)
+    # the whole split's width inside the small group gives another number: the old definition differs here
+    width = relplot.smECE(confidence, outcome, return_width=True)[1]
+    own = relplot.smECE(confidence[small], outcome[small], return_width=True)[1]
+    assert abs(width - own) > 1e-3
 
-    rng = np.random.default_rng(4)
-    p = rng.random((3, 500))
-    y = (rng.random((3, 500)) < p ** 1.5).astype(float)
-    values, widths = smooth_ece(p, y)
-    np.testing.assert_allclose(smooth_ece_at(SortedRows.sort(p, y), widths), values, rtol=0, atol=1e-15)
+
+def test_subgroups_plug_in_as_an_evaluation_add_on():
+    """eval.groups reaches a split's metrics through assess.ADD_ONS, like any add-on, not inside score."""
+    from mtl_cog.evaluation.assess import ADD_ONS, AssessSettings, assess, subgroup_metrics
+    from mtl_cog.evaluation.predictions import Predictions
+
+    names, logits, labels = _data(seed=5)
+    predictions = Predictions(task_names=names, logits=logits, labels=labels)
+    assert subgroup_metrics in ADD_ONS
+    metrics = assess(predictions, AssessSettings(bins=[15], pairs=0, groups=("Male",))).metrics
+    assert metrics["groups"] == group_metrics(names, logits, labels, ["Male"])
+    hat = metrics["groups"]["tasks"]["Hat"]
+    assert metrics["tasks"]["Hat"]["multicalibration_smece"] == hat["multicalibration_smece"]
+    assert "groups" not in assess(predictions, AssessSettings(bins=[15], pairs=0)).metrics

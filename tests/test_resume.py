@@ -125,6 +125,21 @@ def test_kill_mid_epoch_then_resume_finishes_with_the_same_results(reference, tm
 
 
 @pytest.mark.slow
+def test_pcgrad_runs_of_one_seed_are_identical_and_a_killed_one_resumes_bit_exactly(tmp_path):
+    """PCGrad draws a random task order every step, from its own generator seeded by the run and saved in the
+    training state: two runs of one seed agree, and a run killed mid-epoch finishes with their numbers."""
+    pcgrad = ("mtl.aggregator=pcgrad",)
+    _train(*RUN, *pcgrad, f"output_dir={tmp_path}", "run_name=ref")
+    _train(*RUN, *pcgrad, f"output_dir={tmp_path}", "run_name=again")
+    _assert_same_results(tmp_path / "again", tmp_path / "ref")
+    run = tmp_path / "killed"
+    saved = _start_and_kill(run, lambda p: p.epoch >= 2 and p.within.step > 0, extra=pcgrad)
+    result = _train("--resume", str(run))
+    assert f"resumed at epoch {saved.epoch}, step {saved.within.step}" in result.stdout
+    _assert_same_results(run, tmp_path / "ref")
+
+
+@pytest.mark.slow
 def test_two_processes_killed_mid_epoch_then_resumed_equal_uninterrupted_run(tmp_path):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
               "--dynamo_backend", "no", "--multi_gpu", "--num_processes", "2", str(REPO / "scripts" / "train_mtl.py")]

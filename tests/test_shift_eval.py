@@ -40,6 +40,8 @@ def test_rows_and_the_clean_row_equal_the_plain_scores():
     assert row.severity == 0 and row["ece@15"] == pytest.approx(score(clean, [15])["mean"]["ece@15"], abs=1e-15)
     curves = summary(frame)
     assert list(curves.severity[curves.method == "none"]) == [0, 1, 3]
+    assert frame.columns[0] == "suite" and set(frame.suite) == {"cifar10c"}  # whose severities, on every row
+    assert set(shift_frame(clean, shifted, [15], suite="imagenetc").suite) == {"imagenetc"}
 
 
 def test_cli_refuses_unknown_corruptions_severities_and_misplaced_flags(tmp_path):
@@ -58,6 +60,10 @@ def test_cli_refuses_unknown_corruptions_severities_and_misplaced_flags(tmp_path
         load_config(None, ["eval.shift=[smoke]"])
     with pytest.raises(ConfigError, match="eval.shift_severities"):
         load_config(None, ["eval.shift_severities=[0]"])
+    with pytest.raises(ConfigError, match="eval.shift_suite"):
+        load_config(None, ["eval.shift_suite=cifar100c"])
+    with pytest.raises(UserError, match="--suite go with --shift"):
+        evaluate.main(["--run", str(tmp_path), "--suite", "cifar10c", "--out", str(tmp_path / "m.json")])
 
 
 @pytest.mark.slow  # trains a tiny run, then corrupts its test split

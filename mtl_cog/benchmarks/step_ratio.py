@@ -14,9 +14,14 @@ legitimately add work (a larger head, a second loss term): <= 1.10.
 
 A method under a multi-task aggregator is named ``method+aggregator`` (``baseline+upgrad``;
 ``baseline+mgda:parameters`` for the Gramian on the backbone's parameters), so every aggregator's
-step is timed over equal weights' in the same rotation. Target with the Gramian on the shared
-features (the MGDA-UB bound, docs/mtl.md): <= 1.30; on the parameters none (it costs one backward
-per task by construction and is reported, not judged).
+step is timed over equal weights' in the same rotation, both places side by side. Targets: with the
+Gramian on the shared features (a representation-level heuristic, docs/mtl.md) <= 1.30; on the
+parameters (exact: the aggregator's guarantee holds for the backbone's update) <= 3.0 at 40 tasks.
+The exact Gramian needs the T per-task gradients through the backbone (one vmapped backward of T
+cotangents); ``torchjd.autogram.Engine`` computes the same Gramian layer by layer, but refuses
+BatchNorm backbones with ``batch_dim`` and is slower than the vmapped backward without it
+(docs/mtl.md, "Cost"). The timed step checks no conflict (``mtl/conflict_rate``): on the
+parameters that check is free, on the features it runs every ``mtl.conflict_every`` steps.
 """
 
 from __future__ import annotations
@@ -48,12 +53,13 @@ OTHER_METHOD_TARGET = 1.10
 BATCHES = 4  # distinct batches cycled through (the same for every method)
 
 
-AGGREGATOR_TARGET = 1.30  # an aggregator on the shared features (MGDA-UB): one Jacobian through the heads
+AGGREGATOR_TARGET = 1.30  # an aggregator on the shared features (heuristic): one Jacobian through the heads
+EXACT_AGGREGATOR_TARGET = 3.0  # on the backbone's parameters (exact), at 40 tasks
 
 
 def step_ratio_target(method: str) -> float | None:
     if "+" in method:
-        return None if method.endswith(":parameters") else AGGREGATOR_TARGET
+        return EXACT_AGGREGATOR_TARGET if method.endswith(":parameters") else AGGREGATOR_TARGET
     return STEP_RATIO_TARGETS.get(method, OTHER_METHOD_TARGET)
 
 

@@ -18,11 +18,13 @@ K-class tasks. "multitask" (two or more tasks): pooled_ece@B, worst_task_ece@B, 
 and with two or more binary tasks count_ece and pair_joint_ece; "pairs" lists the joint
 calibration of each of the --pairs most correlated attribute pairs. Formulas: docs/explanation/metrics.md.
 
-    python scripts/evaluate.py --run RUN_DIR --shift [CORRUPTION ...] [--severities 1-5] [--posthoc ts]
+    python scripts/evaluate.py --run RUN_DIR --shift [CORRUPTION ...] [--severities 1-5] [--suite S] [--posthoc ts]
 
 With ``--shift``, the run's network predicts the test split under each named corruption of
 Hendrycks & Dietterich (none named: all 15) at each severity, every corrupted split built once
-into the data cache; ``--posthoc`` calibrators are fitted on the clean validation predictions and
+into the data cache, with the severity parameters of ``--suite`` (cifar10c: CIFAR-10-C's; imagenetc:
+ImageNet-C's; default: the run's eval.shift_suite, auto = cifar10c up to 64 px);
+``--posthoc`` calibrators are fitted on the clean validation predictions and
 applied under shift. RUN_DIR/shift_metrics.csv gets every metric per method x corruption x
 severity x task (and the task mean), RUN_DIR/shift_test.png accuracy, NLL and ECE@15 against
 severity (docs/shift.md). ``--groups TASK ...`` adds per-group metrics and multicalibration
@@ -37,7 +39,7 @@ from pathlib import Path
 
 from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.config.schema import check_bins, check_corruptions, check_severities
-from mtl_cog.constants import DEFAULT_BINS
+from mtl_cog.constants import DEFAULT_BINS, SHIFT_SUITES
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError, run_cli
@@ -80,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="with --run: score the test split under these corruptions (none named: all 15)")
     parser.add_argument("--severities", default=None,
                         help="with --shift: 1-5, 1,3,5 or 3 (default: the run's eval.shift_severities)")
+    parser.add_argument("--suite", choices=["auto", *SHIFT_SUITES], default=None,
+                        help="with --shift: whose severity parameters (default: the run's eval.shift_suite)")
     parser.add_argument("--groups", nargs="+", metavar="TASK",
                         help="per-group metrics and multicalibration, groups defined by these tasks' labels")
     return parser.parse_args(argv)
@@ -112,9 +116,9 @@ def main(argv: list[str] | None = None) -> dict:
         if args.run is None:
             raise UserError("--shift needs --run RUN_DIR (it runs the run's network on corrupted test images).")
         names = check_corruptions(args.shift or ["all"], "--shift")
-        return run_shift(args.run, names, args.severities, args.posthoc or [], args.bins, args.out)
-    if args.severities is not None:
-        raise UserError("--severities goes with --shift.")
+        return run_shift(args.run, names, args.severities, args.posthoc or [], args.bins, args.out, args.suite)
+    if args.severities is not None or args.suite is not None:
+        raise UserError("--severities and --suite go with --shift.")
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: list[str], bins: list[int] | None,
-              out: Path | None) -> dict:
+              out: Path | None, suite: str | None = None) -> dict:
     """The run's network on the test split under each corruption and severity -> shift_metrics.csv + figure."""
     unsupported = [m for m in posthoc if m not in POSTHOC_METHODS]
     if unsupported:
@@ -172,14 +176,15 @@ def run_shift(run_dir: Path, names: list[str], severities: str | None, posthoc: 
     spec, test = task_data.spec, task_data.splits["test"]
     network = load_network(cfg, spec, run_dir).to(accelerator.device)
     clean = predict_split(accelerator, network, spec, test, cfg.train.eval_batch_size)
-    eval_cfg = cfg.eval if bins is None else dataclasses.replace(cfg.eval, bins=bins)
+    eval_cfg = dataclasses.replace(cfg.eval, bins=bins or cfg.eval.bins, shift_suite=suite or cfg.eval.shift_suite)
     frame = evaluate_shift(accelerator, network, TASKS.get(cfg.data.task), spec, cfg.data, eval_cfg, test, clean, val,
                            names, levels, posthoc, cfg.train.eval_batch_size)
     if accelerator.is_main_process:
         csv, png = write_shift_files(run_dir, frame)
         if out is not None:
             atomic_write_json(out, {"rows": frame.to_dict("records")})
-        print("test metrics under corruption (mean over tasks, then over corruptions; severity 0 = clean):")
+        print(f"test metrics under corruption, {frame.suite.iloc[0]} severities "
+              "(mean over tasks, then over corruptions; severity 0 = clean):")
         print(summary(frame).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print(png)
         print(csv)

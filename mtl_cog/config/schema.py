@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtl_cog.constants import CORRUPTIONS, DEFAULT_BINS, SEVERITIES, SUMMARY_BINS
+from mtl_cog.constants import CORRUPTIONS, DEFAULT_BINS, SEVERITIES, SHIFT_SUITES, SUMMARY_BINS
 from mtl_cog.errors import ConfigError
 
 # Adam (the optimiser of every method) moves each weight by about lr per step: above this a run can
@@ -326,9 +326,15 @@ class EvalConfig:
     shift_seed: int = 0  # the corruptions' random draws: the same corrupted images for every run
     shift_posthoc: list[str] = field(default_factory=list)  # post-hoc calibrators (fitted on clean val) under shift
     shift_workers: int = 0  # processes that corrupt images when a corrupted split is built; 0 = every CPU
+    # whose severity parameters: cifar10c (CIFAR-10-C's script) | imagenetc (ImageNet-C's) | auto (cifar10c for
+    # pictures <= 64 px, imagenetc above; docs/shift.md)
+    shift_suite: str = "auto"
 
     def validate(self) -> None:
         check_bins(self.bins, "eval.bins")
+        if self.shift_suite not in ("auto", *SHIFT_SUITES):
+            raise ConfigError(f"eval.shift_suite must be one of auto, {', '.join(SHIFT_SUITES)}. "
+                              f"Got {self.shift_suite!r}.")
         self.shift = check_corruptions(self.shift, "eval.shift")
         check_severities(self.shift_severities, "eval.shift_severities")
         check_seed(self.shift_seed, "eval.shift_seed")
@@ -439,19 +445,27 @@ class MtlConfig:
     ``aggregator``: ``equal`` (the mean of the per-task losses: plain training, bit for bit) or a
     name registered in ``mtl_cog/objectives/aggregators/`` (uncertainty, upgrad, mgda, pcgrad,
     imtl_g, aligned_mtl). ``aggregate_on``: where the Gramian of the per-task gradients is taken,
-    ``features`` (the backbone's output, Sener & Koltun's MGDA-UB bound: one cheap Jacobian through
-    the heads) or ``parameters`` (the backbone's parameters: exact, one backward per task). The
-    heads and the COG leader get the mean loss's gradient either way.
+    ``features`` (the backbone's output: one cheap Jacobian through the heads; a representation-level
+    heuristic, whose weights keep the aggregator's property at the features, not at the backbone's
+    parameters; Sener & Koltun's MGDA-UB bound covers MGDA only) or ``parameters`` (the backbone's
+    parameters: exact, the T per-task gradients through the backbone). The heads and the COG leader
+    get the mean loss's gradient either way; ``conflict_every``: see ``mtl/conflict_rate``.
     """
 
     aggregator: str = EQUAL_WEIGHTS
     aggregate_on: str = "features"
+    # features: check every this many steps whether some task's loss rises to first order under the backbone's
+    # update (mtl/conflict_rate; one forward-mode product, ~1.7 steps of work); 0 = never. Parameters: every step
+    conflict_every: int = 10
 
     def validate(self) -> None:
         if not self.aggregator:
             raise ConfigError("mtl.aggregator must name an aggregator (equal, uncertainty, upgrad, mgda, ...).")
         if self.aggregate_on not in AGGREGATE_ON:
             raise ConfigError(f"mtl.aggregate_on must be one of {', '.join(AGGREGATE_ON)}. Got {self.aggregate_on!r}.")
+        if isinstance(self.conflict_every, bool) or self.conflict_every < 0:
+            raise ConfigError(f"mtl.conflict_every must be >= 0 (0 = never check on the features). "
+                              f"Got {self.conflict_every!r}.")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Assessing one split: predict -> score -> add-ons (certified accuracy, ...), the same for every caller.
+"""Assessing one split: predict -> score -> add-ons (subgroups, certified accuracy), the same for every caller.
 
 ``fit`` (through ``mtl_cog.reporting.end_of_run``), ``evaluate --run``, ``evaluate --predictions``
 and ``list-front`` all go through ``assess`` (predictions in hand) or ``assess_split`` (predict
@@ -12,9 +12,20 @@ that adds its metrics to ``context.metrics`` in the ``score`` layout: per task i
 (kept in the metrics JSON). It reads the predictions, and, where it needs them and they exist,
 the network (``context.model``, None when only a prediction file is scored), the split's images
 and labels (``context.split``, None without data) and the data set's ``TaskSpec``. An add-on that
-lacks what it needs does nothing. Adding one (shift/corruption evaluation, subgroup or
-selective-prediction metrics) = its own module under ``evaluation/`` + one adapter function and
-one entry in ``ADD_ONS`` here; add-ons run in the order listed, after ``score``.
+lacks what it needs does nothing. Adding one = its own module under ``evaluation/`` + one adapter
+function and one entry in ``ADD_ONS`` here; add-ons run in the order listed, after ``score``.
+
+What plugs in where (the whole truth):
+
+- subgroup metrics and multicalibration (``eval.groups``, mtl_cog.evaluation.groups): an add-on
+  here, ``subgroup_metrics``; their cells also go to ``group_metrics.csv`` (the callers write it);
+- certified accuracy (LiST): an add-on here, ``certified_accuracy``;
+- selective prediction (``aurc``, ``eaurc``, mtl_cog.evaluation.selective): metrics of ``score``
+  itself, not an add-on, since they reuse ``compute_metrics``' per-task sort of the logits;
+- calibration under corruption shift (mtl_cog.evaluation.shift): not an add-on. It scores other
+  splits (75 corrupted copies of the test split) into a table of its own (``shift_metrics.csv``),
+  so it runs beside the assessment: ``fit`` passes it to ``finish_run`` as its ``shift`` job, and
+  ``evaluate --run RUN --shift`` runs it on a finished run; its W&B summary keys are added there.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from torch import nn
 from mtl_cog.config import Config
 from mtl_cog.constants import DEFAULT_BINS
 from mtl_cog.data.task_api import SplitData, TaskSpec
+from mtl_cog.evaluation.groups import add_group_summary, group_metrics
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.predictions import Predictions
@@ -76,8 +88,19 @@ def certified_accuracy(context: SplitContext) -> None:
                                context.settings.certify_eps, context.spec.std)
 
 
+def subgroup_metrics(context: SplitContext) -> None:
+    """``eval.groups``: every group's cells under ``metrics["groups"]``, each task's worst-group, gap and
+    multicalibration values beside its metrics (and their means beside the task means)."""
+    if not context.settings.groups:
+        return
+    p = context.predictions
+    report = group_metrics(p.task_names, p.logits, p.labels, list(context.settings.groups))
+    add_group_summary(context.metrics, report)
+    context.metrics["groups"] = report
+
+
 # Every evaluation add-on, in the order they run (see the module docstring).
-ADD_ONS: tuple[Callable[[SplitContext], None], ...] = (certified_accuracy,)
+ADD_ONS: tuple[Callable[[SplitContext], None], ...] = (subgroup_metrics, certified_accuracy)
 
 
 @dataclass
@@ -89,7 +112,7 @@ class SplitAssessment:
 def assess(predictions: Predictions, settings: AssessSettings, model: nn.Module | None = None,
            spec: TaskSpec | None = None, split: SplitData | None = None) -> SplitAssessment:
     """``score`` then every add-on, on predictions in hand (``model``/``spec``/``split`` where known)."""
-    metrics = score(predictions, settings.bins, settings.pairs, settings.groups)  # + subgroups: one shared sort
+    metrics = score(predictions, settings.bins, settings.pairs)
     context = SplitContext(predictions, metrics, settings, model, spec, split)
     for add_on in ADD_ONS:
         add_on(context)

@@ -4,9 +4,10 @@
 group is one value of one group task ("Male=0", "Male=1", ...). Inside every group, every *other*
 task is scored (a task used as a group is not scored against itself: inside "Male=1" its labels
 are constant) with the cell metrics ``CELL_METRICS``, computed as the overall ones
-(mtl_cog.evaluation.metrics; one group holding everyone gives the overall values), except that
-``smece`` inside a group is smECE at the task's bandwidth σ* on the whole split (one smoothing
-scale for all groups of a task; ``group_metrics``). Per task:
+(mtl_cog.evaluation.metrics; one group holding everyone gives the overall values). ``smece``
+inside a group is the group's own smooth ECE: its kernel width σ* found on the group's rows, as
+``relplot.smECE`` of those rows finds it (Błasiok & Nakkiran's definition, used per group by
+Hansen et al.'s multicalibration code). Per task:
 
     worst_group_ece@15  = max over groups g of ECE@15 inside g
     group_gap_ece@15    = max over group tasks of (max − min over its values of ECE@15)
@@ -25,11 +26,10 @@ cell, never 0 or NaN). Partly labelled data: a cell holds the group's samples la
 scored task (its ``n``), as ``compute_metrics`` scores a task on its labelled rows; a sample
 unlabelled in a group task is in none of its groups.
 
-Cost: no group is sorted or copied. Every task's bin and smECE grid cell of each sample is found
-once, and the sums of all groups come from one ``np.bincount`` per statistic over the joint
-values of the group tasks (mtl_cog.evaluation.group_bins); with ``eval.groups`` of two binary
-tasks on 40 tasks x 20,000 samples they add about 0.6x ``compute_metrics`` (docs/explanation/metrics.md, "Cost of
-the selective and subgroup metrics").
+Cost: the bin sums of all groups come from one ``np.bincount`` per statistic over the joint
+values of the group tasks (mtl_cog.evaluation.group_bins), with no group sorted or copied; each
+group's smECE takes its rows, still in order, from one sort of every task's rows (``GroupSmece``)
+and bisects its own width, as the overall smECE does for the whole split.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from scipy.special import expit, log_softmax
 
 from mtl_cog.constants import MISSING_LABEL, SUMMARY_BINS
 from mtl_cog.errors import ConfigError
-from mtl_cog.evaluation.binning import CLAMP, errors_from_sums
+from mtl_cog.evaluation.binning import CLAMP, SortedRows, errors_from_sums
 from mtl_cog.evaluation.group_bins import Combined, GroupBins, batches
 from mtl_cog.evaluation.metrics import compute_metrics
-from mtl_cog.evaluation.smooth_ece import smooth_ece
+from mtl_cog.evaluation.smooth_ece import smooth_ece, smooth_ece_sorted
 
 ECE = f"ece@{SUMMARY_BINS}"
 CELL_METRICS = ("accuracy", "nll", "brier", ECE, "smece")
@@ -128,16 +128,14 @@ def _binary_per_sample(z: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
 
 
 def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],
-                  groups: list[str], bandwidths: dict[str, float] | None = None) -> dict:
+                  groups: list[str]) -> dict:
     """{"cells": [row, ...], "tasks": {task: {summary metric: value}}, "mean": {summary metric: value}}.
 
     A cell row is {"group", "value", "task", "n", "status", *CELL_METRICS}; ``logits[t]`` is (N,)
     for a binary task, (N, K) for a K-class one (as ``compute_metrics``). ``smece`` inside a group
-    is smECE at the task's bandwidth σ* on the whole split (``bandwidths``, from ``compute_metrics``;
-    computed here when not given): one smoothing scale for every group of a task, so that groups
-    are compared at the same resolution, and the group holding everyone gives the task's smECE.
-    No sorting: the calibration sums of every group come from one bincount per statistic
-    (mtl_cog.evaluation.group_bins).
+    is the smooth ECE of the group's rows at their own bandwidth σ* (``relplot.smECE`` of those
+    rows), so a group holding everyone gives the task's smECE. The bin sums of every group come
+    from one bincount per statistic (mtl_cog.evaluation.group_bins).
     """
     check_groups(groups, task_names)
     every = _per_sample(logits, labels)
@@ -148,20 +146,14 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
     partly = not known.all()
     if partly:
         every[:4, ~known] = 0.0  # correct, NLL, Brier, outcome: out of every sum
-    if bandwidths is None:
-        sigma = smooth_ece(rows["confidence"], rows["outcome"])[1]
-        for t in np.flatnonzero(~known.all(1)):  # σ* of the labelled rows, as compute_metrics finds it
-            sigma[t] = smooth_ece(rows["confidence"][t, known[t]][None], rows["outcome"][t, known[t]][None])[1][0]
-    else:
-        sigma = np.array([bandwidths[name] for name in task_names])
-    sigma = np.where(np.isfinite(sigma), sigma, 1.0)  # a task with non-finite logits: NaN metrics below anyway
-    # Calibration inside a group needs only sums over cells of confidence (bins, smECE grid points):
-    # each task's cells are found once, and every group's sums come from one bincount per statistic.
-    # A task with non-finite logits gets placeholders there (its metrics are NaN below).
+    # ECE inside a group needs only sums over bins of confidence: each task's bins are found once, and
+    # every group's sums come from one bincount per statistic. A task with non-finite logits gets
+    # placeholders there (its metrics are NaN below).
     confidence, outcome = rows["confidence"], rows["outcome"]
     if not finite.all():
         confidence, outcome = np.where(finite[:, None], confidence, 0.5), np.where(finite[:, None], outcome, 0.0)
-    cells_of = GroupBins(confidence, outcome, sigma, SUMMARY_BINS, known if partly else None)
+    cells_of = GroupBins(confidence, outcome, SUMMARY_BINS, known if partly else None)
+    smece_of = GroupSmece(confidence, outcome, known)
     binary = np.array([np.ndim(z) == 1 for z in logits])
     # per task: correct, NLL, Brier, outcome (one class only <=> no or all outcomes positive, for a binary task)
     per_sample = every[:4].reshape(-1, every.shape[2])  # (4T, N)
@@ -173,11 +165,13 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
         # samples per task and group: the group's labelled samples of the task
         counts = combined.sums_of(known.astype(np.float64)) if partly else np.tile(combined.counts(), (len(known), 1))
         sums = combined.sums_of(per_sample).reshape(4, len(task_names), -1)  # (4, T, R): sums inside each group
-        bin_sums, smece = cells_of.scores(combined)  # (R, T, B, 3), (R, T)
+        bin_sums = cells_of.scores(combined)  # (R, T, B, 3)
         first = 0  # the run's groups are its rows: group task by group task, value by value
         for i in run:
             rows_of_i = range(first, first + num_values[i])
-            per_value = [(counts[:, r], sums[:, :, r], bin_sums[r], smece[r]) for r in rows_of_i]
+            inside = [np.asarray(labels[indices[i]]) == value for value in range(num_values[i])]
+            per_value = [(counts[:, r], sums[:, :, r], bin_sums[r], smece_of(member))
+                         for r, member in zip(rows_of_i, inside)]
             cells.extend(_cells(groups[i], indices[i], task_names, labels, binary, finite, known, per_value))
             first += num_values[i]
     per_task = {name: _summary(name, cells, groups) for name in task_names}
@@ -185,6 +179,37 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
     mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v]))
             for m in SUMMARY_METRICS if any(m in v for v in per_task.values())}
     return {"cells": cells, "tasks": per_task, "mean": mean}
+
+
+class GroupSmece:
+    """Each task's smECE inside any group, at the group's own σ* (``relplot.smECE`` of the group's rows).
+
+    Every task's rows are sorted by confidence once; a group's rows are then a mask of the sorted
+    rows (still sorted), so a group costs its bisection, not a sort. A task unlabelled on some of a
+    group's members is scored on its labelled members alone (``smooth_ece``, sorted on its own).
+    """
+
+    def __init__(self, confidence: np.ndarray, outcome: np.ndarray, known: np.ndarray) -> None:
+        self.confidence, self.outcome, self.known = confidence, outcome, known
+        self.order = np.argsort(confidence, axis=1)
+        self.sorted_confidence = np.take_along_axis(confidence, self.order, 1)
+        self.sorted_outcome = np.take_along_axis(outcome, self.order, 1)
+
+    def __call__(self, member: np.ndarray) -> np.ndarray:
+        """(T,) smECE inside the group ``member`` (N,) bool; NaN for a task with no labelled member."""
+        out = np.full(len(self.confidence), np.nan)
+        count = int(member.sum())
+        whole = np.flatnonzero(self.known[:, member].all(1)) if count else np.array([], dtype=np.int64)
+        if len(whole):
+            inside = member[self.order[whole]]  # (W, N): the group's members, in each row's sorted order
+            rows = SortedRows(self.sorted_confidence[whole][inside].reshape(len(whole), count),
+                              self.sorted_outcome[whole][inside].reshape(len(whole), count))
+            out[whole] = smooth_ece_sorted(rows)[0]
+        for t in np.setdiff1d(np.arange(len(out)), whole):
+            labelled = member & self.known[t]
+            if labelled.any():
+                out[t] = smooth_ece(self.confidence[t, labelled][None], self.outcome[t, labelled][None])[0][0]
+        return out
 
 
 def _cells(group: str, g: int, task_names: list[str], labels: list[np.ndarray], binary: np.ndarray,
@@ -254,11 +279,10 @@ def add_group_summary(metrics: dict, report: dict) -> dict:
 def score_with_groups(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray], bins,
                       pairs: int, groups: list[str] | tuple[str, ...] = (), selective: bool = True) -> dict:
     """``compute_metrics`` and, with ``groups``, the subgroup metrics: their per-task summaries beside the
-    metrics and the whole report under ``"groups"`` (the groups reuse each task's smECE bandwidth)."""
-    bandwidths: dict[str, float] = {}
-    metrics = compute_metrics(task_names, logits, labels, bins, pairs, selective=selective, bandwidths=bandwidths)
+    metrics and the whole report under ``"groups"``."""
+    metrics = compute_metrics(task_names, logits, labels, bins, pairs, selective=selective)
     if groups:
-        report = group_metrics(task_names, logits, labels, list(groups), bandwidths)
+        report = group_metrics(task_names, logits, labels, list(groups))
         add_group_summary(metrics, report)
         metrics["groups"] = report
     return metrics

@@ -60,7 +60,6 @@ BRIER_PARTS = ("brier_reliability", "brier_resolution", "brier_uncertainty")
 # every error named "<family>@<bins>", per task or multi-task (mtl_cog.evaluation.multitask_metrics)
 BINNED_FAMILIES = (*NORMS, "adaece", "classwise_ece", *multitask.BINNED_FAMILIES)
 HIGHER_IS_BETTER = {"accuracy", "brier_resolution", "worst_group_accuracy"}  # (mtl_cog.evaluation.groups)
-SMECE_BANDWIDTH = "smece_bandwidth"  # σ* of smece, handed to ``bandwidths`` of compute_metrics, never a column
 ONLY_SOME_TASKS = ("classwise_ece",)  # K-class tasks only: empty on the rows of binary tasks
 
 
@@ -92,7 +91,6 @@ def lower_is_better(metric: str) -> bool:
 def calibration_scores(rows: SortedRows, bins: list[int] | tuple[int, ...]) -> tuple[dict[str, np.ndarray], dict]:
     """ece/rmsce/mce@B, smece, adaece@B of each sorted row -> (metrics, uniform bin sums per B for pooling).
 
-    Also ``SMECE_BANDWIDTH``: each row's smECE bandwidth σ* (not a metric; the subgroup metrics reuse it).
     """
     out: dict[str, np.ndarray] = {}
     sums = {}
@@ -100,7 +98,7 @@ def calibration_scores(rows: SortedRows, bins: list[int] | tuple[int, ...]) -> t
         sums[b] = rows.uniform_sums(b)
         for norm, values in errors_from_sums(sums[b]).items():
             out[f"{norm}@{b}"] = values
-    out["smece"], out[SMECE_BANDWIDTH] = smooth_ece_sorted(rows)
+    out["smece"] = smooth_ece_sorted(rows)[0]
     for b in bins:
         out[f"adaece@{b}"] = errors_from_sums(rows.equal_mass_sums(b))["ece"]
     return out, sums
@@ -182,7 +180,7 @@ def _score_multiclass(z: np.ndarray, y: np.ndarray, bins, selective: bool = True
 
 def compute_metrics(
     task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray], bins: list[int] | tuple[int, ...],
-    pairs: int = multitask.DEFAULT_PAIRS, selective: bool = True, bandwidths: dict[str, float] | None = None,
+    pairs: int = multitask.DEFAULT_PAIRS, selective: bool = True,
 ) -> dict:
     """{"tasks": {task: {metric: value}}, "mean": {metric: value}} (unweighted mean over tasks), plus
     ``"multitask": {metric: value}`` with at least two tasks and ``"pairs": [...]`` (the per-pair
@@ -199,21 +197,19 @@ def compute_metrics(
     labelled sample is refused.
 
     ``selective=False`` leaves out ``aurc``/``eaurc`` (the metrics benchmark times them side by side).
-    ``bandwidths``, when given, receives each task's smECE bandwidth σ* (the subgroup metrics reuse it).
     """
     if not task_names or len(labels[0]) == 0:
         raise PredictionFileError(f"nothing to score: {len(task_names)} task(s) with "
                                   f"{len(labels[0]) if task_names else 0} samples each.")
     known = [np.asarray(y) != MISSING_LABEL for y in labels]
     if all(k.all() for k in known):
-        per_task, task_sums, binary, binary_probs, y = _score_tasks(task_names, logits, labels, bins, selective,
-                                                                    bandwidths)
+        per_task, task_sums, binary, binary_probs, y = _score_tasks(task_names, logits, labels, bins, selective)
     else:
         require_labelled(task_names, labels)
         per_task, task_sums = {}, {}
         for t, name in enumerate(task_names):
             z_t, y_t = labelled_rows(logits[t], labels[t])
-            scored, sums = _score_tasks([name], [z_t], [y_t], bins, selective, bandwidths)[:2]
+            scored, sums = _score_tasks([name], [z_t], [y_t], bins, selective)[:2]
             per_task[name], task_sums[t] = scored[name], sums[0]
         binary = [t for t, z in enumerate(logits) if np.ndim(z) == 1]
         everywhere = np.logical_and.reduce([known[t] for t in binary]) if binary else None
@@ -236,7 +232,7 @@ def compute_metrics(
 
 
 def _score_tasks(task_names: list[str], logits: list[np.ndarray], labels: list[np.ndarray],
-                 bins: list[int] | tuple[int, ...], selective: bool = True, bandwidths: dict | None = None
+                 bins: list[int] | tuple[int, ...], selective: bool = True
                  ) -> tuple[dict, dict, list[int], np.ndarray | None, np.ndarray | None]:
 
     """Per-task metrics of fully labelled tasks with the same samples: (per_task, per-task uniform bin sums,
@@ -253,8 +249,6 @@ def _score_tasks(task_names: list[str], logits: list[np.ndarray], labels: list[n
         for row, t in enumerate(binary):
             per_task[task_names[t]] = {m: float(values[m][row]) for m in metric_names(bins, selective=selective)}
             task_sums[t] = {b: sums[b][row] for b in bins}
-            if bandwidths is not None:
-                bandwidths[task_names[t]] = float(values[SMECE_BANDWIDTH][row])
     for t, z in enumerate(logits):
         if np.ndim(z) == 2:
             values, sums = _score_multiclass(np.asarray(z, dtype=np.float64), np.asarray(labels[t], dtype=np.int64),
@@ -262,8 +256,6 @@ def _score_tasks(task_names: list[str], logits: list[np.ndarray], labels: list[n
             per_task[task_names[t]] = {m: float(values[m][0])
                                        for m in metric_names(bins, multiclass=True, selective=selective)}
             task_sums[t] = {b: sums[b][0] for b in bins}
-            if bandwidths is not None:
-                bandwidths[task_names[t]] = float(values[SMECE_BANDWIDTH][0])
     per_task = {name: per_task[name] for name in task_names}  # data-set order
     return per_task, task_sums, binary, binary_probs, y
 

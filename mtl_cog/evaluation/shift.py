@@ -9,15 +9,16 @@ came from meets data from elsewhere, which is the situation it is sold for (Ovad
 NeurIPS 2019, "Can you trust your model's uncertainty?", measure exactly this). Severity 0 rows
 (corruption ``none``) are the clean test split, the start of every curve.
 
-``shift_metrics.csv``: columns method, corruption, severity, task (every task, then ``mean``),
-then the metrics (docs/shift.md).
+``shift_metrics.csv``: columns suite (whose severity parameters: cifar10c or imagenetc,
+mtl_cog.data.shift), method, corruption, severity, task (every task, then ``mean``), then the
+metrics (docs/shift.md).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from mtl_cog.data.shift import corrupted_split
+from mtl_cog.data.shift import corrupted_split, resolve_suite
 from mtl_cog.data.task_api import SplitData, Task, TaskSpec
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import metrics_frame
@@ -27,19 +28,19 @@ from mtl_cog.evaluation.scoring import score
 from mtl_cog.progress import track
 
 CLEAN = "none"  # corruption name of the clean test split (severity 0)
-KEYS = ("method", "corruption", "severity", "task")
+KEYS = ("suite", "method", "corruption", "severity", "task")
 
 
 def shifted_predictions(accelerator, network, task: Task, spec: TaskSpec, data_cfg, clean: SplitData,
                         names: list[str], severities: list[int], seed: int, workers: int,
-                        batch_size: int) -> dict[tuple[str, int], Predictions]:
+                        batch_size: int, suite: str) -> dict[tuple[str, int], Predictions]:
     """{(corruption, severity): predictions of the corrupted test split}; the main process builds each split first."""
     out = {}
     jobs = [(name, severity) for name in names for severity in severities]
     for name, severity in track(jobs, "test split under corruptions", every=1):
         with accelerator.main_process_first():
             split = corrupted_split(task, spec, data_cfg, clean, name, severity, seed, workers,
-                                    show_progress=accelerator.is_main_process)
+                                    show_progress=accelerator.is_main_process, suite=suite)
         out[(name, severity)] = predict_split(accelerator, network, spec, split, batch_size)
     return out
 
@@ -52,7 +53,7 @@ def calibrated_under_shift(method: str, val: Predictions, splits: list[Predictio
 
 
 def shift_frame(clean: Predictions, shifted: dict[tuple[str, int], Predictions], bins: list[int],
-                val: Predictions | None = None, posthoc: list[str] = ()) -> pd.DataFrame:
+                val: Predictions | None = None, posthoc: list[str] = (), suite: str = "cifar10c") -> pd.DataFrame:
     """The rows of ``shift_metrics.csv``: every task and the mean, per method x corruption x severity."""
     keys = [(CLEAN, 0), *shifted]
     splits = [clean, *shifted.values()]
@@ -63,7 +64,7 @@ def shift_frame(clean: Predictions, shifted: dict[tuple[str, int], Predictions],
     for method, predictions in methods.items():
         for (name, severity), preds in zip(keys, predictions):
             frame = metrics_frame(score(preds, bins, pairs=0))  # pairs: the joint metrics cost time, not asked here
-            frames.append(frame.assign(method=method, corruption=name, severity=severity))
+            frames.append(frame.assign(suite=suite, method=method, corruption=name, severity=severity))
     frame = pd.concat(frames, ignore_index=True)
     return frame[[*KEYS, *[c for c in frame.columns if c not in KEYS]]]
 
@@ -71,10 +72,12 @@ def shift_frame(clean: Predictions, shifted: dict[tuple[str, int], Predictions],
 def evaluate_shift(accelerator, network, task: Task, spec: TaskSpec, data_cfg, eval_cfg, test: SplitData,
                    clean: Predictions, val: Predictions | None, names: list[str], severities: list[int],
                    posthoc: list[str], batch_size: int) -> pd.DataFrame:
-    """The whole suite: corrupted splits (built or read from the cache), predictions, ``shift_frame``."""
+    """The whole suite (``eval_cfg.shift_suite``, ``auto`` resolved by the test pictures' side): corrupted
+    splits (built or read from the cache), predictions, ``shift_frame``."""
+    suite = resolve_suite(eval_cfg.shift_suite, test.images.shape[-1])
     shifted = shifted_predictions(accelerator, network, task, spec, data_cfg, test, names, severities,
-                                  eval_cfg.shift_seed, eval_cfg.shift_workers, batch_size)
-    return shift_frame(clean, shifted, eval_cfg.bins, val, posthoc)
+                                  eval_cfg.shift_seed, eval_cfg.shift_workers, batch_size, suite)
+    return shift_frame(clean, shifted, eval_cfg.bins, val, posthoc, suite)
 
 
 def summary(frame: pd.DataFrame, columns: tuple[str, ...] = ("accuracy", "nll", "ece@15")) -> pd.DataFrame:

@@ -81,8 +81,7 @@ class DepositSpectra(ABC):
     relplot's deposit (``smooth_round_to_grid``) puts weight (1 − frac) w on grid point j and
     frac·w on j + 1, where j = ⌊f (G − 1)⌋ (clipped to G − 2) and frac = f (G − 1) − j, for the
     weights w = f − y (the residual) and w = 1. A subclass says how the deposits are found
-    (``deposits``): from the running sums of sorted rows here (``_Rows``), by one ``bincount``
-    per weight for the groups of a split (mtl_cog.evaluation.group_bins).
+    (``deposits``): from the running sums of sorted rows (``_Rows``).
     """
 
     def __init__(self, count: int) -> None:
@@ -227,19 +226,3 @@ def smooth_ece_sorted(rows: SortedRows) -> tuple[np.ndarray, np.ndarray]:
     if len(at_one):
         start_value[at_one] = _smooth_ece_at(data, at_one, start[at_one])
     return start_value, start
-
-
-def smooth_ece_at(rows: SortedRows, sigmas: np.ndarray) -> np.ndarray:
-    """smECE_σ (the kernel calibration error at a *fixed* bandwidth) of each sorted row, row i at ``sigmas[i]``.
-
-    At a row's own σ* this is its smECE exactly (``smooth_ece_sorted`` returns smECE_σ* computed
-    by the same function); the subgroup metrics use the whole split's σ* inside every group
-    (mtl_cog.evaluation.groups), one evaluation instead of a bisection of eleven.
-    """
-    return smooth_ece_of_deposits(_Rows(rows), sigmas)
-
-
-def smooth_ece_of_deposits(data: DepositSpectra, sigmas: np.ndarray) -> np.ndarray:
-    """smECE_σ of each row of ``data`` (any source of deposits), row i at ``sigmas[i]``."""
-    sigmas = np.asarray(sigmas, dtype=np.float64)
-    return _smooth_ece_at(data, np.arange(len(sigmas)), sigmas)

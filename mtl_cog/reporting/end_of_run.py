@@ -6,10 +6,11 @@ predictions), so a re-evaluated number is computed exactly as the run computed i
 (figures, truth metrics, the W&B table) is made from the predictions and the metrics in memory,
 never read back from the files this module has just written.
 
-Evaluation add-ons (shift/corruption evaluation, subgroup and selective-prediction metrics) do not
-plug in here but one step earlier, in ``mtl_cog.evaluation.assess.ADD_ONS``: what they add to a
-split's metrics reaches ``test_metrics.csv``, the console table, ``metrics.jsonl``'s final line,
-the W&B summary and ``evaluate``'s JSON without a change to this file.
+Evaluation add-ons (subgroup metrics, certified accuracy) do not plug in here but one step
+earlier, in ``mtl_cog.evaluation.assess.ADD_ONS``: what they add to a split's metrics reaches
+``test_metrics.csv``, the console table, ``metrics.jsonl``'s final line, the W&B summary and
+``evaluate``'s JSON without a change to this file. Calibration under corruption shift is not an
+add-on (it scores other splits into a table of its own): it is ``finish_run``'s ``shift`` job.
 """
 
 from __future__ import annotations

@@ -84,7 +84,9 @@ def write_shift_files(run_dir: Path, frame: pd.DataFrame) -> tuple[Path, Path]:
     """``shift_metrics.csv`` (every row) and ``shift_test.png`` (the summary curves) into ``run_dir``."""
     csv = Path(run_dir) / rundir.SHIFT_METRICS
     atomic_write(csv, lambda tmp: frame.to_csv(tmp, index=False))
-    png = save_figure(shift_figure(shift.summary(frame), f"{Path(run_dir).name}: test split under corruptions"),
+    suites = ", ".join(sorted(frame.suite.unique())) if "suite" in frame else "imagenetc"
+    png = save_figure(shift_figure(shift.summary(frame),
+                                   f"{Path(run_dir).name}: test split under corruptions ({suites} severities)"),
                       Path(run_dir) / rundir.SHIFT_PNG)
     return csv, png
 
@@ -108,9 +110,12 @@ def method_shift_table(records) -> pd.DataFrame:
         path = Path(record.run_dir) / rundir.SHIFT_METRICS
         if not path.is_file():
             continue
-        curves = shift.summary(pd.read_csv(path), ("accuracy", "nll", "brier", f"ece@{SUMMARY_BINS}", "smece", "aurc"))
+        rows = pd.read_csv(path)
+        # runs scored under different severity suites are never averaged together: the suite names the data set
+        suite = ", ".join(sorted(rows.suite.unique())) if "suite" in rows else "imagenetc"
+        curves = shift.summary(rows, ("accuracy", "nll", "brier", f"ece@{SUMMARY_BINS}", "smece", "aurc"))
         curves["method"] = [record.method if m == "none" else f"{record.method}+{m}" for m in curves.method]
-        frames.append(curves.assign(dataset=record.dataset, seed=record.seed))
+        frames.append(curves.assign(dataset=f"{record.dataset} ({suite})", seed=record.seed))
     if not frames:
         return pd.DataFrame()
     table = pd.concat(frames, ignore_index=True)

@@ -24,10 +24,12 @@ from mtl_cog.io import append_jsonl
 
 def epoch_line(stage: str, epoch: int, train_loss: float, lrs: dict[str, float], val_metrics: dict, best_epoch: int,
                nonfinite_skipped: int, calibrator: dict[str, Any] | None = None,
-               task_weights: list[float] | None = None) -> dict[str, Any]:
+               task_weights: list[float] | None = None, conflict_rate: float | None = None) -> dict[str, Any]:
     """One epoch's line; ``val_metrics`` is ``score(...)`` of the validation split, ``calibrator``
     {"summary": ..., "tasks": ...} of a learned calibrator (None: no such key), ``task_weights`` the
-    backbone's mean task weights over the epoch under ``mtl.aggregator`` (None: equal weights, no key)."""
+    backbone's mean task weights over the epoch under ``mtl.aggregator`` (None: equal weights, no key),
+    ``conflict_rate`` the share of its checked steps in which some task's loss rose to first order
+    (mtl_cog.training.aggregated_step; None: nothing checked, no key)."""
     mean = val_metrics["mean"]
     line: dict[str, Any] = {"epoch": epoch, "stage": stage, "train_loss": train_loss, "lr": lrs, "val": mean,
                             "val_nll": mean["nll"], "best": best_epoch == epoch, "best_epoch": best_epoch,
@@ -36,6 +38,8 @@ def epoch_line(stage: str, epoch: int, train_loss: float, lrs: dict[str, float],
         line["calibrator"] = calibrator
     if task_weights is not None:
         line["task_weights"] = dict(zip(val_metrics["tasks"], task_weights, strict=True))
+    if conflict_rate is not None:
+        line["conflict_rate"] = conflict_rate
     line["val_tasks"] = val_metrics["tasks"]
     line["val_multitask"] = val_metrics.get("multitask", {})
     line["val_pairs"] = val_metrics.get("pairs", [])
@@ -79,6 +83,8 @@ def wandb_row(line: dict[str, Any]) -> dict[str, float]:
         row.update(calibrator_values(line["calibrator"]["tasks"], line["calibrator"]["summary"]))
     for task, weight in line.get("task_weights", {}).items():
         row[f"{task}/task_weight"] = weight
+    if "conflict_rate" in line:
+        row["mtl/conflict_rate"] = line["conflict_rate"]
     return row
 
 

@@ -58,6 +58,7 @@ class EpochProgress:
     # same on every process), so a resumed epoch logs the mean over all its steps; empty without one (and
     # in states saved before the sums were kept, whose resumed epoch logs the mean since the resume)
     weight_sums: list[float] = field(default_factory=list)
+    conflicts: list[int] = field(default_factory=list)  # mtl.aggregator: [steps checked, steps in conflict] so far
 
 
 @dataclass
@@ -88,7 +89,8 @@ class Progress:
             raise ValueError(f"progress best_epoch = {self.best_epoch} is not before the next epoch {self.epoch}")
         if self.best is not None and (isinstance(self.best, bool) or not isinstance(self.best, (int, float))):
             raise ValueError(f"progress best = {self.best!r} is not a number")
-        for name, values in (("loss_sums", self.within.loss_sums), ("weight_sums", self.within.weight_sums)):
+        for name in ("loss_sums", "weight_sums", "conflicts"):
+            values = getattr(self.within, name)
             if not isinstance(values, list) or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
                 raise ValueError(f"progress within.{name} = {values!r} is not a list of numbers")

@@ -33,6 +33,25 @@ synchronising T gradients (only a T x T Gramian per step).
 Mixed precision: Z and the losses leave the autocast region in float32 (Accelerate converts the
 outputs), the Gramian is solved in float64; with fp16's loss scaling the replaced gradient is
 multiplied by the same scale as the rest of the backward pass.
+
+What the two places promise. UPGrad, MGDA and IMTL-G are defined by a property of the update
+d = sum_t w_t g_t with respect to the gradients g_t it is built from (UPGrad, MGDA: <g_t, d> >= 0
+for every t, no task's loss rises to first order). With ``aggregate_on=parameters`` the g_t are
+the per-task gradients of the backbone's parameters, the property holds for the backbone's update,
+and the check below is free ((G w)_t from the Gramian at hand). With ``features`` the weights come
+from the Gramian of dL_t/dZ at the backbone's output: a representation-level heuristic. The
+backbone's parameter Gramian is J_Z K J_Z^T, K the backbone's kernel between the batch's samples,
+so weights that keep <j_t, c> >= 0 at the features need not keep <g_t, d> >= 0 at the parameters.
+Sener & Koltun's MGDA-UB bound justifies the shortcut for MGDA only (the min-norm point of the
+feature gradients bounds that of the parameter gradients); for the other weightings it is a
+cheap substitute whose conflicts are measured, not ruled out.
+
+``conflict`` (logged per epoch as ``mtl/conflict_rate``): whether some task's loss rises to first
+order under the backbone's aggregated gradient d (before the optimiser's per-coordinate scaling,
+which acts alike on every method), i.e. <g_t, d> < -``CONFLICT_TOL`` |d|^2 for some present task t.
+Parameters: from the exact Gramian, every step. Features: <g_t, d> is one forward-mode product
+(the losses' JVP along d, after d is formed by one backward through the backbone), about 1.7
+steps of work, so it runs on the steps the epoch asks for (``mtl.conflict_every``).
 """
 
 from __future__ import annotations
@@ -45,6 +64,8 @@ from accelerate import Accelerator
 from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.objectives.aggregators import TaskAggregator
 
+CONFLICT_TOL = 1e-6  # a rise is <g_t, d> < -1e-6 |d|^2: below the solvers' float64 precision it is rounding
+
 
 @dataclass
 class Aggregation:
@@ -53,6 +74,13 @@ class Aggregation:
     aggregator: TaskAggregator
     on: str = "features"  # features | parameters
     batched: bool = True  # per-task gradients with one vmapped backward; False after vmap failed once
+    conflict_every: int = 10  # features: check the first-order conflict every this many steps (0 = never)
+
+    def checks_conflict(self, step: int) -> bool:
+        """Whether step ``step`` of an epoch is checked for a first-order conflict (every step on parameters)."""
+        if not self.aggregator.needs_gramian:
+            return False
+        return self.on == "parameters" or (self.conflict_every > 0 and step % self.conflict_every == 0)
 
 
 @dataclass
@@ -60,6 +88,63 @@ class AggregatedLoss:
     loss: torch.Tensor  # the mean of the per-task losses: what is reported (and what equal weights trains)
     backward: torch.Tensor  # what to back-propagate: the mean loss (+ the aggregator's own penalty)
     weights: torch.Tensor  # (T,) float64: the backbone's task weights of this step
+    conflict: torch.Tensor | None = None  # bool: some task's loss rises to first order; None: not checked
+
+
+def rises(inner: torch.Tensor, update_sq: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Whether some present task's loss rises to first order: <g_t, d> < -CONFLICT_TOL |d|^2 (float64 inputs)."""
+    return ((inner < -CONFLICT_TOL * update_sq) & present.to(inner.device)).any()
+
+
+def conflict_from_gramian(gramian: torch.Tensor, weights: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """``rises`` of d = sum_t w_t g_t from the Gramian G of the g_t: <g_t, d> = (G w)_t, |d|^2 = w^T G w."""
+    g = gramian.to(torch.float64)
+    w = torch.nan_to_num(weights.to(g.device, torch.float64))
+    inner = g @ w
+    return rises(inner, w @ inner, present)
+
+
+def conflict_by_jvp(accelerator: Accelerator, network: torch.nn.Module, objective: torch.nn.Module,
+                    images: torch.Tensor, labels: torch.Tensor, features: torch.Tensor, combined: torch.Tensor,
+                    shared: list[torch.nn.Parameter], present: torch.Tensor) -> torch.Tensor:
+    """``rises`` at the backbone's parameters when the weights came from the features.
+
+    d = (dZ/dtheta)^T c, one backward through the backbone (c: the cotangent the hook puts on Z);
+    <g_t, d> for every t at once is the JVP of the losses along d (``torch.func.jvp``). BatchNorm
+    layers run on the batch's statistics as in the step, without updating their running statistics
+    (``track_running_stats`` off for the product: a transform may not mutate them, and the step's own
+    forward has updated them already). Several processes: d is averaged over them first (the global
+    update), then the shards' <g_t^r, d>.
+    """
+    grads = torch.autograd.grad(features, shared, grad_outputs=combined, retain_graph=True, allow_unused=True,
+                                materialize_grads=True)
+    if accelerator.num_processes > 1:
+        grads = [accelerator.reduce(g.contiguous(), reduction="mean") for g in grads]
+    model = accelerator.unwrap_model(network)
+    names = {id(p): name for name, p in model.named_parameters()}
+    primals = {names[id(p)]: p.detach() for p in shared}
+    tangents = {names[id(p)]: g.detach() for p, g in zip(shared, grads)}
+
+    def losses_of(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        feats, logits = torch.func.functional_call(model, params, (images,), {"with_features": True})
+        if getattr(objective, "needs_features", False):
+            return objective(logits, labels, features=feats)
+        return objective(logits, labels)
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and m.training and m.track_running_stats]
+    try:
+        for m in norms:
+            m.track_running_stats = False
+        with torch.no_grad():
+            _, inner = torch.func.jvp(losses_of, (primals,), (tangents,))
+    finally:
+        for m in norms:
+            m.track_running_stats = True
+    inner = inner.to(torch.float64)
+    if accelerator.num_processes > 1:
+        inner = accelerator.reduce(inner, reduction="mean")
+    return rises(inner, sum((g.to(torch.float64) ** 2).sum() for g in grads), present)
 
 
 def per_task_gradients(aggregation: Aggregation, losses: torch.Tensor,
@@ -98,10 +183,11 @@ def gramian(accelerator: Accelerator, jacobians: list[torch.Tensor], on: str) ->
 
 def aggregated_loss(accelerator: Accelerator, network: torch.nn.Module, objective: torch.nn.Module,
                     aggregation: Aggregation, images: torch.Tensor, labels: torch.Tensor,
-                    shared: list[torch.nn.Parameter]) -> AggregatedLoss:
+                    shared: list[torch.nn.Parameter], check_conflict: bool = False) -> AggregatedLoss:
     """One forward pass and the task weights; the hook on the features is in place for ``apply_update``.
 
-    ``shared``: the backbone's trainable parameters (used for ``aggregate_on=parameters``).
+    ``shared``: the backbone's trainable parameters (the Gramian's with ``aggregate_on=parameters``).
+    ``check_conflict``: also say whether some task's loss rises to first order (``AggregatedLoss.conflict``).
     """
     features, logits = network(images, with_features=True)
     if getattr(objective, "needs_features", False):
@@ -114,12 +200,16 @@ def aggregated_loss(accelerator: Accelerator, network: torch.nn.Module, objectiv
     if accelerator.num_processes > 1:
         present = accelerator.reduce(present.to(torch.int32), reduction="sum") > 0
     feature_jacobian = None
+    conflict = None
     if aggregator.needs_gramian:
         inputs = [features] if aggregation.on == "features" else shared
         jacobians = per_task_gradients(aggregation, losses, inputs)
         if aggregation.on == "features":
             feature_jacobian = jacobians[0]
-        weights = aggregator.weights(gramian(accelerator, jacobians, aggregation.on), losses.detach(), present)
+        matrix = gramian(accelerator, jacobians, aggregation.on)
+        weights = aggregator.weights(matrix, losses.detach(), present)
+        if check_conflict and aggregation.on == "parameters":
+            conflict = conflict_from_gramian(matrix, weights, present)
     else:
         weights = aggregator.weights(None, losses.detach(), present)
     w = weights.to(losses.dtype)
@@ -128,6 +218,9 @@ def aggregated_loss(accelerator: Accelerator, network: torch.nn.Module, objectiv
     else:
         (combined,) = torch.autograd.grad(losses, features, grad_outputs=w, retain_graph=True, materialize_grads=True)
     combined = combined.detach()
+    if check_conflict and conflict is None and aggregator.needs_gramian:
+        conflict = conflict_by_jvp(accelerator, network, objective, images, labels, features, combined, shared,
+                                   present)
     scaler = accelerator.scaler
 
     def to_backbone(grad: torch.Tensor) -> torch.Tensor:
@@ -136,4 +229,4 @@ def aggregated_loss(accelerator: Accelerator, network: torch.nn.Module, objectiv
 
     features.register_hook(to_backbone)
     loss = losses.mean()
-    return AggregatedLoss(loss, loss + aggregator.penalty(losses, present), weights.detach())
+    return AggregatedLoss(loss, loss + aggregator.penalty(losses, present), weights.detach(), conflict)

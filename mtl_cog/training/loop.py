@@ -352,7 +352,7 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
     stage one's also to W&B) and one console line (two with a calibrator)."""
     line = epoch_line(stage.name, epoch, stats["loss"], lrs, val_metrics, best_epoch, stats["skipped"],
                       None if calibrator is None else {"summary": calibrator.summary, "tasks": calibrator.by_task},
-                      stats.get("task_weights"))
+                      stats.get("task_weights"), stats.get("conflict_rate"))
     if tracker is not None:
         tracker.log_epoch(epoch, {k: v for k, v in line.items() if k != "epoch"}, wandb_row(line))
         prefix = f"epoch {epoch:3d}/{stage.epochs}"
@@ -368,7 +368,8 @@ def log_epoch(accelerator: Accelerator, stage: Stage, tracker: Tracker | None, e
     if calibrator is not None:
         accelerator.print(f"           calibrator: {calibrator.one_line()}")
     if "task_weights" in stats:
-        accelerator.print(f"           task weights: {task_weights_line(stats['task_weights'])}")
+        conflict = f"  conflict rate {stats['conflict_rate']:.2f}" if "conflict_rate" in stats else ""
+        accelerator.print(f"           task weights: {task_weights_line(stats['task_weights'])}{conflict}")
 
 
 def replay_to_tracker(tracker: Tracker, metrics_path: Path) -> None:

@@ -79,10 +79,10 @@ def train_one_epoch(
     With an ``aggregation`` (``mtl.aggregator`` other than ``equal``) the step is
     ``aggregated_step.aggregated_loss`` instead of ``batch_loss`` (the backbone follows the
     aggregated gradient, the heads and the leader the mean loss's), and the epoch also returns
-    ``task_weights``: the backbone's mean task weights over the epoch's trained steps (an epoch
-    continued from a mid-epoch save carries the sums of its steps before the save, ``weight_sums``,
-    so it logs exactly what the uninterrupted epoch would; from a state saved before the sums were
-    kept, the mean over the steps since the resume).
+    ``task_weights``: the backbone's mean task weights over the epoch's steps (their sums travel with a
+    mid-epoch save, so a continued epoch reports what the uninterrupted one would), and, where steps were
+    checked (``Aggregation.checks_conflict``), ``conflict_rate``: the share of checked steps in which some
+    task's loss rises to first order under the backbone's update.
 
     Resumable: ``start`` continues an epoch after its first ``start.step`` batches, and every
     ``save_every`` steps ``on_save(progress)`` is called (on every process) to save the state.
@@ -110,8 +110,10 @@ def train_one_epoch(
     weight_sum, carried = None, False
     if aggregation is not None:
         tasks = aggregation.aggregator.num_tasks
-        carried = len(done.weight_sums) == tasks  # the same float64 additions as without a break
+        carried = len(done.weight_sums) == tasks  # a state saved before the sums were: count from the resume
         weight_sum = torch.tensor(done.weight_sums if carried else [0.0] * tasks, dtype=torch.float64, device=device)
+        weight_steps_before = 0 if carried else done.trained
+        checked, conflicts = done.conflicts if len(done.conflicts) == 2 else (0, 0)
         shared = [p for p in accelerator.unwrap_model(network).backbone.parameters() if p.requires_grad]
 
     def check_finite() -> None:
@@ -134,7 +136,8 @@ def train_one_epoch(
             loss = to_backward = batch_loss(network, objective, images, labels)
             finite = torch.isfinite(loss)
         else:
-            step_loss = aggregated_loss(accelerator, network, objective, aggregation, images, labels, shared)
+            step_loss = aggregated_loss(accelerator, network, objective, aggregation, images, labels, shared,
+                                        check_conflict=aggregation.checks_conflict(step))
             loss, to_backward = step_loss.loss, step_loss.backward
             finite = torch.isfinite(to_backward) & torch.isfinite(step_loss.weights).all()
         if nonfinite == "skip":
@@ -147,19 +150,23 @@ def train_one_epoch(
         total += loss.detach()
         if weight_sum is not None:
             weight_sum += step_loss.weights
+            if step_loss.conflict is not None:  # the same on every process (global Gramian or reduced JVP)
+                checked, conflicts = checked + 1, conflicts + int(step_loss.conflict)
         trained += 1
         if nonfinite == "stop" and (step + 1) % check_every == 0:
             check_finite()
         if on_save is not None and save_every and (step + 1) % save_every == 0 and step + 1 < len(batches):
             if nonfinite == "stop":
                 check_finite()
+            weights_so_far = weight_sum.tolist() if weight_sum is not None else []
             on_save(EpochProgress(step + 1, accelerator.gather(total.view(1)).tolist(), trained, skipped,
-                                  [] if weight_sum is None else weight_sum.tolist()))
+                                  weights_so_far, [checked, conflicts] if weight_sum is not None else []))
     if nonfinite == "stop":
         check_finite()
     mean_loss = accelerator.reduce(total, reduction="mean").item() / max(trained, 1)
     stats = {"loss": mean_loss, "steps": trained, "skipped": skipped}
     if weight_sum is not None:
-        steps = max(trained if carried else trained - done.trained, 1)
-        stats["task_weights"] = (weight_sum / steps).tolist()
+        stats["task_weights"] = (weight_sum / max(trained - weight_steps_before, 1)).tolist()
+        if checked:
+            stats["conflict_rate"] = conflicts / checked
     return stats

@@ -75,7 +75,7 @@ def build_trainee(accelerator: Accelerator, cfg: Config, layout: LogitLayout, se
     counts = parameter_counts(network)
     objective = build_objective(layout, cfg.method).to(accelerator.device)
     set_partial_labels(objective, partial_labels)
-    aggregator = build_aggregator(cfg.mtl.aggregator, layout.num_tasks)
+    aggregator = build_aggregator(cfg.mtl.aggregator, layout.num_tasks, cfg.seed)  # PCGrad's draws: the run's seed
     if aggregator is not None:
         objective.add_module("aggregator", aggregator.to(accelerator.device))
         where = f" (Gramian on the backbone's {cfg.mtl.aggregate_on})" if aggregator.needs_gramian else ""
@@ -84,6 +84,7 @@ def build_trainee(accelerator: Accelerator, cfg: Config, layout: LogitLayout, se
     optimizer = build_optimizer(network, cfg.method.leader, cfg.optim, objective)
     scheduler = build_scheduler(optimizer, cfg.optim)  # stepped per epoch; not prepared (see optim.py)
     prepared, optimizer = accelerator.prepare(network, optimizer)
-    aggregation = Aggregation(aggregator, cfg.mtl.aggregate_on) if aggregator is not None else None
+    aggregation = (Aggregation(aggregator, cfg.mtl.aggregate_on, conflict_every=cfg.mtl.conflict_every)
+                   if aggregator is not None else None)
     return Trainee(accelerator, prepared, accelerator.unwrap_model(prepared), objective, optimizer, scheduler, counts,
                    aggregation)

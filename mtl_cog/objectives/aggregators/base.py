@@ -7,11 +7,17 @@ Aligned-MTL: the ``torchjd`` library's weightings) or from the losses themselves
 weighting), and the backbone follows sum_t w_t grad L_t. Which gradient every parameter group gets,
 and why the COG leader is untouched, is in ``docs/mtl.md`` and ``mtl_cog.training.aggregated_step``.
 
-Every aggregator here is a *weighting* (the update is a non-negative combination of the task
-gradients), so it can be computed from the Gramian on the shared representation alone (Sener &
-Koltun's MGDA-UB bound) and then applied with one backward pass through the backbone. Aggregators
-that are not a weighting (GradDrop, ConFIG: they edit the gradient coordinate by coordinate) need
-the full parameter Jacobian and would change the heads' gradients too; they are not offered.
+Every aggregator here is a *weighting* (the update is a combination of the task gradients with
+weights computed from their Gramian), so it is applied with one backward pass through the
+backbone. Where the Gramian is taken decides what the weights promise (``mtl.aggregate_on``):
+on the backbone's *parameters* the aggregator's defining property (UPGrad, MGDA: no task's loss
+rises to first order; IMTL-G: equal projections) holds for the backbone's update; on the shared
+*features* it holds for the gradient at the representation only, a cheap heuristic: Sener &
+Koltun's MGDA-UB bound justifies it for MGDA alone, and for every weighting the backbone's kernel
+between samples can turn a conflict-free feature step into a conflicting parameter step
+(``mtl/conflict_rate`` measures how often; mtl_cog.training.aggregated_step). Aggregators that are
+not a weighting (GradDrop, ConFIG: they edit the gradient coordinate by coordinate) need the full
+parameter Jacobian and would change the heads' gradients too; they are not offered.
 
 To add one: a module in this folder with a ``TaskAggregator`` subclass registered by
 ``@AGGREGATORS.register(name)``, imported in ``__init__.py``.
@@ -51,6 +57,9 @@ class TaskAggregator(nn.Module):
     def penalty(self, losses: torch.Tensor, present: torch.Tensor) -> torch.Tensor | float:
         return 0.0
 
+    def seed(self, seed: int) -> None:
+        """Seed the aggregator's own random draws from the run's seed (most draw nothing)."""
+
 
 class GramianWeighting(TaskAggregator):
     """A ``torchjd`` weighting of the Gramian (``torchjd.aggregation.*Weighting``), on the present tasks only.
@@ -78,8 +87,11 @@ class GramianWeighting(TaskAggregator):
         return out
 
 
-def build_aggregator(name: str, num_tasks: int) -> TaskAggregator | None:
-    """The registered aggregator ``name`` for ``num_tasks`` tasks; None for ``equal`` (plain training)."""
+def build_aggregator(name: str, num_tasks: int, seed: int = 0) -> TaskAggregator | None:
+    """The registered aggregator ``name`` for ``num_tasks`` tasks, its random draws (if any) seeded by ``seed``
+    (the run's); None for ``equal`` (plain training)."""
     if name == EQUAL:
         return None
-    return AGGREGATORS.get(name)(num_tasks)
+    aggregator = AGGREGATORS.get(name)(num_tasks)
+    aggregator.seed(seed)
+    return aggregator
