@@ -296,8 +296,9 @@ def test_the_conflict_check_uses_the_exact_inner_products_of_the_parameter_gradi
     shared = list(backbone.parameters())
     seen = []
     monkeypatch.setattr(step, "rises", lambda inner, sq, present: seen.append((inner, sq)) or torch.tensor(False))
-    out = aggregated_loss(create_accelerator(), network, objective, Aggregation(build_aggregator("mgda", 3), on), images,
-                          labels, shared, check_conflict=True)
+    aggregation = Aggregation(build_aggregator("mgda", 3), on)
+    out = aggregated_loss(create_accelerator(), network, objective, aggregation, images, labels, shared,
+                          check_conflict=True)
     tracked = int(backbone[2].num_batches_tracked)
     features, logits = network(images, with_features=True)
     losses = objective(logits, labels)
