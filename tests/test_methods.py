@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from mtl_cog.cli.reproduce import tiny_backbone
 from mtl_cog.config import MethodConfig, ModelConfig, OptimConfig, SyntheticConfig, load_config
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import LogitLayout
@@ -25,8 +25,10 @@ TINY_OPTIONS = ["model.head_latent_dim=8", "two_stage.latent_dim=8", "two_stage.
 
 
 def tiny(path: Path) -> list[str]:
-    """The tiny counterpart of the config's backbone (a LiST network stays Lipschitz), as reproduce.py does."""
-    return [f"model.backbone={tiny_backbone(path)}", *TINY_OPTIONS]
+    """The CPU scale's backbone for the method (configs/scales/cpu/methods/: a LiST network stays Lipschitz)."""
+    scale = REPO / "configs" / "scales" / "cpu" / "methods" / f"{path.stem}.yaml"
+    backbone = yaml.safe_load(scale.read_text())["model"]["backbone"] if scale.is_file() else "cog_cnn_tiny"
+    return [f"model.backbone={backbone}", *TINY_OPTIONS]
 
 
 def test_every_documented_method_has_a_config():
