@@ -102,7 +102,8 @@ def test_compare_writes_a_self_contained_report(tmp_path):
     assert [task for task, hidden in page.panels if not hidden] == [ALL_TASKS]  # one panel shown at a time
     assert page.headings[:1] == ["synthetic"] and {"Summary", "COG variants against their counterparts (paired)",
                                                    "Convergence", "Learned calibrators", "Per task", "Subgroups",
-                                                   "Under corruption shift"} <= set(page.headings)
+                                                   } <= set(page.headings)
+    assert any(h.startswith("Under corruption shift") for h in page.headings)
     assert page.svgs >= 3 * 5  # a reliability diagram per method and task (and the pool)
     assert 'class="sortable summary"' in html and "data-report-ready" in html
 
@@ -146,7 +147,8 @@ def test_a_40_task_10_method_report_stays_light(tmp_path):
     page = read_page(path)
     assert size < SIZE_LIMIT, f"report.html is {size / 2**20:.1f} MiB"
     assert len(page.options) == 41 and len(page.panels) == 41 and page.svgs >= 41 * 10
-    assert {"Leader curves", "Convergence", "Under corruption shift"} <= set(page.headings)
+    assert {"Leader curves", "Convergence"} <= set(page.headings)
+    assert any(h.startswith("Under corruption shift") for h in page.headings)
 
 
 def test_a_report_without_a_summary_is_refused():

@@ -61,12 +61,18 @@ def test_several_gpus_per_run_means_an_accelerate_launch_of_its_own():
 
 
 def fake_finished_run(run: Path, cfg, nll_scale: float = 1.0) -> None:
-    """A finished run folder as far as a sweep looks: config.yaml, predictions_val.npz, DONE."""
+    """A finished run folder as far as a campaign reads it: config, task spec, predictions of both splits, DONE
+    (no digests: a run from before they were recorded, checked against its task spec)."""
+    from mtl_cog.data.task_api import TaskSpec
+    from mtl_cog.runs.task_spec import save_task_spec
+
     run.mkdir(parents=True)
     save_config(cfg, run / rundir.CONFIG)
+    save_task_spec(TaskSpec("digits", ("digit",), (10,), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), run / rundir.TASK_SPEC)
     rng = np.random.default_rng(0)
-    save_predictions(run / rundir.predictions_file("val"),
-                     Predictions(["digit"], [rng.normal(0, nll_scale, (20, 10))], [rng.integers(0, 10, 20)]))
+    for split in ("val", "test"):
+        save_predictions(run / rundir.predictions_file(split),
+                         Predictions(["digit"], [rng.normal(0, nll_scale, (20, 10))], [rng.integers(0, 10, 20)]))
     (run / rundir.DONE).write_text("best_epoch=1\n")
 
 
@@ -89,8 +95,9 @@ def test_a_failed_run_means_no_best_setting_and_exit_2(tmp_path, capsys):
         sweep.main(args)
     assert not (out / "best_config.yaml").exists()
     table = pd.read_csv(out / "sweep.csv")
-    assert list(table["status"]) == ["ok", "failed (exit 2)"] and table["chosen"].isna().all()
-    assert "reused" in capsys.readouterr().out
+    assert table["status"][0] == "ok" and table["status"][1].startswith("failed (exit 2")
+    assert table["chosen"].isna().all()
+    assert "2 planned (0 in the bundle, 1 finished, 0 to resume, 1 to train)" in capsys.readouterr().out
     assert "no_such_backbone" in (out / "run_01.log").read_text()
 
 
@@ -100,14 +107,17 @@ def test_an_unfinished_run_is_resumed_not_restarted(tmp_path):
 
     out = tmp_path / "sweep"
     args = sweep.parse_args(sweep_args(out, "optim.follower_lr=1e-3,2e-3"))
-    combos, configs, states = sweep.plan_runs(args, out)
+    from mtl_cog.experiments import campaign
+
+    plan, _ = sweep.campaign_of(args, out)
+    planned = campaign.plan(plan)
     (out / "run_01").mkdir(parents=True)
-    save_config(configs[1], out / "run_01" / rundir.CONFIG)  # killed before its first epoch ended
-    _, _, states = sweep.plan_runs(args, out)
-    assert states == ["new", UNFINISHED]
-    job = sweep.train_job(args, combos[1], out, 1, states[1])
+    save_config(planned[1].config, out / "run_01" / rundir.CONFIG)  # killed before its first epoch ended
+    planned = campaign.plan(plan)
+    assert [p.state for p in planned] == ["new", UNFINISHED]
+    job = campaign.jobs(planned, ())[1][1]
     assert job.command[-2:] == ("--resume", str(out / "run_01"))
-    assert "--config" in sweep.train_job(args, combos[0], out, 0, states[0]).command
+    assert "--config" in campaign.jobs(planned, ())[0][1].command
 
 
 def test_resume_needs_a_sweep_folder_and_no_new_settings(tmp_path):
@@ -125,7 +135,8 @@ def test_sweep_dry_run_lists_runs_and_time_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "sweep"
     sweep.main([*sweep_args(out, "optim.follower_lr=1e-3,2e-3,4e-3"), "--dry-run"])
     text = capsys.readouterr().out
-    assert text.count(" train ") == 3 and "estimated time of the runs still to do" in text
+    assert text.count(" new ") == 3 and "3 planned (0 in the bundle, 0 finished, 0 to resume, 3 to train)" in text
+    assert "estimated: " in text and "core-hours" in text
     assert not out.exists()
 
 

@@ -354,10 +354,15 @@ def dataset_html(dataset: str, tables: ReportTables) -> str:
     subgroups = _rows(tables.subgroups, dataset)
     if not subgroups.empty:
         parts += ["<h3>Subgroups</h3>", subgroups_html(subgroups, methods, tables.bins)]
-    shift = _rows(tables.shift, dataset)
+    # shift tables name their severity suite in the data set ("synthetic (cifar10c)"): two suites are never pooled
+    shift = tables.shift
     if not shift.empty:
-        parts += ["<h3>Under corruption shift</h3>", '<p class="note">Task means averaged over corruptions and '
-                  "seeds, against severity.</p>", shift_html(shift, colors, tables.bins)]
+        shift = shift[(shift["dataset"] == dataset) | shift["dataset"].astype(str).str.startswith(f"{dataset} (")]
+    for label, rows in ([] if shift.empty else shift.groupby("dataset", sort=True)):
+        suite = str(label)[len(dataset):].strip()
+        parts += [f"<h3>Under corruption shift{(' ' + escape(suite)) if suite else ''}</h3>",
+                  '<p class="note">Task means averaged over corruptions and seeds, against severity.</p>',
+                  shift_html(rows, colors, tables.bins)]
     return "".join(parts) + "</section>"
 
 
