@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before any run or log is written
     runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     chosen = None
-    if studies:
+    if studies:  # the bundle records the command (and so the budget) before any worker writes into it
+        campaign.Collector(draft, []).update(lambda bundle: None)  # no specs yet: the finals are not chosen
         fair_tuning.run_workers(studies, args, runner, env, name)
         chosen = fair_tuning.choose_settings(studies, args)
         for widening in range(1, fair_tuning.MAX_WIDENINGS + 1):  # a choice at a range edge: re-tune wider

@@ -378,5 +378,7 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
                          else ""),
                      "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
                      "epochs_trained": epochs_trained(trial, spec.epochs),
-                     "chosen": "*" if outcome.best is not None and trial.number == outcome.best.number else ""})
+                     # chosen only once the study holds its whole budget: before, the best so far is no choice
+                     "chosen": "*" if outcome.best is not None and not outcome.unfinished
+                     and trial.number == outcome.best.number else ""})
     return rows

@@ -102,14 +102,29 @@ def verdicts(paired_table: pd.DataFrame) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def _budget(bundle: Bundle) -> int | None:
+    """The ``--budget`` the campaign's command gave (None when it names none)."""
+    command = [str(a) for a in bundle.campaign.get("command", [])]
+    return int(command[command.index("--budget") + 1]) if "--budget" in command[:-1] else None
+
+
 def chosen(bundle: Bundle) -> pd.DataFrame:
+    """The chosen trial of every study that holds its whole budget of finished trials (one still tuning is left
+    out: its best so far is no choice)."""
     trials = bundle.trials
     if trials.empty or "chosen" not in trials:
         return pd.DataFrame()
-    picked = trials[trials["chosen"] == "*"].copy()
+    counted = trials[trials["counted"].astype(str) == "True"] if "counted" in trials else trials
+    finished = counted[counted["state"].isin(["complete", "pruned", "fail"])].groupby("study")["trial"].size()
+    budget = _budget(bundle)
+    if budget is None:  # a bundle written by tuning workers before the driver recorded its command
+        waiting = set(counted.loc[counted["state"].isin(["running", "waiting"]), "study"])
+        budget = int(finished.max()) if len(finished) else 0
+        finished = finished[~finished.index.isin(waiting)]
+    complete = set(finished[finished >= budget].index)
+    picked = trials[(trials["chosen"] == "*") & trials["study"].isin(complete)].copy()
     keep = ["study", "draw", "trial", "overrides", "val_nll"]
     table = picked[[c for c in keep if c in picked]].copy()
-    counted = trials[trials["counted"].astype(str) == "True"] if "counted" in trials else trials
     counts = counted.groupby("study").agg(trials=("trial", "size"),
                                           failed=("state", lambda s: int((s == "fail").sum())),
                                           pruned=("state", lambda s: int((s == "pruned").sum())))
