@@ -198,3 +198,44 @@ def test_a_fair_protocol_resumes_its_tuning_from_the_bundle_on_a_fresh_clone(tmp
     again = pd.read_csv(tmp_path / "fresh" / "report" / "chosen_settings.csv")
     assert again["settings"].tolist() == chosen["settings"].tolist()
     assert not list((tmp_path / "fresh").glob("tuning/*/trial_*"))  # nothing trained
+
+
+def test_a_rerun_that_would_pool_another_setting_into_an_arm_is_refused(tmp_path):
+    """Other seeds under other settings get new run names; the digest check alone would let them in."""
+    config = REPO / "configs" / "synthetic" / "cog_ts.yaml"
+
+    def spec(seed, epochs):
+        name = campaign.run_name(data="synthetic", method="cog_ts", seed=seed)
+        return campaign.RunSpec(name, (config,), (*TINY, f"seed={seed}", f"train.epochs={epochs}"), tmp_path / name,
+                                campaign.Labels("synthetic", "cog_ts", "final", seed, "1"))
+    first = campaign.Campaign("c", tmp_path, [spec(0, 2)], command=["x"])
+    planned = campaign.plan(first)
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {**planned[0].spec.labels.row(), "run": planned[0].spec.run,
+                                                   "campaign": "c", "status": "done",
+                                                   "config_digest": planned[0].digest}
+    campaign.Collector(first, planned).update(lambda b: b.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
+                                                                  pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
+    assert [p.state for p in campaign.plan(campaign.Campaign("c", tmp_path, [spec(0, 2), spec(1, 2)]))] == [
+        campaign.BUNDLED, "new"]  # another seed of the same setting: fine
+    with pytest.raises(UserError, match="another setting"):
+        campaign.plan(campaign.Campaign("c", tmp_path, [spec(1, 3)]))
+
+
+def test_a_missing_draw_is_incomplete_not_a_disagreement():
+    from mtl_cog.reporting.bundle_report import verdicts
+
+    paired = pd.DataFrame([{"dataset": "d", "draw": "1", "variant": "a", "counterpart": "b", "metric": "nll",
+                            "better": "variant"},
+                           {"dataset": "d", "draw": "2", "variant": "a", "counterpart": "b", "metric": "brier",
+                            "better": "variant"},
+                           {"dataset": "d", "draw": "1", "variant": "a", "counterpart": "b", "metric": "brier",
+                            "better": "inconclusive"}])
+    table = verdicts(paired).set_index("metric")
+    assert table.loc["nll", "status"] == "incomplete" and "draw 2 missing" in table.loc["nll", "answer"]
+    assert table.loc["brier", "answer"] == "depends on the tuning draw"
+
+
+def test_a_bundle_path_that_is_a_file_is_one_error_line(tmp_path):
+    (tmp_path / "bundle").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        bundles.read_bundle(tmp_path / "bundle")

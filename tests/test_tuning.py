@@ -240,3 +240,31 @@ def test_widen_makes_a_new_study_only_for_choices_at_an_edge(tmp_path):
     new = wider[("d", "a", "1")]
     assert new.name == "d-a-w1" and new.knobs[0].high == pytest.approx(0.1) and new.folder.name == "d-a-w1"
     assert f"output_dir={tmp_path / 'd-a-w1'}" in new.overrides
+
+
+def test_a_study_restored_from_a_bundle_written_between_two_trials(tmp_path):
+    """Waiting rows (enqueued start points) carry their parameters; they are asked again, not failed."""
+    import pandas as pd
+
+    from mtl_cog.experiments import fair_tuning
+    from mtl_cog.reporting import bundle as bundles
+
+    study = _study(tmp_path, budget=4)
+    tuning.enqueue_start(study, KNOBS, 4)
+    trial = study.ask({k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in KNOBS})
+    trial.set_user_attr("overrides", "x")
+    trial.set_user_attr("run", "trial_00")
+    study.tell(trial, 0.5)
+    spec = tuning.StudySpec("ds", "cog_fc", (Path("c.yaml"),), (), 1e-3, tuple(KNOBS), 9, tmp_path / "ds-cog_fc",
+                            (1000,))
+    table = pd.DataFrame(tuning.trials_table(spec, tuning.result(study, 4)))
+    assert table.loc[table["state"] == "waiting", "optim.follower_lr"].notna().all()
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c"})
+    bundle.set_trials(spec.name, table)
+    bundles.write_bundle(tmp_path / "b", bundle)
+    (tmp_path / "fresh").mkdir()
+    fresh = tuning.open_study(tuning.storage_url(tmp_path / "fresh"), "ds-cog_fc", epochs=9, prune=False, budget=4,
+                              knobs=KNOBS, trial_seeds=[1000])
+    fair_tuning.restore_study(fresh, spec, bundles.read_bundle(tmp_path / "b"))
+    states = [t.state for t in fresh.get_trials()]
+    assert states[0] == TrialState.COMPLETE and TrialState.WAITING in states and TrialState.FAIL not in states

@@ -116,9 +116,9 @@ def build_plan(args: argparse.Namespace) -> tuple[campaign.Campaign, str, str]:
     out = args.out or Path("runs") / f"leader-curve-{dataset}-{method}"
     refs = references(args, cfg, dataset)
     shared_rate = args.protocol_dir is None and args.follower_lr is not None  # the references share the given rate
-    specs = curve.plan(method, dataset, source, refs, follower, args.ratios, args.seeds, out / "runs", extra,
-                       shared_rate)
     counterpart = cfg.method.counterpart or BASELINE
+    specs = curve.plan(method, dataset, source, refs, follower, args.ratios, args.seeds, out / "runs", extra,
+                       shared_rate, counterpart)
     return campaign.Campaign(f"leader-curve-{dataset}-{method}", out, specs,
                              counterparts={method: counterpart}), method, dataset
 

@@ -227,7 +227,17 @@ def counterparts(args: argparse.Namespace) -> dict[str, str]:
 def check_seeds(args: argparse.Namespace) -> None:
     for seed in args.seeds:  # refused now, not by every one of the training runs
         check_seed(seed, "--seeds")
-    every_tuning_seed = {s for d in range(1, args.draws + 1) for s in fair_tuning.draw_seeds(args.tuning_seeds, d)}
+    draws = [set(fair_tuning.draw_seeds(args.tuning_seeds, d)) for d in range(1, args.draws + 1)]
+    every_tuning_seed = set().union(*draws)
+    if args.protocol == "fair" and sum(map(len, draws)) != len(every_tuning_seed):
+        raise UserError(f"--tuning-seeds {' '.join(map(str, args.tuning_seeds))} with --draws {args.draws}: draw d "
+                        f"trains with the tuning seeds + {fair_tuning.DRAW_SEED_STEP} (d - 1), so two draws would "
+                        f"share a seed and not be independent. Give tuning seeds less than "
+                        f"{fair_tuning.DRAW_SEED_STEP} apart from each other's shifts (e.g. one seed).")
+    too_large = sorted(s for s in every_tuning_seed if s > MAX_SEED)
+    if args.protocol == "fair" and too_large:
+        raise UserError(f"--tuning-seeds with --draws {args.draws}: draw seeds up to {too_large[-1]} exceed the "
+                        f"largest seed {MAX_SEED}; give smaller --tuning-seeds or fewer --draws.")
     shared = sorted(every_tuning_seed & set(args.seeds))
     if args.protocol == "fair" and shared:
         raise UserError(f"--tuning-seeds and --seeds share {' '.join(map(str, shared))} (draw d trains with the "
@@ -253,7 +263,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         tuning.check_processes(processes_per_run(args))
     parallel = args.parallel or 2 if args.launcher == "local" else 1
     env = campaign.thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
-    draft = campaign.Campaign(name, args.out, final_specs(args, None), counterparts=counterparts(args))
+    draft = campaign.Campaign(name, args.out, final_specs(args, None), counterparts=counterparts(args),
+                              budget=args.budget if args.protocol == "fair" else None)
     print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.data)} × "
           f"{len({s.labels.method for s in draft.specs})} methods × {len(args.seeds)} seeds"
           + (f", after {args.budget} tuning trials per method" + (f" in each of {args.draws} draws" if args.draws > 1
@@ -280,7 +291,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
             studies.update(wider)
             fair_tuning.run_workers(wider, args, runner, env, name)
             chosen = fair_tuning.choose_settings(studies, args)
-    final = campaign.Campaign(name, args.out, final_specs(args, chosen), counterparts=draft.counterparts)
+    final = campaign.Campaign(name, args.out, final_specs(args, chosen), counterparts=draft.counterparts,
+                              budget=draft.budget)
     planned = campaign.plan(final)
     failed = campaign.run(final, planned, runner, env, f"the same command (--out {args.out})",
                           processes_per_run(args), "final runs")

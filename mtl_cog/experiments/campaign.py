@@ -90,6 +90,7 @@ class Campaign:
     specs: list[RunSpec]
     command: list[str] = field(default_factory=lambda: list(sys.argv))
     counterparts: dict[str, str] = field(default_factory=dict)  # {method: counterpart} for paired verdicts
+    budget: int | None = None  # the tuning budget per study (fair protocol), recorded for the reports
 
 
 @dataclass
@@ -130,6 +131,42 @@ def config_digest(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def setting_digest(cfg: Config) -> str:
+    """The config digest without the seed and the run's name: runs of one setting share it."""
+    settings = {k: v for k, v in _flat(cfg.to_dict()).items()
+                if k not in ("seed", "run_name") and not any(k == i or k.startswith(f"{i}.") for i in DIGEST_IGNORED)}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _arm(labels: dict) -> tuple:
+    """What the runs of one setting share in a campaign (data, method, role, draw, trial or grid point, ratio): a
+    table pools their seeds."""
+    ratio = labels.get("ratio")
+    ratio = "" if ratio in ("", None) or (isinstance(ratio, float) and ratio != ratio) else f"{float(ratio):.6g}"
+    return (str(labels.get("data", "")), str(labels.get("method", "")), str(labels.get("role", "")),
+            str(labels.get("draw", "")), str(labels.get("trial", "")), ratio)
+
+
+def check_same_settings(bundle: bundles.Bundle | None, planned: list[Planned], where: Path) -> None:
+    """Refuse a campaign that would pool another setting into an arm the bundle already holds (a rerun of the
+    same --out with other epochs, rates or tuned settings, under other seeds): reports average an arm's runs."""
+    if bundle is None:
+        return
+    specs = bundle.campaign.get("specs", {})
+    held = {}
+    for row in bundle.runs.to_dict("records"):
+        record = specs.get(row["run"])
+        if isinstance(record, dict) and record.get("setting"):
+            held.setdefault(_arm(row), (row["run"], record["setting"]))
+    for p in planned:
+        arm = _arm(p.spec.labels.row())
+        if arm in held and held[arm][1] != setting_digest(p.config):
+            raise UserError(f"{where}: run {held[arm][0]} of {'/'.join(a for a in arm[:2])} was recorded with "
+                            f"another setting (digest {held[arm][1]}) than this campaign's {p.spec.run} "
+                            f"({setting_digest(p.config)}); its reports would average the two. Use another --out, "
+                            "or the settings the bundle was made with.")
+
+
 def resolve(specs: list[RunSpec]) -> list[Config]:
     """Every spec's config, all before anything runs: one bad spec refuses the campaign, naming it."""
     names = [s.run for s in specs]
@@ -167,6 +204,7 @@ def plan(campaign: Campaign) -> list[Planned]:
         else:
             state = run_state(spec.run_dir, cfg)
         planned.append(Planned(spec, cfg, digest, state))
+    check_same_settings(bundle, planned, bundles.bundle_dir(campaign.out))
     return planned
 
 
@@ -247,7 +285,8 @@ def spec_record(p: Planned) -> dict:
             return str(Path(path).resolve().relative_to(Path(PACKAGE_PARENT)))
         except ValueError:
             return str(path)
-    return {"digest": p.digest, "configs": [portable(c) for c in p.spec.configs], "overrides": list(p.spec.overrides)}
+    return {"digest": p.digest, "setting": setting_digest(p.config), "configs": [portable(c) for c in p.spec.configs],
+            "overrides": list(p.spec.overrides)}
 
 
 def recorded_spec(bundle: bundles.Bundle, run: str) -> tuple[tuple[Path, ...], tuple[str, ...]] | None:
@@ -276,7 +315,9 @@ class Collector:
         specs = dict((old or {}).get("specs", {}))
         specs.update({name: spec_record(p) for name, p in self.planned.items()})
         command = self.campaign.command or (old or {}).get("command", [])  # a tuning worker keeps the driver's
+        budget = self.campaign.budget or (old or {}).get("budget")
         return {"format": bundles.FORMAT, "campaign": self.campaign.name, "command": command,
+                **({"budget": budget} if budget else {}),
                 "counterparts": {**(old or {}).get("counterparts", {}), **self.campaign.counterparts},
                 "environment": {**self.env, "commit": self.commit}, "specs": specs}
 
@@ -349,10 +390,11 @@ def run(campaign: Campaign, planned: list[Planned], runner, env: tuple[tuple[str
     """Collect what already finished, train the rest (each run collected as it ends); -> the failed runs."""
     print_counts(planned, what)
     collector = Collector(campaign, planned)
-    collector.collect([p.spec.run for p in planned if p.state == DONE])  # finished before, not yet in the bundle
+    # finished before, not yet in the bundle; one the bundle refuses (damaged, swapped files) counts as failed
+    refused = set(collector.collect([p.spec.run for p in planned if p.state == DONE]))
     todo = jobs(planned, env, processes)
     if not todo:
-        return []
+        return [p for p in planned if p.spec.run in refused]
 
     def finished(index: int, code: int) -> None:
         p, job = todo[index]
@@ -363,12 +405,12 @@ def run(campaign: Campaign, planned: list[Planned], runner, env: tuple[tuple[str
             failed_names.add(p.spec.run)
             collector.collect([], {p.spec.run: f"exit {code}; see {job.log}"})
 
-    failed_names: set[str] = set()
+    failed_names: set[str] = set(refused)
     try:
         runner.run([job for _, job in todo], on_done=finished)
     except KeyboardInterrupt:
         raise interrupted(resume) from None
-    return [p for p, _ in todo if p.spec.run in failed_names]
+    return [p for p in planned if p.spec.run in failed_names]
 
 
 def add_campaign_arguments(parser: argparse.ArgumentParser) -> None:

@@ -121,35 +121,52 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
         return 0
     distributions = {k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in spec.knobs}
     for row in rows.iloc[present:].to_dict("records"):
-        params = {k: float(row[k]) for k in distributions}
+        try:
+            params = {k: float(row[k]) for k in distributions}
+        except (KeyError, TypeError, ValueError):
+            params = {}
+        if len(params) != len(distributions) or not all(math.isfinite(v) for v in params.values()):
+            raise UserError(f"the results bundle's {bundles.TRIALS}: trial {row.get('trial')} of study {spec.name} "
+                            f"lacks its parameters ({', '.join(distributions)}); restore the file from git.")
+        retry_of = row.get(tuning.RETRY_OF)
+        retry_attrs = {} if retry_of is None or pd.isna(retry_of) or retry_of == "" else {
+            tuning.RETRY_OF: int(retry_of)}
+        if row["state"] in ("running", "waiting"):  # asked, not finished: asked again
+            study.enqueue_trial(params, user_attrs=retry_attrs or {tuning.RETRY_OF: int(row["trial"])}
+                                if row["state"] == "running" else retry_attrs)
+            continue
         reason = row.get("reason")
         attrs = {"overrides": row["overrides"], "run": row["run"],
-                 "reason": "" if reason is None or pd.isna(reason) else str(reason)}
+                 "reason": "" if reason is None or pd.isna(reason) else str(reason), **retry_attrs}
         state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(row["state"], TrialState.FAIL)
-        in_flight = row["state"] in ("running", "waiting")  # its worker died with the machine: asked again
-        lost = in_flight or not row.get("counted", True)
+        lost = str(row.get("counted", True)) == "False"  # its worker died: retried in its place, not counted
         value = float(row["val_nll"]) if state == TrialState.COMPLETE else None
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions=distributions, value=value, state=state,
             user_attrs={**attrs, **({tuning.LOST: True} if lost else {})}))
-        if in_flight:
-            study.enqueue_trial(params, user_attrs={tuning.RETRY_OF: int(row["trial"])})
     return len(rows) - present
 
 
 def tuning_todo(spec: tuning.StudySpec, args: argparse.Namespace) -> int:
-    """Trials of ``spec`` not yet finished (all of them when no study file exists yet: a dry run writes none)."""
+    """Trials of ``spec`` not yet finished, read without writing anything (a dry run creates no study and records
+    no search): the study's finished trials where it exists, else the bundle's, else the whole budget."""
     url = study_url(args)
     recorded = bundles.read_bundle(bundles.bundle_dir(args.out))
     in_bundle = 0
     if recorded is not None and "study" in recorded.trials:
         rows = recorded.trials[recorded.trials["study"] == spec.name]
-        in_bundle = int(rows["state"].isin(["complete", "pruned", "fail"]).sum())
-    if url == tuning.storage_url(args.out / "tuning") and not (args.out / "tuning" / tuning.STUDY_FILE).is_file():
+        counted = rows[rows["counted"].astype(str) == "True"] if "counted" in rows else rows
+        in_bundle = int(counted["state"].isin(["complete", "pruned", "fail"]).sum())
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         return max(0, args.budget - in_bundle)
-    study = open_spec(spec, url, args.budget, args.prune)
+    try:
+        if spec.name not in optuna.study.get_all_study_names(storage=url):
+            return max(0, args.budget - in_bundle)
+        study = optuna.load_study(study_name=spec.name, storage=url)
+    except Exception as err:  # noqa: BLE001  (a storage Optuna cannot read: the real run refuses it in one line)
+        raise UserError(f"--study-storage {url}: cannot be read ({type(err).__name__}).") from None
     done = [t for t in tuning.counted_trials(study, args.budget)[0] if t.state.is_finished()]
-    return args.budget - max(len(done), in_bundle)
+    return max(0, args.budget - max(len(done), in_bundle))
 
 
 def print_plan(studies: Studies, args: argparse.Namespace, measured) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -385,7 +402,11 @@ def work(argv: list[str] | None = None) -> int:
         value = sum(nlls) / len(nlls)
         if not math.isfinite(value):
             trial.set_user_attr("reason", "validation NLL not finite")
-        record(specs)
+        try:
+            record(specs)
+        except (UserError, OSError):  # the bundle could not take it: the worker stops, the trial is asked again
+            tuning.retry_lost(trial)
+            raise
         return value
 
     while tuning.has_work(study, args.budget):

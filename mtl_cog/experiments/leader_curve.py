@@ -96,7 +96,8 @@ Source = tuple[tuple[Path, ...], tuple[str, ...]]  # (config files, overrides) a
 
 
 def plan(method: str, dataset: str, source: Source, references: dict[str, Source], follower_lr: float,
-         ratios: list[float], seeds: list[int], runs_dir: Path, extra: list[str], shared_rate: bool) -> list[RunSpec]:
+         ratios: list[float], seeds: list[int], runs_dir: Path, extra: list[str], shared_rate: bool,
+         counterpart: str = "") -> list[RunSpec]:
     """Every run of the curve: ``method`` at each ratio x seed, each reference method x seed (the baseline's runs
     also fit post-hoc TS, the band ``baseline+ts``).
 
@@ -110,9 +111,11 @@ def plan(method: str, dataset: str, source: Source, references: dict[str, Source
                     Labels(dataset, method, "curve", seed, ratio=ratio))
             for ratio in ratios for seed in seeds]
     rate = (f"{FOLLOWER_KEY}={follower_lr:.6g}",) if shared_rate else ()
+    # the baseline band's post-hoc TS, and the method's own post-hoc counterpart (COG-VS: baseline+vs)
+    baseline_posthoc = tuple(dict.fromkeys(["ts", *([counterpart.split("+", 1)[1]] if "+" in counterpart else [])]))
     runs += [RunSpec(run_name(method=name, seed=seed), paths, (*ref_tuned, *extra, *rate, f"seed={seed}",
                                                                 "tracking=none"),
                      runs_dir / run_name(method=name, seed=seed), Labels(dataset, name, "curve", seed),
-                     posthoc=("ts",) if name == "baseline" else ())
+                     posthoc=baseline_posthoc if name == "baseline" else ())
              for name, (paths, ref_tuned) in references.items() for seed in seeds]
     return runs

@@ -371,7 +371,9 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
     for trial in sorted([*outcome.trials, *outcome.extras, *outcome.uncounted], key=lambda t: t.number):
         rows.append({"trial": trial.number, "run": trial.user_attrs.get("run", ""), "state": trial.state.name.lower(),
                      "counted": trial in outcome.trials, "draw": spec.draw,
-                     **{k: v for k, v in trial.params.items()},
+                     # a waiting trial (an enqueued start point, a retry) has its parameters only as fixed_params
+                     **dict(trial.params or trial.system_attrs.get("fixed_params", {})),
+                     RETRY_OF: trial.user_attrs.get(RETRY_OF, trial.system_attrs.get("failed_trial", "")),
                      "overrides": trial.user_attrs.get("overrides", ""),
                      "reason": trial.user_attrs.get("reason", "") or (
                          "its worker stopped; asked again with the same parameters" if trial in outcome.uncounted

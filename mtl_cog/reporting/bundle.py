@@ -132,6 +132,9 @@ def _read_csv(path: Path, columns: list[str] | None, **kwargs) -> pd.DataFrame:
 def read_bundle(folder: Path) -> Bundle | None:
     """The bundle in ``folder``; None when there is none (no ``campaign.json``); one error line when damaged."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} is a file, where a campaign keeps its results bundle (a folder). Move it away, "
+                        "or use another --out.")
     if not (folder / CAMPAIGN).is_file():
         if folder.is_dir() and any(folder.iterdir()):
             raise UserError(f"{folder}: holds files but no {CAMPAIGN}, so it is no results bundle (or a damaged "
@@ -163,6 +166,18 @@ def check_bundle(folder: Path, bundle: Bundle) -> None:
     """Refuse a bundle whose rows contradict each other (edited by hand, two campaigns merged)."""
     runs = bundle.runs
     problems = []
+    for key in ("specs", "counterparts"):
+        if not isinstance(bundle.campaign.get(key, {}), dict):
+            problems.append(f"{CAMPAIGN}'s {key!r} is not a mapping")
+    if problems:  # the checks below read them
+        raise UserError(f"{folder}: inconsistent results bundle: {'; '.join(problems)}. Restore it from git.")
+    bad_seed = [r for r, v in zip(runs["run"], runs["seed"]) if not str(v).lstrip("-").isdigit()]
+    if bad_seed:
+        problems.append(f"seed of {', '.join(bad_seed[:3])} in {RUNS} is not a whole number")
+    for name, frame in ((RESULTS, bundle.results), (CURVES, bundle.curves)):
+        values = pd.to_numeric(frame["value"], errors="coerce")
+        if (values.isna() & frame["value"].notna() & (frame["value"].astype(str) != "nan")).any():
+            problems.append(f"a value in {name} is not a number")
     if runs["run"].duplicated().any():
         problems.append(f"run(s) listed twice in {RUNS}: {', '.join(runs.loc[runs['run'].duplicated(), 'run'])}")
     if set(runs["campaign"]) - {bundle.name}:

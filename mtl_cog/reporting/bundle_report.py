@@ -7,11 +7,12 @@ plus ``report.md``; ``markdown_tables`` gives the Markdown that ``docs/`` embeds
 disagrees with its bundle).
 
 - ``summary``: per data set, tuning draw and method, the test metrics' task mean, mean ± std over
-  the final runs' seeds (the COG paper's Table 1 layout), with the seed count;
+  the final runs' seeds (the COG paper's Table 1 layout), with the seed count; final runs only (role
+  ``final``): a sweep's or a curve's runs differ in their settings and have their own tables;
 - ``paired``: each COG variant minus its counterpart (``campaign.json``'s ``counterparts``), paired
   by seed, 95 % t interval over seeds (``reporting/paired.py``), per draw;
 - ``verdicts``: the draws' verdicts side by side: ``settled`` when every draw says the same,
-  else **depends on the tuning draw**;
+  **depends on the tuning draw** when the draws disagree, ``incomplete`` while a draw lacks the pair;
 - ``chosen``: the chosen trial of every study (``trials.csv``), and whether draws chose alike;
 - ``convergence``: per role, data set, draw and method: runs that settled under the convergence
   rule (``trajectories.convergence_of_curves``), and the calibrator's whole move;
@@ -46,7 +47,8 @@ SETTLED, DEPENDS = "settled", "depends on the tuning draw"
 
 def _final_scores(bundle: Bundle) -> pd.DataFrame:
     runs = bundle.done()
-    finals = runs[runs["role"] == "final"] if (runs["role"] == "final").any() else runs[runs["role"] != "trial"]
+    # final runs only: a curve's or a sweep's runs differ in their settings and must never be pooled in one mean
+    finals = runs[runs["role"] == "final"]
     scores = wide_scores(bundle, finals)
     return scores[scores["split"] == "test"].assign(draw=lambda f: f["draw"].fillna("").astype(str))
 
@@ -96,16 +98,20 @@ def verdicts(paired_table: pd.DataFrame) -> pd.DataFrame:
     wide.columns = [f"draw {c}" if c else "verdict" for c in wide.columns]
     draws = list(wide.columns)
     if len(draws) > 1:
-        wide["answer"] = [row[draws[0]] if row.nunique() == 1 and row.notna().all() else DEPENDS
-                          for _, row in wide[draws].iterrows()]
-        wide["status"] = [SETTLED if a != DEPENDS else DEPENDS for a in wide["answer"]]
+        def answer(row: pd.Series) -> str:
+            if row.isna().any():  # a draw without this pair (its finals not finished): nothing to compare yet
+                return "incomplete (" + ", ".join(d for d in draws if pd.isna(row[d])) + " missing)"
+            return row.iloc[0] if row.nunique() == 1 else DEPENDS
+        wide["answer"] = [answer(row) for _, row in wide[draws].iterrows()]
+        wide["status"] = [SETTLED if a not in (DEPENDS,) and not a.startswith("incomplete") else
+                          ("incomplete" if a.startswith("incomplete") else DEPENDS) for a in wide["answer"]]
     return wide.reset_index()
 
 
 def _budget(bundle: Bundle) -> int | None:
-    """The ``--budget`` the campaign's command gave (None when it names none)."""
-    command = [str(a) for a in bundle.campaign.get("command", [])]
-    return int(command[command.index("--budget") + 1]) if "--budget" in command[:-1] else None
+    """The tuning budget the campaign recorded (None in a bundle written before the driver recorded it)."""
+    budget = bundle.campaign.get("budget")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
 
 def chosen(bundle: Bundle) -> pd.DataFrame:

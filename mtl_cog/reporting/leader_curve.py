@@ -40,7 +40,10 @@ def _matrix(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 def _select(scores: pd.DataFrame, arm: str, ratio: float | None, split: str = "test") -> pd.DataFrame:
     rows = scores[(scores["arm"] == arm) & (scores["split"] == split)]
-    return rows[rows["ratio"].isna()] if ratio is None else rows[np.isclose(rows["ratio"], ratio)]
+    if ratio is None:
+        return rows[rows["ratio"].isna()]
+    # the ratio as a run folder names it (6 significant digits; distinct names are checked when planned)
+    return rows[[f"{r:.6g}" == f"{ratio:.6g}" if pd.notna(r) else False for r in rows["ratio"]]]
 
 
 def curve_table(scores: pd.DataFrame, metrics: tuple[str, ...] = CURVE_METRICS) -> pd.DataFrame:
