@@ -100,6 +100,21 @@ def read_run_file(path: Path) -> OfflineRun:
     return out
 
 
-def offline_runs(run_dir: Path) -> list[OfflineRun]:
-    """Every offline W&B run in a run folder, oldest first (a resumed run has one per attempt)."""
-    return [read_run_file(p) for p in sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))]
+def offline_runs(run_dir: Path, settle_s: float = 20.0) -> list[OfflineRun]:
+    """Every offline W&B run in a run folder, oldest first (a resumed run has one per attempt).
+
+    W&B's service process writes the ``.wandb`` file after ``finish()`` returns and may still be flushing
+    it: the files are read again (up to ``settle_s``) until they stop changing, so a test never reads a
+    half-written run (seen as an empty history about one time in six on a loaded machine).
+    """
+    import time
+
+    deadline = time.monotonic() + settle_s
+    previous = None
+    while True:
+        paths = sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+        sizes = [p.stat().st_size for p in paths]
+        if (sizes == previous and paths and all(sizes)) or time.monotonic() > deadline:
+            return [read_run_file(p) for p in paths]
+        previous = sizes
+        time.sleep(1.0)
