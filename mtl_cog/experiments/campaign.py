@@ -124,17 +124,26 @@ def _flat(value: dict, prefix: str = "") -> dict:
     return out
 
 
+DIGEST_VERSION = 2  # 2: the settings that differ from the schema's defaults (1: every setting)
+
+
+def _digest_settings(cfg: Config, ignored: tuple[str, ...]) -> dict:
+    """Every setting that differs from the schema's default, minus ``ignored``: a key added to the schema later
+    (with a default that keeps old behaviour) leaves the digests of existing runs as they were."""
+    defaults = _flat(Config().to_dict())
+    return {k: v for k, v in _flat(cfg.to_dict()).items()
+            if not any(k == i or k.startswith(f"{i}.") for i in ignored) and (k not in defaults or defaults[k] != v)}
+
+
 def config_digest(cfg: Config) -> str:
     """A short hash of every setting that makes the run what it is (not where it lies or reports)."""
-    settings = {k: v for k, v in _flat(cfg.to_dict()).items()
-                if not any(k == i or k.startswith(f"{i}.") for i in DIGEST_IGNORED)}
+    settings = _digest_settings(cfg, DIGEST_IGNORED)
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def setting_digest(cfg: Config) -> str:
     """The config digest without the seed and the run's name: runs of one setting share it."""
-    settings = {k: v for k, v in _flat(cfg.to_dict()).items()
-                if k not in ("seed", "run_name") and not any(k == i or k.startswith(f"{i}.") for i in DIGEST_IGNORED)}
+    settings = _digest_settings(cfg, (*DIGEST_IGNORED, "seed", "run_name"))
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -183,6 +192,16 @@ def resolve(specs: list[RunSpec]) -> list[Config]:
     return configs
 
 
+def same_composition(bundle: bundles.Bundle, spec: RunSpec) -> bool:
+    """Whether a run recorded under an older digest version was composed exactly as ``spec`` is (the same config
+    files and overrides): then only the digest's definition changed, not the run."""
+    record = bundle.campaign.get("specs", {}).get(spec.run)
+    if not isinstance(record, dict) or record.get("digest_version") == DIGEST_VERSION or "configs" not in record:
+        return False
+    mine = spec_record(Planned(spec, Config(), "", NEW))
+    return record["configs"] == mine["configs"] and list(record.get("overrides", [])) == mine["overrides"]
+
+
 def plan(campaign: Campaign) -> list[Planned]:
     """Each spec's resolved config, digest and state (module docstring, step 2)."""
     configs = resolve(campaign.specs)
@@ -195,7 +214,7 @@ def plan(campaign: Campaign) -> list[Planned]:
     planned = []
     for spec, cfg in zip(campaign.specs, configs):
         digest = config_digest(cfg)
-        if spec.run in recorded and recorded[spec.run][0] != digest:
+        if spec.run in recorded and recorded[spec.run][0] != digest and not same_composition(bundle, spec):
             raise UserError(f"{bundles.bundle_dir(campaign.out) / bundles.RUNS}: run {spec.run} was recorded with "
                             f"config digest {recorded[spec.run][0]}, and this campaign plans it as {digest} (another "
                             "setting). Use another --out, or the settings the bundle was made with.")
@@ -285,8 +304,8 @@ def spec_record(p: Planned) -> dict:
             return str(Path(path).resolve().relative_to(Path(PACKAGE_PARENT)))
         except ValueError:
             return str(path)
-    return {"digest": p.digest, "setting": setting_digest(p.config), "configs": [portable(c) for c in p.spec.configs],
-            "overrides": list(p.spec.overrides)}
+    return {"digest": p.digest, "digest_version": DIGEST_VERSION, "setting": setting_digest(p.config),
+            "configs": [portable(c) for c in p.spec.configs], "overrides": list(p.spec.overrides)}
 
 
 def recorded_spec(bundle: bundles.Bundle, run: str) -> tuple[tuple[Path, ...], tuple[str, ...]] | None:
@@ -334,6 +353,8 @@ class Collector:
             elif bundle.name != self.campaign.name:
                 raise UserError(f"{self.folder} holds campaign {bundle.name!r}, not {self.campaign.name!r}.")
             bundle.campaign = self._campaign_record(bundle.campaign)
+            for name, p in self.planned.items():  # a run plan() matched by composition gets today's digest
+                bundle.runs.loc[bundle.runs["run"] == name, "config_digest"] = p.digest
             change(bundle)
             bundles.write_bundle(self.folder, bundle)
 
