@@ -26,6 +26,7 @@ The bundle (``mtl_cog.reporting.bundle``) lives in ``<out>/bundle`` and is what 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -46,6 +47,7 @@ from mtl_cog.io import output_folder
 from mtl_cog.reporting import bundle as bundles
 from mtl_cog.reporting.bundle_rows import environment, failed_row, run_rows, versions_text
 from mtl_cog.runs import rundir
+from mtl_cog.training.resume_settings import flatten_settings
 
 BUNDLED = "bundled"  # recorded as done in the campaign's bundle: never trained again
 # Where a run's files and data lie is no setting of it: a bundle re-planned on another machine
@@ -116,22 +118,19 @@ def run_name(*, data: str = "", method: str = "", draw: int = 1, ratio: float | 
     return "-".join(p for p in parts if p)
 
 
-def _flat(value: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, item in value.items():
-        name = f"{prefix}{key}"
-        out.update(_flat(item, f"{name}.") if isinstance(item, dict) else {name: item})
-    return out
-
-
 DIGEST_VERSION = 2  # 2: the settings that differ from the schema's defaults (1: every setting)
+
+
+@functools.cache
+def _default_settings() -> dict:
+    return flatten_settings(Config().to_dict())
 
 
 def _digest_settings(cfg: Config, ignored: tuple[str, ...]) -> dict:
     """Every setting that differs from the schema's default, minus ``ignored``: a key added to the schema later
     (with a default that keeps old behaviour) leaves the digests of existing runs as they were."""
-    defaults = _flat(Config().to_dict())
-    return {k: v for k, v in _flat(cfg.to_dict()).items()
+    defaults = _default_settings()
+    return {k: v for k, v in flatten_settings(cfg.to_dict()).items()
             if not any(k == i or k.startswith(f"{i}.") for i in ignored) and (k not in defaults or defaults[k] != v)}
 
 
@@ -373,7 +372,8 @@ class Collector:
                 continue
             row.update(versions=versions_text(self.env), commit=self.commit)
             rows.append((row, results, curves))
-        failures = [bundles_failed(self.labels_of(self.planned[n]), reason) for n, reason in (failed or {}).items()]
+        failures = [failed_row(self.labels_of(self.planned[n]), "failed", reason)
+                    for n, reason in (failed or {}).items()]
         if rows or failures:
             def change(bundle: bundles.Bundle) -> None:
                 for row in failures:
@@ -387,10 +387,6 @@ class Collector:
             for row, _, _ in rows:
                 self.planned[row["run"]].state = BUNDLED
         return refused
-
-
-def bundles_failed(labels: dict, reason: str) -> dict:
-    return failed_row(labels, "failed", reason)
 
 
 def jobs(planned: list[Planned], env: tuple[tuple[str, str], ...], processes: int = 1) -> list[tuple[Planned, RunJob]]:

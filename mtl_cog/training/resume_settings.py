@@ -40,11 +40,12 @@ APPLIED = {
 }
 
 
-def _flatten(raw: dict, prefix: str = "") -> dict[str, object]:
+def flatten_settings(raw: dict, prefix: str = "") -> dict[str, object]:
+    """A config dict as ``{dotted.key: value}`` (``model.timm_kwargs`` kept whole: one setting)."""
     out: dict[str, object] = {}
     for key, value in raw.items():
         if isinstance(value, dict) and key != "timm_kwargs":
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten_settings(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -52,7 +53,7 @@ def _flatten(raw: dict, prefix: str = "") -> dict[str, object]:
 
 def changed_settings(old: Config, new: Config) -> dict[str, tuple[object, object]]:
     """{key: (old, new)} for every key whose value differs."""
-    before, after = _flatten(old.to_dict()), _flatten(new.to_dict())
+    before, after = flatten_settings(old.to_dict()), flatten_settings(new.to_dict())
     return {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)}
 
 
