@@ -18,6 +18,7 @@ from mtl_cog.evaluation.binning import CLAMP
 from mtl_cog.evaluation.group_bins import Combined, GroupBins, batches
 from mtl_cog.evaluation.groups import CELL_METRICS, NO_SAMPLES, OK, ONE_CLASS, group_metrics
 from mtl_cog.evaluation.metrics import compute_metrics
+from mtl_cog.evaluation.smooth_ece import smooth_ece
 
 
 def _data(n=900, seed=0):
@@ -124,3 +125,30 @@ def test_bin_sums_are_those_of_each_groups_rows():
         mask = group == value
         expected = bin_sums(confidence[:, mask], outcome[:, mask], uniform_bin_index(confidence[:, mask], 15), 15)
         np.testing.assert_allclose(sums[value], expected, rtol=0, atol=1e-12)
+
+
+def test_groups_whose_own_width_needs_a_finer_grid_match_their_rows_scored_alone():
+    """Well calibrated large groups bisect below σ = 0.01, where relplot's grid grows with 1 / σ: those steps
+    count a finer grid for the tasks that ask for it (not all of them), and every group's smECE still equals
+    its rows scored on their own (sorted running sums: another summation order, hence 1e-10)."""
+    from mtl_cog.evaluation.group_bins import GroupDeposits, group_smooth_ece
+    from mtl_cog.evaluation.smooth_ece import smooth_ece_of_deposits
+
+    rng = np.random.default_rng(3)
+    n = 30000
+    z = rng.normal(0, 2, (4, n))
+    truth = z.copy()
+    truth[3] /= 3  # overconfident: its groups stay on the coarse grid
+    outcome = (rng.random((4, n)) < expit(truth)).astype(np.float64)
+    confidence = np.clip(expit(z), CLAMP, 1 - CLAMP)
+    group_labels = [rng.integers(0, 2, n), (rng.random(n) < 0.1).astype(np.int64)]  # halves; a 10 % group
+    groups = Combined(group_labels, [2, 2])
+    data = GroupDeposits(confidence, outcome, groups)
+    values = smooth_ece_of_deposits(data)[0].reshape(4, 4)
+    finer = {grid: int(done.sum()) for grid, (_, done) in data._counted.items() if grid > 1001}
+    assert finer and min(finer.values()) < 4, finer  # finer grids, counted for the tasks that needed them
+    np.testing.assert_array_equal(group_smooth_ece(confidence, outcome, groups), values)
+    for r, (g, v) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        inside = group_labels[g] == v
+        expected = smooth_ece(confidence[:, inside], outcome[:, inside])[0]
+        np.testing.assert_allclose(values[r], expected, rtol=0, atol=1e-10)

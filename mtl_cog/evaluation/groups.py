@@ -26,10 +26,9 @@ cell, never 0 or NaN). Partly labelled data: a cell holds the group's samples la
 scored task (its ``n``), as ``compute_metrics`` scores a task on its labelled rows; a sample
 unlabelled in a group task is in none of its groups.
 
-Cost: the bin sums of all groups come from one ``np.bincount`` per statistic over the joint
-values of the group tasks (mtl_cog.evaluation.group_bins), with no group sorted or copied; each
-group's smECE takes its rows, still in order, from one sort of every task's rows (``GroupSmece``)
-and bisects its own width, as the overall smECE does for the whole split.
+Cost: the bin sums of all groups, and the grid deposits of every step of every group's own
+smECE bisection, come from one ``np.bincount`` per statistic over the joint values of the group
+tasks (mtl_cog.evaluation.group_bins), with no group sorted or copied.
 """
 
 from __future__ import annotations
@@ -41,10 +40,9 @@ from scipy.special import expit, log_softmax
 
 from mtl_cog.constants import MISSING_LABEL, SUMMARY_BINS
 from mtl_cog.errors import ConfigError
-from mtl_cog.evaluation.binning import CLAMP, SortedRows, errors_from_sums
-from mtl_cog.evaluation.group_bins import Combined, GroupBins, batches
+from mtl_cog.evaluation.binning import CLAMP, errors_from_sums
+from mtl_cog.evaluation.group_bins import Combined, GroupBins, batches, group_smooth_ece
 from mtl_cog.evaluation.metrics import compute_metrics
-from mtl_cog.evaluation.smooth_ece import smooth_ece, smooth_ece_sorted
 
 ECE = f"ece@{SUMMARY_BINS}"
 CELL_METRICS = ("accuracy", "nll", "brier", ECE, "smece")
@@ -153,7 +151,6 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
     if not finite.all():
         confidence, outcome = np.where(finite[:, None], confidence, 0.5), np.where(finite[:, None], outcome, 0.0)
     cells_of = GroupBins(confidence, outcome, SUMMARY_BINS, known if partly else None)
-    smece_of = GroupSmece(confidence, outcome, known)
     binary = np.array([np.ndim(z) == 1 for z in logits])
     # per task: correct, NLL, Brier, outcome (one class only <=> no or all outcomes positive, for a binary task)
     per_sample = every[:4].reshape(-1, every.shape[2])  # (4T, N)
@@ -166,12 +163,11 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
         counts = combined.sums_of(known.astype(np.float64)) if partly else np.tile(combined.counts(), (len(known), 1))
         sums = combined.sums_of(per_sample).reshape(4, len(task_names), -1)  # (4, T, R): sums inside each group
         bin_sums = cells_of.scores(combined)  # (R, T, B, 3)
+        smece = group_smooth_ece(confidence, outcome, combined, known if partly else None)  # (R, T)
         first = 0  # the run's groups are its rows: group task by group task, value by value
         for i in run:
             rows_of_i = range(first, first + num_values[i])
-            inside = [np.asarray(labels[indices[i]]) == value for value in range(num_values[i])]
-            per_value = [(counts[:, r], sums[:, :, r], bin_sums[r], smece_of(member))
-                         for r, member in zip(rows_of_i, inside)]
+            per_value = [(counts[:, r], sums[:, :, r], bin_sums[r], smece[r]) for r in rows_of_i]
             cells.extend(_cells(groups[i], indices[i], task_names, labels, binary, finite, known, per_value))
             first += num_values[i]
     per_task = {name: _summary(name, cells, groups) for name in task_names}
@@ -179,37 +175,6 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
     mean = {m: float(np.mean([v[m] for v in per_task.values() if m in v]))
             for m in SUMMARY_METRICS if any(m in v for v in per_task.values())}
     return {"cells": cells, "tasks": per_task, "mean": mean}
-
-
-class GroupSmece:
-    """Each task's smECE inside any group, at the group's own σ* (``relplot.smECE`` of the group's rows).
-
-    Every task's rows are sorted by confidence once; a group's rows are then a mask of the sorted
-    rows (still sorted), so a group costs its bisection, not a sort. A task unlabelled on some of a
-    group's members is scored on its labelled members alone (``smooth_ece``, sorted on its own).
-    """
-
-    def __init__(self, confidence: np.ndarray, outcome: np.ndarray, known: np.ndarray) -> None:
-        self.confidence, self.outcome, self.known = confidence, outcome, known
-        self.order = np.argsort(confidence, axis=1)
-        self.sorted_confidence = np.take_along_axis(confidence, self.order, 1)
-        self.sorted_outcome = np.take_along_axis(outcome, self.order, 1)
-
-    def __call__(self, member: np.ndarray) -> np.ndarray:
-        """(T,) smECE inside the group ``member`` (N,) bool; NaN for a task with no labelled member."""
-        out = np.full(len(self.confidence), np.nan)
-        count = int(member.sum())
-        whole = np.flatnonzero(self.known[:, member].all(1)) if count else np.array([], dtype=np.int64)
-        if len(whole):
-            inside = member[self.order[whole]]  # (W, N): the group's members, in each row's sorted order
-            rows = SortedRows(self.sorted_confidence[whole][inside].reshape(len(whole), count),
-                              self.sorted_outcome[whole][inside].reshape(len(whole), count))
-            out[whole] = smooth_ece_sorted(rows)[0]
-        for t in np.setdiff1d(np.arange(len(out)), whole):
-            labelled = member & self.known[t]
-            if labelled.any():
-                out[t] = smooth_ece(self.confidence[t, labelled][None], self.outcome[t, labelled][None])[0][0]
-        return out
 
 
 def _cells(group: str, g: int, task_names: list[str], labels: list[np.ndarray], binary: np.ndarray,
