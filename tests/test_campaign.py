@@ -239,3 +239,54 @@ def test_a_bundle_path_that_is_a_file_is_one_error_line(tmp_path):
     (tmp_path / "bundle").write_text("x")
     with pytest.raises(UserError, match="is a file"):
         bundles.read_bundle(tmp_path / "bundle")
+
+
+def test_the_papers_claims_are_read_from_both_draws_and_an_idle_calibrator_is_not_ranked():
+    """claims: per draw, the paired verdict read against the paper's side; both draws alike -> that reading,
+    unlike -> 'depends on the tuning draw'; a side without final runs -> incomplete; COG-TS whose temperature
+    stayed at the identity -> 'not tested at this budget', whatever its interval says."""
+    from mtl_cog.reporting.bundle_report import DEPENDS, NOT_TESTED, claims
+
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}})
+    # draw 1: COG-FC's NLL lower than the baseline's by 0.01 on every seed (supported); draw 2: higher (contradicted)
+    shifts = {("baseline", "1"): 0.0, ("cog_fc", "1"): -0.01, ("baseline", "2"): 0.0, ("cog_fc", "2"): 0.01,
+              ("cog_ts", "1"): 0.02, ("cog_ts", "2"): 0.02}
+    for (method, draw), shift in shifts.items():
+        for seed in (0, 1, 2):
+            run = f"d-{method}-d{draw}-seed{seed}"
+            row = {c: "" for c in bundles.RUN_COLUMNS} | {
+                "run": run, "campaign": "c", "data": "d", "method": method, "role": "final", "draw": draw,
+                "seed": seed, "status": "done", "config_digest": "x"}
+            results = [{"run": run, "split": "test", "task": task, "metric": metric,
+                        "value": base + (shift if metric == "nll" else 0.0) + 0.001 * seed + 0.002 * i}
+                       for i, task in enumerate(["a", "mean"]) for metric, base in (("accuracy", 0.9), ("nll", 0.3))]
+            if method == "baseline":  # post-hoc TS fitted on it: NLL 0.005 lower
+                results += [{**r, "split": "test+ts", "value": r["value"] - (0.005 if r["metric"] == "nll" else 0)}
+                            for r in results]
+            if method == "cog_ts":  # its temperature ends at 1.001: within 1 % of the identity
+                results.append({"run": run, "split": "calibrator", "task": "a", "metric": "temperature",
+                                "value": 1.001})
+            bundle.add_run(row, pd.DataFrame(results), pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    table = claims(bundle).set_index(["claim", "metric"])
+    fc = table.loc[("COG-FC improves on the baseline", "nll")]
+    assert fc["draw 1"].startswith("supported (-0.0100") and fc["draw 2"].startswith("contradicted (+0.0100")
+    assert fc["answer"] == DEPENDS
+    assert table.loc[("COG-FC improves on the baseline", "accuracy"), "answer"] == "inconclusive at this scale"
+    assert table.loc[("COG+LS improves on label smoothing", "nll"), "answer"] == "incomplete"
+    assert table.loc[("COG-TS is worse than post-hoc TS", "nll"), "answer"] == NOT_TESTED
+    assert "supported (+0.0250" in table.loc[("COG-TS is worse than post-hoc TS", "nll"), "draw 1"]
+
+
+def test_draw_choices_set_each_draws_final_choice_side_by_side():
+    """The widened re-tuning's choice replaces the one at an edge; a knob more than 2x apart is a change."""
+    from mtl_cog.reporting.bundle_report import draw_choices
+
+    chosen = pd.DataFrame({"study": ["d-a", "d-a-w1", "d-a-d2", "d-b", "d-b-d2", "d-c"],
+                           "overrides": ["optim.follower_lr=0.03", "optim.follower_lr=0.05", "optim.follower_lr=0.02",
+                                         "optim.follower_lr=0.01 leader_ratio=0.1",
+                                         "optim.follower_lr=0.015 leader_ratio=0.12", "optim.follower_lr=0.01"]})
+    table = draw_choices(chosen).set_index("study")
+    assert table.loc["d-a", "draw 1"] == "optim.follower_lr=0.05"  # the widened study's
+    assert table.loc["d-a", "largest_fold"] == pytest.approx(2.5) and table.loc["d-a", "changed"]
+    assert table.loc["d-b", "largest_fold"] == pytest.approx(1.5) and not table.loc["d-b", "changed"]
+    assert pd.isna(table.loc["d-c", "draw 2"]) and pd.isna(table.loc["d-c", "changed"])

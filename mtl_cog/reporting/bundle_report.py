@@ -13,13 +13,20 @@ disagrees with its bundle).
   by seed, 95 % t interval over seeds (``reporting/paired.py``), per draw;
 - ``verdicts``: the draws' verdicts side by side: ``settled`` when every draw says the same,
   **depends on the tuning draw** when the draws disagree, ``incomplete`` while a draw lacks the pair;
-- ``chosen``: the chosen trial of every study (``trials.csv``), and whether draws chose alike;
+- ``chosen``: the chosen trial of every study (``trials.csv``); ``draw_choices``: per method, each draw's
+  final choice (after any widening) side by side, the largest fold change of a knob between them, and
+  ``changed`` where it exceeds ``CHANGED_FOLD`` (a factor of 2: every knob we tune is a positive rate,
+  ratio or smoothing weight, searched on a log scale or over one decade);
 - ``convergence``: per role, data set, draw and method: runs that settled under the convergence
   rule (``trajectories.convergence_of_curves``), and the calibrator's whole move;
 - ``calibrators``: every learned calibrator's final values, distance from the identity and whole move;
   ``exercised`` is false where it stayed within 1 % of the identity (then the method was not tested at this
   budget, and the summary says so instead of ranking it);
-- ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs.
+- ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs;
+- ``claims``: the COG paper's qualitative claims (``PAPER_CLAIMS``), each a paired comparison of final
+  runs, marked per metric *supported* / *contradicted* / *inconclusive at this scale* when both draws
+  agree, **depends on the tuning draw** when they do not, *not tested at this budget* where a learned
+  calibrator stayed at the identity, *incomplete* while a side has no finished final runs.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from mtl_cog.reporting.bundle import Bundle, read_bundle, wide_scores
 from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
 from mtl_cog.reporting.html_report import ReportTables, write_html_report
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
-from mtl_cog.reporting.paired import PAIRED_METRICS, paired_differences
+from mtl_cog.reporting.paired import COUNTERPART, INCONCLUSIVE, PAIRED_METRICS, VARIANT, paired_differences
 from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.reporting.trajectories import convergence_of_curves
 
@@ -137,6 +144,40 @@ def chosen(bundle: Bundle) -> pd.DataFrame:
     return table.merge(counts, left_on="study", right_index=True, how="left").sort_values("study")
 
 
+CHANGED_FOLD = 2.0
+STUDY_NAME = re.compile(r"^(?P<arm>.+?)(?:-d(?P<draw>\d+))?(?:-w(?P<widening>\d+))?$")
+
+
+def _knobs(overrides: str) -> dict[str, float]:
+    """``key=value key=value`` (trials.csv's ``overrides``) -> {key: value}."""
+    pairs = (item.split("=", 1) for item in str(overrides).split() if "=" in item)
+    return {key: float(value) for key, value in pairs}
+
+
+def draw_choices(chosen_table: pd.DataFrame) -> pd.DataFrame:
+    """Per data set and method (``<data>-<method>``): each draw's final choice and how far the draws differ."""
+    if chosen_table.empty:
+        return pd.DataFrame()
+    finals: dict[str, dict[str, tuple[int, str]]] = {}
+    for study, overrides in zip(chosen_table["study"], chosen_table["overrides"]):
+        match = STUDY_NAME.match(study)
+        draw, widening = match["draw"] or "1", int(match["widening"] or 0)
+        best = finals.setdefault(match["arm"], {}).get(draw)
+        if best is None or widening > best[0]:  # a widened re-tuning replaces the choice at an edge
+            finals[match["arm"]][draw] = (widening, overrides)
+    rows = []
+    for arm, draws in sorted(finals.items()):
+        row = {"study": arm, **{f"draw {d}": draws[d][1] for d in sorted(draws)}}
+        if len(draws) > 1:
+            choices = [_knobs(draws[d][1]) for d in sorted(draws)]
+            folds = [max(c[k] for c in choices) / min(c[k] for c in choices) for k in choices[0]
+                     if all(k in c and c[k] > 0 for c in choices)]
+            row["largest_fold"] = max(folds) if folds else np.nan
+            row["changed"] = bool(folds) and max(folds) > CHANGED_FOLD
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def convergence(bundle: Bundle) -> pd.DataFrame:
     runs = bundle.done()
     curves = bundle.curves
@@ -205,17 +246,79 @@ def calibrators(bundle: Bundle) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+# The COG paper's qualitative claims that a campaign can check: (claim, variant, counterpart, the side the
+# paper says wins). Its Tab. 22 (multi-task CelebA): "COG-FC and COG+LS consistently improve upon their
+# counterparts, while COG-TS performs worse than Temperature Scaling"; Sec. 5: "Matrix Scaling [...]
+# substantially worsens the performance of the Baseline" (calibrators overfit the calibration set).
+PAPER_CLAIMS = (
+    ("COG-FC improves on the baseline", "cog_fc", "baseline", VARIANT),
+    ("COG+LS improves on label smoothing", "cog_ls", "ls", VARIANT),
+    ("COG-TS is worse than post-hoc TS", "cog_ts", "baseline+ts", COUNTERPART),
+    ("unregularised post-hoc MS worsens the baseline", "baseline+ms", "baseline", COUNTERPART),
+)
+CLAIM_METRICS = ("nll", "ece@15", "accuracy")
+SUPPORTED, CONTRADICTED, NOT_DECIDED = "supported", "contradicted", "inconclusive at this scale"
+NOT_TESTED = "not tested at this budget"
+
+
+def _side(better: str, expected: str) -> str:
+    """A paired verdict read against the paper's claim."""
+    if better == INCONCLUSIVE:
+        return NOT_DECIDED
+    return SUPPORTED if better == expected else CONTRADICTED
+
+
+def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (data set, claim, metric): each draw's reading of the paper's claim and the answer."""
+    scores = _final_scores(bundle)
+    if scores.empty:
+        return pd.DataFrame()
+    table = calibrators(bundle) if calibrator_table is None else calibrator_table
+    draws = sorted(scores["draw"].unique())
+    rows = []
+    for data in sorted(scores["data"].unique()):
+        for claim, variant, counterpart, expected in PAPER_CLAIMS:
+            readings = {}
+            for draw in draws:
+                group = scores[(scores["data"] == data) & (scores["draw"] == draw)]
+                pair = paired_differences(group.rename(columns={"data": "dataset"}), {variant: counterpart},
+                                          CLAIM_METRICS)
+                readings[draw] = {r.metric: (_side(r.better, expected), r.mean_difference, r.ci_low, r.ci_high)
+                                  for r in pair.itertuples()}
+            learned = table[(table["data"] == data) & (table["method"] == variant) & (table["role"] == "final")] \
+                if not table.empty else table
+            idle = not learned.empty and not learned["exercised"].any()
+            for metric in CLAIM_METRICS:
+                row = {"data": data, "claim": claim, "pair": f"{variant} − {counterpart}", "metric": metric}
+                for draw in draws:
+                    side, mean, low, high = readings[draw].get(metric, ("", np.nan, np.nan, np.nan))
+                    row[f"draw {draw}" if draw else "reading"] = (
+                        f"{side} ({mean:+.4f} [{low:+.4f}, {high:+.4f}])" if side else "")
+                    row.setdefault("_sides", []).append(side)
+                sides = row.pop("_sides")
+                if idle:
+                    row["answer"] = NOT_TESTED
+                elif not all(sides):
+                    row["answer"] = "incomplete"
+                else:
+                    row["answer"] = sides[0] if len(set(sides)) == 1 else DEPENDS
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     """Every table of the campaign by name (empty tables left out)."""
     table = summary(bundle)
     pair = paired(bundle)
     conv = convergence(bundle)
     curve, curve_pair = curves(bundle)
+    calibrator_table = calibrators(bundle)
+    chosen_table = chosen(bundle)
     tables = {"summary": summary_cells(table) if not table.empty else table, "summary_values": table,
-              "paired": pair, "verdicts": verdicts(pair), "chosen": chosen(bundle),
-              "convergence": convergence_counts(conv), "convergence_runs": conv, "calibrators": calibrators(bundle),
-              "curve": curve,
-              "curve_paired": curve_pair}
+              "paired": pair, "verdicts": verdicts(pair), "claims": claims(bundle, calibrator_table),
+              "chosen": chosen_table, "draw_choices": draw_choices(chosen_table),
+              "convergence": convergence_counts(conv), "convergence_runs": conv,
+              "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair}
     return {name: frame for name, frame in tables.items() if not frame.empty}
 
 
