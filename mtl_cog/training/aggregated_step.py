@@ -15,8 +15,8 @@ How, in one forward and one backward pass: the network returns the backbone's fe
 and the logits; the per-task losses L (T,) are computed once. The per-task gradients w.r.t. Z,
 J = dL/dZ (T, B, D), are one batched vector-Jacobian product through the heads only (cheap),
 and their Gramian J J^T is Sener & Koltun's MGDA-UB bound (``mtl.aggregate_on=features``); with
-``parameters`` the Gramian is of the per-task gradients w.r.t. the backbone's parameters (one
-batched backward through the backbone: exact, much dearer). The aggregator turns the Gramian into
+``parameters`` the Gramian is of the per-task gradients w.r.t. the backbone's parameters (T
+backward passes through the backbone, batched on an accelerator: exact, much dearer). The aggregator turns the Gramian into
 w. Then the ordinary backward of the mean loss runs, and a hook on Z replaces the gradient that
 reaches the backbone by sum_t w_t dL_t/dZ: the heads and the calibrator receive the mean loss's
 gradient, the backbone sum_t w_t dL_t/dtheta, in the same pass.
