@@ -21,8 +21,9 @@ The exact Gramian needs the T per-task gradients through the backbone: T backwar
 (about 21x an equal-weights step at 40 tasks, the floor of any exact method; one vmapped backward of
 the T cotangents took twice that there), one vmapped backward on an accelerator;
 ``torchjd.autogram.Engine`` computes the same Gramian layer by layer, but refuses BatchNorm backbones
-with ``batch_dim`` and is slower without it (docs/mtl.md, "Cost"). The timed step checks no conflict (``mtl/conflict_rate``): on the
-parameters that check is free, on the features it runs every ``mtl.conflict_every`` steps.
+with ``batch_dim`` and is slower without it (docs/mtl.md, "Cost"). The timed step checks no conflict
+(``mtl/conflict_rate``): on the parameters that check is free, on the features it runs every
+``mtl.conflict_every`` steps.
 """
 
 from __future__ import annotations

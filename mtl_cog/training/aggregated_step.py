@@ -16,10 +16,10 @@ and the logits; the per-task losses L (T,) are computed once. The per-task gradi
 J = dL/dZ (T, B, D), are one batched vector-Jacobian product through the heads only (cheap),
 and their Gramian J J^T is Sener & Koltun's MGDA-UB bound (``mtl.aggregate_on=features``); with
 ``parameters`` the Gramian is of the per-task gradients w.r.t. the backbone's parameters (T
-backward passes through the backbone, batched on an accelerator: exact, much dearer). The aggregator turns the Gramian into
-w. Then the ordinary backward of the mean loss runs, and a hook on Z replaces the gradient that
-reaches the backbone by sum_t w_t dL_t/dZ: the heads and the calibrator receive the mean loss's
-gradient, the backbone sum_t w_t dL_t/dtheta, in the same pass.
+backward passes through the backbone, batched on an accelerator: exact, much dearer). The
+aggregator turns the Gramian into w. Then the ordinary backward of the mean loss runs, and a hook
+on Z replaces the gradient that reaches the backbone by sum_t w_t dL_t/dZ: the heads and the
+calibrator receive the mean loss's gradient, the backbone sum_t w_t dL_t/dtheta, in the same pass.
 
 Several processes (DDP): each process has a shard of the batch. The Gramian of the whole batch's
 per-task gradients is summed from the shards' (features: sum_r G_r / R^2, the Jacobian of the
