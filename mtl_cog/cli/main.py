@@ -19,6 +19,7 @@ from mtl_cog.cli import (
     evaluate,
     generate_configs,
     generate_reference,
+    lane,
     launch,
     leader_curve,
     list_front,
@@ -49,6 +50,7 @@ COMMANDS = {
     "generate-configs": generate_configs,
     "generate-reference": generate_reference,
     "launch": launch,
+    "lane": lane,
 }
 
 

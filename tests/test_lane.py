@@ -1,0 +1,111 @@
+"""scripts/lane.py: a campaign command from frozen code, its bundle committed as runs finish, resumed on a fresh
+machine from what was committed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtl_cog.cli import lane
+from mtl_cog.errors import UserError
+
+# A stand-in campaign: resumes from OUT/bundle/runs.csv when it exists, appends one run per "finish", and checks
+# that it runs from the frozen copy (its own folder is the lane's code/, not the checkout).
+FAKE = '''
+import sys, time, pathlib
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+runs = out / "bundle" / "runs.csv"
+runs.parent.mkdir(parents=True, exist_ok=True)
+before = runs.read_text() if runs.exists() else "run\\n"
+assert pathlib.Path(__file__).resolve().parent.parent.name == "code", __file__
+for i in range(int(sys.argv[1])):
+    before += f"{sys.argv[2]}-{i}\\n"
+    runs.write_text(before)
+    time.sleep(0.3)
+sys.exit(int(sys.argv[3]))
+'''
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    (root / "scripts" / "fake_campaign.py").write_text(FAKE)
+    git(root.parent, "init", "-q", str(root))
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "empty")
+    git(root, "add", "scripts")
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "fake campaign")
+    git(root, "config", "user.name", "t")
+    git(root, "config", "user.email", "t@t")
+    return root
+
+
+def run_lane(repo: Path, work: Path, *command: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mtl_cog.cli.lane", "--name", "camp", "--work", str(work),
+                           "--every", "0.2", "--repo", str(repo), "--", "scripts/fake_campaign.py", *command],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_lane_commits_its_bundle_alone_and_a_fresh_machine_resumes_from_it(repo, tmp_path):
+    (repo / "unrelated.txt").write_text("staged, not the lane's")
+    git(repo, "add", "unrelated.txt")
+    first = run_lane(repo, tmp_path / "machine1", "3", "a", "0")
+    assert first.returncode == 0, first.stderr
+    committed = git(repo, "show", "HEAD:results/camp/bundle/runs.csv")
+    assert committed == "run\na-0\na-1\na-2\n"
+    assert "unrelated.txt" not in git(repo, "log", "--name-only", "--format=", "-n", "20")
+    assert "unrelated.txt" in git(repo, "diff", "--cached", "--name-only")  # still staged, untouched
+    # a fresh machine: no work folder; the lane starts from the committed bundle
+    second = run_lane(repo, tmp_path / "machine2", "1", "b", "0")
+    assert second.returncode == 0, second.stderr
+    assert "resuming from the committed bundle" in second.stdout
+    assert git(repo, "show", "HEAD:results/camp/bundle/runs.csv") == "run\na-0\na-1\na-2\nb-0\n"
+
+
+def test_a_failed_campaign_is_the_lanes_exit_code_and_what_finished_is_still_committed(repo, tmp_path):
+    result = run_lane(repo, tmp_path / "w", "2", "c", "3")
+    assert result.returncode == 3
+    assert git(repo, "show", "HEAD:results/camp/bundle/runs.csv") == "run\nc-0\nc-1\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--name", "x"], "after --"),
+    (["--name", "x", "--", "scripts/reproduce.py", "--out", "o"], "leave --out out"),
+    (["--name", "a/b", "--", "scripts/reproduce.py"], "one folder name"),
+    (["--name", "x", "--every", "0", "--", "scripts/reproduce.py"], "positive"),
+])
+def test_bad_lane_arguments_are_one_error(argv, message):
+    with pytest.raises(UserError, match=message):
+        lane.main(argv)
+
+
+def test_a_script_the_checkout_lacks_is_refused(repo, tmp_path):
+    result = run_lane(repo, tmp_path / "w", "1", "d", "0")
+    assert result.returncode == 0
+    missing = subprocess.run([sys.executable, "-m", "mtl_cog.cli.lane", "--name", "camp", "--work", str(tmp_path / "w"),
+                              "--repo", str(repo), "--", "scripts/nope.py"], capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: lane: scripts/nope.py is not a script")
+
+
+def test_stopping_a_lane_stops_its_campaign_and_commits_what_finished(repo, tmp_path):
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "mtl_cog.cli.lane", "--name", "camp", "--work",
+                                str(tmp_path / "w"), "--every", "0.2", "--repo", str(repo), "--",
+                                "scripts/fake_campaign.py", "1000", "e", "0"], stdout=subprocess.PIPE, text=True)
+    published = repo / "results" / "camp" / "bundle" / "runs.csv"
+    deadline = time.monotonic() + 60
+    while not published.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    rows = git(repo, "show", "HEAD:results/camp/bundle/runs.csv").splitlines()
+    assert rows[0] == "run" and 1 <= len(rows) - 1 < 1000
