@@ -268,3 +268,53 @@ def test_a_study_restored_from_a_bundle_written_between_two_trials(tmp_path):
     fair_tuning.restore_study(fresh, spec, bundles.read_bundle(tmp_path / "b"))
     states = [t.state for t in fresh.get_trials()]
     assert states[0] == TrialState.COMPLETE and TrialState.WAITING in states and TrialState.FAIL not in states
+
+
+def test_a_restored_study_prunes_against_the_same_rung_values_as_the_uninterrupted_one(tmp_path):
+    """trials.csv carries each trial's rung values and epochs: a study restored from the bundle on a fresh machine
+    holds the same successive-halving competitors, so the next trial is pruned exactly when it would have been
+    (without them a lone trial at a rung is always promoted)."""
+    import pandas as pd
+
+    from mtl_cog.experiments import fair_tuning
+    from mtl_cog.reporting import bundle as bundles
+
+    def run_trial(study, curve):
+        trial = study.ask({k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in KNOBS})
+        trial.set_user_attr("overrides", "x")
+        trial.set_user_attr("run", f"trial_{trial.number:02d}")
+        for epoch, value in enumerate(curve, start=1):
+            trial.report(value, epoch)
+            if trial.should_prune():
+                study.tell(trial, state=TrialState.PRUNED)
+                return "pruned"
+        study.tell(trial, curve[-1])
+        return "complete"
+
+    good = [1.0 - 0.05 * e for e in range(9)]
+    bad = [2.0 - 0.01 * e for e in range(9)]
+    (tmp_path / "a").mkdir()
+    study = _study(tmp_path / "a", budget=6, prune=True)
+    assert [run_trial(study, curve) for curve in (good, good, bad)] == ["complete", "complete", "pruned"]
+    spec = tuning.StudySpec("ds", "cog_fc", (Path("c.yaml"),), (), 1e-3, tuple(KNOBS), 9, tmp_path / "ds-cog_fc",
+                            (1000,))
+    table = pd.DataFrame(tuning.trials_table(spec, tuning.result(study, 6)))
+    assert (table["rung_values"] != "").all() and table.loc[2, "epochs_trained"] < 9
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c"})
+    bundle.set_trials(spec.name, table)
+    bundles.write_bundle(tmp_path / "b", bundle)
+    (tmp_path / "fresh").mkdir()
+    fresh = _study(tmp_path / "fresh", budget=6, prune=True)
+    fair_tuning.restore_study(fresh, spec, bundles.read_bundle(tmp_path / "b"))
+    for before, after in zip(study.get_trials(), fresh.get_trials()):
+        assert tuning.rung_values(after) == tuning.rung_values(before)
+        assert tuning.epochs_trained(after, 9) == tuning.epochs_trained(before, 9)
+    # the next (mediocre) trial: pruned in both, as the earlier trials' rung values outrank it
+    assert run_trial(study, bad) == run_trial(fresh, bad) == "pruned"
+    restored_rows = pd.DataFrame(tuning.trials_table(spec, tuning.result(fresh, 6)))
+    assert restored_rows["epochs_trained"].tolist()[:3] == table["epochs_trained"].tolist()
+
+
+def test_rung_values_round_trip_and_an_old_bundle_without_them_restores_none():
+    assert tuning.rung_attrs("0.5 0.25") == {"completed_rung_0": 0.5, "completed_rung_1": 0.25}
+    assert tuning.rung_attrs("") == tuning.rung_attrs(float("nan")) == tuning.rung_attrs(None) == {}

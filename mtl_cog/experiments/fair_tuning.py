@@ -141,9 +141,13 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
         state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(row["state"], TrialState.FAIL)
         lost = str(row.get("counted", True)) == "False"  # its worker died: retried in its place, not counted
         value = float(row["val_nll"]) if state == TrialState.COMPLETE else None
+        epochs = row.get("epochs_trained")
+        if epochs is not None and not pd.isna(epochs):
+            attrs[tuning.EPOCHS_ATTR] = int(epochs)
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions=distributions, value=value, state=state,
-            user_attrs={**attrs, **({tuning.LOST: True} if lost else {})}))
+            user_attrs={**attrs, **({tuning.LOST: True} if lost else {})},
+            system_attrs=tuning.rung_attrs(row.get("rung_values"))))
     return len(rows) - present
 
 

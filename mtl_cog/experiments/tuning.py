@@ -307,10 +307,34 @@ def result(study: optuna.Study, budget: int) -> StudyResult:
 
 
 def epochs_trained(trial: FrozenTrial, epochs: int) -> int:
-    """Epochs a trial trained: all of them when complete, up to its last report when pruned or failed."""
+    """Epochs a trial trained: all of them when complete, up to its last report when pruned or failed (a trial
+    restored from a results bundle has no reports: the bundle's count, ``EPOCHS_ATTR``)."""
     if trial.state in (TrialState.PRUNED, TrialState.FAIL):
-        return max(trial.intermediate_values, default=0)
+        return max(trial.intermediate_values, default=int(trial.user_attrs.get(EPOCHS_ATTR, 0)))
     return epochs
+
+
+# Successive halving decides at each rung by comparing the trial's value with every earlier trial's value at
+# that rung, which Optuna keeps in the trials' system attributes ``completed_rung_<k>``. trials.csv carries
+# them (``rung_values``: one float per rung reached, in rung order) so that a study restored from a results
+# bundle on another machine prunes its remaining trials against the same competitors as an uninterrupted one.
+EPOCHS_ATTR = "epochs_trained"
+RUNG_KEY = "completed_rung_{}"
+
+
+def rung_values(trial: FrozenTrial) -> str:
+    """The trial's values at the rungs it completed, ``repr`` floats separated by spaces ('' when none)."""
+    values = []
+    while RUNG_KEY.format(len(values)) in trial.system_attrs:
+        values.append(repr(float(trial.system_attrs[RUNG_KEY.format(len(values))])))
+    return " ".join(values)
+
+
+def rung_attrs(text: object) -> dict[str, float]:
+    """``rung_values`` read back as system attributes (an empty or missing cell: none)."""
+    if not isinstance(text, str) or not text.strip():
+        return {}
+    return {RUNG_KEY.format(k): float(v) for k, v in enumerate(text.split())}
 
 
 def expected_epoch_share(budget: int, epochs: int) -> float:
@@ -380,6 +404,7 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
                          else ""),
                      "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
                      "epochs_trained": epochs_trained(trial, spec.epochs),
+                     "rung_values": rung_values(trial),
                      # chosen only once the study holds its whole budget: before, the best so far is no choice
                      "chosen": "*" if outcome.best is not None and not outcome.unfinished
                      and trial.number == outcome.best.number else ""})
