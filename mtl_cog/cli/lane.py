@@ -13,7 +13,8 @@ what is committed. A lane makes that automatic:
 - its output folder is ``WORK/NAME/out`` (the lane appends ``--out``); on a fresh machine the lane
   first copies the committed bundle ``results/NAME/bundle`` there, so the campaign trains only what
   the bundle lacks (``docs/explanation/campaigns.md``);
-- every ``--every`` seconds, and when the command ends or is interrupted, ``out/bundle`` is copied
+- every ``--every`` seconds, and when the command ends or is interrupted (SIGINT or SIGTERM to the lane: SIGINT
+  to the campaign, its clean stop; a second signal: SIGTERM), ``out/bundle`` is copied
   (under the campaign's own bundle lock, so never half-written) to ``results/NAME/bundle`` and
   committed alone (``git commit -- results/NAME/bundle``: nothing else staged is swept in). A lost
   machine loses only the runs in flight.
@@ -138,13 +139,23 @@ def main(argv: list[str] | None = None) -> int:
     if not script.is_file():
         raise UserError(f"lane: {args.command[0]} is not a script of the checkout (looked in {code}).")
     env = {**os.environ, "PYTHONPATH": str(code) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # SIGINT is the campaign's clean stop (runs save their state, trials in flight are asked again later); a
+    # shell starts background jobs with SIGINT ignored, and the child would inherit that: restore the default.
     child = subprocess.Popen([sys.executable, str(script), *args.command[1:], "--out", str(out)], cwd=code, env=env,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     print(f"lane {args.name}: running {' '.join(args.command)} from {commit[:10]} (pid {child.pid}); "
           f"bundle committed to {published.relative_to(repo)} every {args.every:g} s")
 
+    stops = []
+
     def stop(signum: int, _frame: object) -> None:
-        os.killpg(child.pid, signum)  # the campaign's own interrupt handling records what finished
+        # first SIGINT or SIGTERM: SIGINT to the campaign, whose interrupt handling records what finished;
+        # a second one: SIGTERM, for a campaign that does not stop
+        stops.append(signum)
+        try:
+            os.killpg(child.pid, signal.SIGINT if len(stops) == 1 else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, stop)
