@@ -145,10 +145,31 @@ def test_groups_whose_own_width_needs_a_finer_grid_match_their_rows_scored_alone
     groups = Combined(group_labels, [2, 2])
     data = GroupDeposits(confidence, outcome, groups)
     values = smooth_ece_of_deposits(data)[0].reshape(4, 4)
-    finer = {grid: int(done.sum()) for grid, (_, done) in data._counted.items() if grid > 1001}
+    finer = {grid: len(tasks) for grid, tasks in data._counted.items() if grid > 1001}
     assert finer and min(finer.values()) < 4, finer  # finer grids, counted for the tasks that needed them
     np.testing.assert_array_equal(group_smooth_ece(confidence, outcome, groups), values)
     for r, (g, v) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
         inside = group_labels[g] == v
         expected = smooth_ece(confidence[:, inside], outcome[:, inside])[0]
         np.testing.assert_allclose(values[r], expected, rtol=0, atol=1e-10)
+
+
+def test_smooth_ece_counts_run_over_group_tasks_of_their_own_within_the_events(monkeypatch):
+    """smECE's bincounts have T x COARSE_GRID cells per joint value: its runs of group tasks are sized for that,
+    so no count outgrows the events it counts (six binary group tasks would be one run for ECE@15's bins)."""
+    import mtl_cog.evaluation.groups as groups_module
+    from mtl_cog.evaluation.smooth_ece import COARSE_GRID
+
+    rng = np.random.default_rng(4)
+    n, tasks = 3000, 10
+    names = [f"t{i}" for i in range(tasks)]
+    logits = [rng.normal(0, 2, n) for _ in names]
+    labels = [(rng.random(n) < expit(z)).astype(np.int64) for z in logits]
+    sizes = []
+    original = groups_module.group_smooth_ece
+    monkeypatch.setattr(groups_module, "group_smooth_ece",
+                        lambda conf, out, combined, known: sizes.append(combined.size) or original(conf, out, combined,
+                                                                                                   known))
+    group_metrics(names, logits, labels, names[:6])
+    assert len(sizes) > 1 and all(size * tasks * COARSE_GRID <= max(tasks * n, 3 * tasks * COARSE_GRID)
+                                  for size in sizes)

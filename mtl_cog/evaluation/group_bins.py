@@ -19,8 +19,11 @@ step's σ, and they are sums over grid cells too (relplot's ``smooth_round_to_gr
 residual f − y and w = 1). So ``GroupDeposits`` counts them like the bins: per grid size, one
 bincount per statistic over (joint value, task, cell) gives every group's deposits, and every
 (group, task) row bisects its own σ* in one lock step (``group_smooth_ece``). Grids depend on σ
-(2,000 points down to σ = 0.01, 20 / σ below), so most steps reuse one count; a finer grid is
-counted for the tasks whose rows need it.
+(relplot's max(2000, 20 / σ) // 2 + 1 points: 1,001 for every σ >= 0.01, about 10 / σ below), so most
+steps reuse one count; a finer grid is counted for the tasks whose rows need it, and only those are
+kept. The smECE bincounts have T x 1,001 cells per joint value (ECE@15's have T x 15), so
+mtl_cog.evaluation.groups counts them over runs of group tasks of their own (``batches`` with that
+size): a bincount's output stays within the events it counts.
 """
 
 from __future__ import annotations
@@ -87,19 +90,16 @@ class GroupDeposits(DepositSpectra):
         super().__init__(len(groups.membership) * self.tasks)
         self.confidence, self.residual, self.groups = confidence, confidence - outcome, groups
         self.unknown = None if known is None or known.all() else ~np.asarray(known)
-        self._counted: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # grid -> (R, T, 2, G) deposits, (T,) done
+        self._counted: dict[int, dict[int, np.ndarray]] = {}  # grid -> task -> (R, 2, G) deposits of its groups
 
     def deposits(self, rows: np.ndarray, grid: int) -> np.ndarray:
         group, task = np.divmod(rows, self.tasks)
-        if grid not in self._counted:
-            self._counted[grid] = (np.zeros((len(self.groups.membership), self.tasks, 2, grid)),
-                                   np.zeros(self.tasks, dtype=bool))
-        deposits, done = self._counted[grid]
-        todo = np.unique(task[~done[task]])
+        counted = self._counted.setdefault(grid, {})
+        todo = np.array(sorted(set(task.tolist()) - set(counted)), dtype=np.int64)
         if len(todo):
-            deposits[:, todo] = self._count(todo, grid)
-            done[todo] = True
-        return deposits[group, task]
+            for t, deposits in zip(todo.tolist(), np.moveaxis(self._count(todo, grid), 1, 0)):
+                counted[t] = deposits
+        return np.stack([counted[t][g] for g, t in zip(group.tolist(), task.tolist())])
 
     def _count(self, tasks: np.ndarray, grid: int) -> np.ndarray:
         """Deposits (R, len(tasks), 2, G) of the residual and of ones, for every group of ``tasks``."""

@@ -43,6 +43,7 @@ from mtl_cog.errors import ConfigError
 from mtl_cog.evaluation.binning import CLAMP, errors_from_sums
 from mtl_cog.evaluation.group_bins import Combined, GroupBins, batches, group_smooth_ece
 from mtl_cog.evaluation.metrics import compute_metrics
+from mtl_cog.evaluation.smooth_ece import COARSE_GRID
 
 ECE = f"ece@{SUMMARY_BINS}"
 CELL_METRICS = ("accuracy", "nll", "brier", ECE, "smece")
@@ -156,18 +157,25 @@ def group_metrics(task_names: list[str], logits: list[np.ndarray], labels: list[
     per_sample = every[:4].reshape(-1, every.shape[2])  # (4T, N)
     indices = [task_names.index(group) for group in groups]
     num_values = [_num_values(logits[g]) for g in indices]
+    events = per_sample.size // 4
+    # smECE's own runs of group tasks: its bincounts have T x COARSE_GRID cells per joint value (ECE@15's T x 15)
+    smece: dict[int, np.ndarray] = {}  # group task i -> (values, T)
+    for run in batches(num_values, events, len(task_names) * COARSE_GRID):
+        combined = Combined([labels[indices[i]] for i in run], [num_values[i] for i in run])
+        rows = group_smooth_ece(confidence, outcome, combined, known if partly else None)  # (R, T)
+        for i, start in zip(run, np.cumsum([0] + [num_values[i] for i in run])):
+            smece[i] = rows[start:start + num_values[i]]
     cells: list[dict] = []
-    for run in batches(num_values, per_sample.size // 4, cells_of.cells_per_group()):
+    for run in batches(num_values, events, cells_of.cells_per_group()):
         combined = Combined([labels[indices[i]] for i in run], [num_values[i] for i in run])
         # samples per task and group: the group's labelled samples of the task
         counts = combined.sums_of(known.astype(np.float64)) if partly else np.tile(combined.counts(), (len(known), 1))
         sums = combined.sums_of(per_sample).reshape(4, len(task_names), -1)  # (4, T, R): sums inside each group
         bin_sums = cells_of.scores(combined)  # (R, T, B, 3)
-        smece = group_smooth_ece(confidence, outcome, combined, known if partly else None)  # (R, T)
         first = 0  # the run's groups are its rows: group task by group task, value by value
         for i in run:
             rows_of_i = range(first, first + num_values[i])
-            per_value = [(counts[:, r], sums[:, :, r], bin_sums[r], smece[r]) for r in rows_of_i]
+            per_value = [(counts[:, r], sums[:, :, r], bin_sums[r], smece[i][r - first]) for r in rows_of_i]
             cells.extend(_cells(groups[i], indices[i], task_names, labels, binary, finite, known, per_value))
             first += num_values[i]
     per_task = {name: _summary(name, cells, groups) for name in task_names}

@@ -43,6 +43,9 @@ def grid_sizes(sigmas: np.ndarray) -> np.ndarray:
     return np.maximum(2000, np.rint(20 / sigmas)).astype(np.int64) // 2 + 1
 
 
+COARSE_GRID = 2000 // 2 + 1  # grid_sizes of every σ >= 0.01: the grid most bisection steps use
+
+
 def _mesh_sizes(sigmas: np.ndarray) -> np.ndarray:
     """relplot's ``smooth_ece``: points of the evaluation mesh t on [0, 1], per σ."""
     return np.maximum(np.rint(10 / sigmas), MESH_POINTS).astype(np.int64)
@@ -87,8 +90,9 @@ class DepositSpectra(ABC):
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self._spectra: dict[int, np.ndarray] = {}  # grid -> (C, 2, n_fft // 2 + 1) rFFT of the reflected deposits
-        self._computed: dict[int, np.ndarray] = {}  # grid -> which rows are in _spectra[grid]
+        # grid -> (the spectra (k, 2, n_fft // 2 + 1) of the k rows asked for so far, each row's place there or -1):
+        # only rows a bisection step takes to that grid are held (a fine grid is large and few rows reach it)
+        self._spectra: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @abstractmethod
     def deposits(self, rows: np.ndarray, grid: int) -> np.ndarray:
@@ -96,17 +100,18 @@ class DepositSpectra(ABC):
 
     def spectra(self, rows: np.ndarray, grid: int) -> np.ndarray:
         """rFFT of each row's reflected deposits, wrapped onto ``_fft_length(grid)`` points -> (len(rows), 2, ·)."""
-        if grid not in self._spectra:
-            self._spectra[grid] = np.zeros((self.count, 2, _fft_length(grid) // 2 + 1), dtype=complex)
-            self._computed[grid] = np.zeros(self.count, dtype=bool)
-        missing = rows[~self._computed[grid][rows]]
+        held, place = self._spectra.get(grid, (None, np.full(self.count, -1)))
+        missing = rows[place[rows] < 0]
         if len(missing):
-            self._spectra[grid][missing] = fft.rfft(_wrap(_reflect(self.deposits(missing, grid)), _fft_length(grid)),
-                                                    axis=-1)
-            self._computed[grid][missing] = True
-        if len(rows) == self.count:  # rows are ascending and distinct: every row, in order (no copy)
-            return self._spectra[grid]
-        return self._spectra[grid][rows]
+            new = fft.rfft(_wrap(_reflect(self.deposits(missing, grid)), _fft_length(grid)), axis=-1)
+            start = 0 if held is None else len(held)
+            held = new if held is None else np.concatenate([held, new])
+            place[missing] = np.arange(start, start + len(missing))
+            self._spectra[grid] = (held, place)
+        at = place[rows]
+        if len(at) == len(held) and (at == np.arange(len(held))).all():  # every row held, in order: no copy
+            return held
+        return held[at]
 
 
 class _Rows(DepositSpectra):
