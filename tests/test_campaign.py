@@ -263,9 +263,9 @@ def test_the_papers_claims_are_read_from_both_draws_and_an_idle_calibrator_is_no
             if method == "baseline":  # post-hoc TS fitted on it: NLL 0.005 lower
                 results += [{**r, "split": "test+ts", "value": r["value"] - (0.005 if r["metric"] == "nll" else 0)}
                             for r in results]
-            if method == "cog_ts":  # its temperature ends at 1.001: within 1 % of the identity
+            if method == "cog_ts":  # draw 2's temperature ends at 1.001, within 1 % of the identity; draw 1's moved
                 results.append({"run": run, "split": "calibrator", "task": "a", "metric": "temperature",
-                                "value": 1.001})
+                                "value": 1.5 if draw == "1" else 1.001})
             bundle.add_run(row, pd.DataFrame(results), pd.DataFrame(columns=bundles.CURVE_COLUMNS))
     table = claims(bundle).set_index(["claim", "metric"])
     fc = table.loc[("COG-FC improves on the baseline", "nll")]
@@ -273,8 +273,20 @@ def test_the_papers_claims_are_read_from_both_draws_and_an_idle_calibrator_is_no
     assert fc["answer"] == DEPENDS
     assert table.loc[("COG-FC improves on the baseline", "accuracy"), "answer"] == "inconclusive at this scale"
     assert table.loc[("COG+LS improves on label smoothing", "nll"), "answer"] == "incomplete"
-    assert table.loc[("COG-TS is worse than post-hoc TS", "nll"), "answer"] == NOT_TESTED
-    assert "supported (+0.0250" in table.loc[("COG-TS is worse than post-hoc TS", "nll"), "draw 1"]
+    ts = table.loc[("COG-TS is worse than post-hoc TS", "nll")]
+    assert ts["answer"] == NOT_TESTED  # one draw that did not test it is no settled reading
+    assert ts["draw 1"].startswith("supported (+0.0250") and ts["draw 2"].startswith(NOT_TESTED)
+
+
+def test_draw_choices_read_numeric_knobs_only():
+    """A leader ratio near 1 brings the flag optim.allow_leader_lr_geq_follower=true into the overrides."""
+    from mtl_cog.reporting.bundle_report import draw_choices
+
+    chosen = pd.DataFrame({"study": ["d-a", "d-a-d2"],
+                           "overrides": ["optim.follower_lr=0.03 optim.leader_lr=0.03 "
+                                         "optim.allow_leader_lr_geq_follower=true",
+                                         "optim.follower_lr=0.01 optim.leader_lr=0.001"]})
+    assert draw_choices(chosen).loc[0, "largest_fold"] == pytest.approx(30.0)
 
 
 def test_draw_choices_set_each_draws_final_choice_side_by_side():

@@ -149,9 +149,15 @@ STUDY_NAME = re.compile(r"^(?P<arm>.+?)(?:-d(?P<draw>\d+))?(?:-w(?P<widening>\d+
 
 
 def _knobs(overrides: str) -> dict[str, float]:
-    """``key=value key=value`` (trials.csv's ``overrides``) -> {key: value}."""
-    pairs = (item.split("=", 1) for item in str(overrides).split() if "=" in item)
-    return {key: float(value) for key, value in pairs}
+    """``key=value key=value`` (trials.csv's ``overrides``) -> {key: value} of the numeric ones (a flag such as
+    ``optim.allow_leader_lr_geq_follower=true``, which a leader ratio near 1 brings, is no knob)."""
+    knobs = {}
+    for key, _, value in (item.partition("=") for item in str(overrides).split() if "=" in item):
+        try:
+            knobs[key] = float(value)
+        except ValueError:
+            continue
+    return knobs
 
 
 def draw_choices(chosen_table: pd.DataFrame) -> pd.DataFrame:
@@ -268,6 +274,15 @@ def _side(better: str, expected: str) -> str:
     return SUPPORTED if better == expected else CONTRADICTED
 
 
+def _idle(table: pd.DataFrame, data: str, method: str, draw: str) -> bool:
+    """Whether every final run of (data, method, draw) with a learned calibrator left it at the identity."""
+    if table.empty:
+        return False
+    learned = table[(table["data"] == data) & (table["method"] == method) & (table["role"] == "final")
+                    & (table["draw"] == draw)]
+    return not learned.empty and not learned["exercised"].any()
+
+
 def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (data set, claim, metric): each draw's reading of the paper's claim and the answer."""
     scores = _final_scores(bundle)
@@ -285,21 +300,20 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.D
                                           CLAIM_METRICS)
                 readings[draw] = {r.metric: (_side(r.better, expected), r.mean_difference, r.ci_low, r.ci_high)
                                   for r in pair.itertuples()}
-            learned = table[(table["data"] == data) & (table["method"] == variant) & (table["role"] == "final")] \
-                if not table.empty else table
-            idle = not learned.empty and not learned["exercised"].any()
             for metric in CLAIM_METRICS:
                 row = {"data": data, "claim": claim, "pair": f"{variant} − {counterpart}", "metric": metric}
+                sides = []
                 for draw in draws:
                     side, mean, low, high = readings[draw].get(metric, ("", np.nan, np.nan, np.nan))
-                    row[f"draw {draw}" if draw else "reading"] = (
-                        f"{side} ({mean:+.4f} [{low:+.4f}, {high:+.4f}])" if side else "")
-                    row.setdefault("_sides", []).append(side)
-                sides = row.pop("_sides")
-                if idle:
-                    row["answer"] = NOT_TESTED
-                elif not all(sides):
+                    text = f"{side} ({mean:+.4f} [{low:+.4f}, {high:+.4f}])" if side else ""
+                    if side and _idle(table, data, variant, draw):  # its calibrator never left the identity
+                        side, text = NOT_TESTED, f"{NOT_TESTED} ({text})"
+                    row[f"draw {draw}" if draw else "reading"] = text
+                    sides.append(side)
+                if not all(sides):
                     row["answer"] = "incomplete"
+                elif NOT_TESTED in sides:
+                    row["answer"] = NOT_TESTED
                 else:
                     row["answer"] = sides[0] if len(set(sides)) == 1 else DEPENDS
                 rows.append(row)
