@@ -153,7 +153,10 @@ def test_a_campaign_resumes_from_its_bundle_alone_and_refuses_another_spec(tmp_p
                              str(tmp_path / "report")], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert report.returncode == 0, report.stderr
-    assert (tmp_path / "report" / "summary.md").read_text().count("cog_ts") == 1  # one method, two runs pooled
+    # a sweep's two runs differ in their settings: reported run by run, never pooled into one method's mean
+    assert not (tmp_path / "report" / "summary.md").exists()
+    runs = pd.read_csv(tmp_path / "report" / "convergence_runs.csv")
+    assert sorted(runs["run"]) == ["run_00", "run_01"] and set(runs["role"]) == {"sweep"}
 
 
 @pytest.mark.slow

@@ -21,6 +21,8 @@ runs = out / "bundle" / "runs.csv"
 runs.parent.mkdir(parents=True, exist_ok=True)
 before = runs.read_text() if runs.exists() else "run\\n"
 assert pathlib.Path(__file__).resolve().parent.parent.name == "code", __file__
+import os
+(out / "commit.txt").write_text(os.environ.get("MTL_COG_CODE_COMMIT", ""))
 for i in range(int(sys.argv[1])):
     before += f"{sys.argv[2]}-{i}\\n"
     runs.write_text(before)
@@ -56,8 +58,10 @@ def run_lane(repo: Path, work: Path, *command: str) -> subprocess.CompletedProce
 def test_a_lane_commits_its_bundle_alone_and_a_fresh_machine_resumes_from_it(repo, tmp_path):
     (repo / "unrelated.txt").write_text("staged, not the lane's")
     git(repo, "add", "unrelated.txt")
+    head = git(repo, "rev-parse", "HEAD").strip()
     first = run_lane(repo, tmp_path / "machine1", "3", "a", "0")
     assert first.returncode == 0, first.stderr
+    assert (tmp_path / "machine1" / "camp" / "out" / "commit.txt").read_text() == head[:12]  # the runs' provenance
     committed = git(repo, "show", "HEAD:results/camp/bundle/runs.csv")
     assert committed == "run\na-0\na-1\na-2\n"
     assert "unrelated.txt" not in git(repo, "log", "--name-only", "--format=", "-n", "20")
@@ -77,6 +81,9 @@ def test_a_failed_campaign_is_the_lanes_exit_code_and_what_finished_is_still_com
 
 @pytest.mark.parametrize("argv, message", [
     (["--name", "x"], "after --"),
+    (["--name", "", "--", "scripts/reproduce.py"], "one folder name"),
+    (["--name", "x", "--", "/abs/scripts/reproduce.py"], "inside the checkout"),
+    (["--name", "x", "--", "scripts/../../x.py"], "inside the checkout"),
     (["--name", "x", "--", "scripts/reproduce.py", "--out", "o"], "leave --out out"),
     (["--name", "a/b", "--", "scripts/reproduce.py"], "one folder name"),
     (["--name", "x", "--every", "0", "--", "scripts/reproduce.py"], "positive"),
@@ -113,3 +120,75 @@ def test_stopping_a_lane_stops_its_campaign_cleanly_and_commits_what_finished(re
     assert process.wait(timeout=60) == 128 + signal.SIGINT  # the campaign got SIGINT, its clean stop
     rows = git(repo, "show", "HEAD:results/camp/bundle/runs.csv").splitlines()
     assert rows[0] == "run" and 1 <= len(rows) - 1 < 1000
+
+
+def test_an_out_bundle_older_than_the_committed_one_is_refused_not_synced_over_it(repo, tmp_path):
+    """Machine 1 ran, machine 2 resumed from its commit and added a run; machine 1's stale out/ must not drop it."""
+    assert run_lane(repo, tmp_path / "machine1", "3", "a", "0").returncode == 0
+    assert run_lane(repo, tmp_path / "machine2", "1", "b", "0").returncode == 0
+    again = run_lane(repo, tmp_path / "machine1", "1", "c", "0")
+    assert again.returncode == 2 and "older than the committed bundle" in again.stderr
+    assert again.stderr.count("\n") == 1 and again.stderr.startswith("error: ")
+    assert git(repo, "show", "HEAD:results/camp/bundle/runs.csv") == "run\na-0\na-1\na-2\nb-0\n"
+
+
+def test_a_results_path_that_is_a_file_is_one_error_and_nothing_runs(repo, tmp_path):
+    (repo / "results").mkdir()
+    (repo / "results" / "camp").write_text("not a folder")
+    result = run_lane(repo, tmp_path / "w", "1", "a", "0")
+    assert result.returncode == 2 and result.stderr.startswith("error: lane: ") and "is a file" in result.stderr
+    assert not (tmp_path / "w" / "camp" / "out").exists()
+
+
+def test_a_busy_git_is_reported_as_not_committed(repo, tmp_path, monkeypatch):
+    published = repo / "results" / "camp" / "bundle"
+    published.mkdir(parents=True)
+    (published / "runs.csv").write_text("run\na\n")
+    (repo / ".git" / "index.lock").write_text("")  # another git command holds the index
+    monkeypatch.setattr(lane, "COMMIT_TRIES", 2)
+    monkeypatch.setattr(lane.time, "sleep", lambda seconds: None)
+    assert lane.commit_bundle(repo, published, "camp") == lane.FAILED
+    (repo / ".git" / "index.lock").unlink()
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert lane.commit_bundle(repo, published, "camp") == lane.UNCHANGED
+
+
+def _started(process) -> int:
+    """The campaign's pid, from the lane's first line."""
+    line = process.stdout.readline()
+    return int(line.split("(pid ")[1].split(")")[0])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return "zombie" not in handle.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_one_lane_per_name_and_a_killed_lane_takes_its_campaign_down(repo, tmp_path):
+    import os
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "mtl_cog.cli.lane", "--name", "camp", "--work",
+                                str(tmp_path / "w"), "--every", "0.2", "--repo", str(repo), "--",
+                                "scripts/fake_campaign.py", "1000", "k", "0"], stdout=subprocess.PIPE, text=True)
+    campaign = _started(process)
+    second = run_lane(repo, tmp_path / "w", "1", "x", "0")
+    assert second.returncode == 2 and "another lane named camp is running" in second.stderr
+    assert _alive(campaign)
+    os.kill(process.pid, signal.SIGKILL)  # no handler runs: the kernel tells the campaign (SIGINT)
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _alive(campaign) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(campaign)
+
+
+def test_a_campaign_run_from_a_lane_records_the_lanes_commit(monkeypatch):
+    from mtl_cog.experiments import campaign
+
+    monkeypatch.setenv("MTL_COG_CODE_COMMIT", "0123456789ab")
+    assert campaign.code_commit() == "0123456789ab"

@@ -9,12 +9,17 @@ what is committed. A lane makes that automatic:
 
 - the command runs from ``WORK/NAME/code``, a ``git archive`` of ``HEAD`` taken when the lane starts
   (``PYTHONPATH`` points there, so editing the checkout does not change code under a running
-  campaign; uncommitted changes are not in it, and the lane says so);
+  campaign; uncommitted changes are not in it, and the lane says so); the runs record that commit
+  (``MTL_COG_CODE_COMMIT``: the copy has no ``.git``);
 - its output folder is ``WORK/NAME/out`` (the lane appends ``--out``); on a fresh machine the lane
   first copies the committed bundle ``results/NAME/bundle`` there, so the campaign trains only what
-  the bundle lacks (``docs/explanation/campaigns.md``);
-- every ``--every`` seconds, and when the command ends or is interrupted (SIGINT or SIGTERM to the lane: SIGINT
-  to the campaign, its clean stop; a second signal: SIGTERM), ``out/bundle`` is copied
+  the bundle lacks (``docs/explanation/campaigns.md``); an ``out/bundle`` that lacks runs the
+  committed one has (older than what another machine committed) is refused, at the start and before
+  every sync, instead of overwriting the newer bundle; one lane per name and work folder
+  (``WORK/NAME/lane.lock``);
+- every ``--every`` seconds, and when the command ends or is interrupted (SIGINT, SIGTERM or SIGHUP to the
+  lane: SIGINT to the campaign, its clean stop; a second signal: SIGTERM; a lane killed outright: the
+  campaign gets SIGINT from the kernel), ``out/bundle`` is copied
   (under the campaign's own bundle lock, so never half-written) to ``results/NAME/bundle`` and
   committed alone (``git commit -- results/NAME/bundle``: nothing else staged is swept in). A lost
   machine loses only the runs in flight.
@@ -26,7 +31,10 @@ into the checkout's ``results/`` (the frozen copy's ``results/`` is as old as th
 from __future__ import annotations
 
 import argparse
+import csv
+import ctypes
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,30 +42,49 @@ import sys
 import time
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
+STOP_GRACE_SECONDS = 120  # after SIGINT, how long a campaign may take to record what finished before SIGTERM
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one folder under results/, no git pathspec magic
+COMMITTED, UNCHANGED, FAILED = "committed", "unchanged", "failed"
 
 
 def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=check)
 
 
-def freeze_code(repo: Path, into: Path) -> str:
-    """``git archive HEAD`` of ``repo`` unpacked into ``into`` (replaced) -> the commit it holds."""
-    commit = git(repo, "rev-parse", "HEAD").stdout.strip()
+def freeze_code(repo: Path, commit: str, into: Path) -> None:
+    """``git archive`` of ``commit`` unpacked into ``into`` (replaced)."""
     if into.exists():
         shutil.rmtree(into)
     into.mkdir(parents=True)
-    archive = subprocess.Popen(["git", "-C", str(repo), "archive", "--format=tar", "HEAD"], stdout=subprocess.PIPE)
+    archive = subprocess.Popen(["git", "-C", str(repo), "archive", "--format=tar", commit], stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
     if archive.wait() != 0:
-        raise UserError(f"lane: git archive HEAD failed in {repo}.")
-    return commit
+        raise UserError(f"lane: git archive {commit[:10]} failed in {repo}.")
+
+
+def run_names(bundle: Path) -> set[str]:
+    """The runs a bundle's ``runs.csv`` records (none when there is no such file)."""
+    try:
+        with (bundle / "runs.csv").open(newline="") as handle:
+            return {row["run"] for row in csv.DictReader(handle) if row.get("run")}
+    except FileNotFoundError:
+        return set()
+
+
+def check_not_older(out: Path, published: Path, repo: Path) -> None:
+    """Refuse to let ``out/bundle`` replace a published bundle that records runs it lacks."""
+    lacking = run_names(published) - run_names(out / "bundle")
+    if lacking:
+        raise UserError(f"lane: {out / 'bundle'} lacks {len(lacking)} run(s) that {published.relative_to(repo)} "
+                        f"records (e.g. {sorted(lacking)[0]}): it is older than the committed bundle, and syncing it "
+                        f"would drop them. Move {out / 'bundle'} away; the lane then resumes from the committed one.")
 
 
 def sync_bundle(out: Path, published: Path) -> bool:
@@ -76,21 +103,21 @@ def sync_bundle(out: Path, published: Path) -> bool:
     return True
 
 
-def commit_bundle(repo: Path, published: Path, name: str) -> bool:
-    """Commit ``published`` alone when it changed -> whether a commit was made."""
+def commit_bundle(repo: Path, published: Path, name: str) -> str:
+    """Commit ``published`` alone when it changed -> COMMITTED, UNCHANGED or FAILED (git stayed busy)."""
     path = str(published.relative_to(repo))
     if not git(repo, "status", "--porcelain", "--", path).stdout.strip():
-        return False
+        return UNCHANGED
     for attempt in range(COMMIT_TRIES):
         added = git(repo, "add", "-A", "--", path, check=False)
         done = added.returncode == 0 and git(
             repo, "commit", "-q", "-m", f"results: {name} bundle as runs finish (lane)", "--", path,
             check=False).returncode == 0
         if done:
-            return True
+            return COMMITTED
         time.sleep(2 + 3 * attempt)
     print(f"lane {name}: could not commit {path} (git busy?); the next sync tries again", file=sys.stderr)
-    return False
+    return FAILED
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -108,14 +135,42 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if not command or not command[0].endswith(".py"):
         raise UserError("lane: give the campaign command after --, starting with its script "
                         "(e.g. -- scripts/reproduce.py --protocol fair ...).")
+    script = Path(command[0])
+    if script.is_absolute() or ".." in script.parts:
+        raise UserError(f"lane: {command[0]}: name the script by its path inside the checkout (scripts/...), so "
+                        "that the frozen copy runs, not the live file.")
     if "--out" in command:
         raise UserError("lane: leave --out out of the command; the lane runs it with --out WORK/NAME/out.")
     if args.every <= 0:
         raise UserError(f"lane: --every {args.every:g}: give a positive number of seconds.")
-    if "/" in args.name or args.name.startswith("."):
-        raise UserError(f"lane: --name {args.name!r}: one folder name under results/ (no '/').")
+    if not NAME.fullmatch(args.name):
+        raise UserError(f"lane: --name {args.name!r}: one folder name under results/ (letters, digits, _ . -).")
     args.command = command
     return args
+
+
+def _child_setup() -> None:
+    """In the campaign's process before it starts: SIGINT back to its default (a shell starts background jobs
+    with it ignored, and SIGINT is the campaign's clean stop), and SIGINT when the lane dies (Linux)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGINT)
+
+
+def stop_campaign(child: subprocess.Popen) -> None:
+    """SIGINT to the campaign's process group, SIGTERM if it is still there after ``STOP_GRACE_SECONDS``."""
+    for signum, grace in ((signal.SIGINT, STOP_GRACE_SECONDS), (signal.SIGTERM, 30)):
+        if child.poll() is not None:
+            return
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,54 +178,81 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path(args.repo).resolve()
     if not (repo / ".git").exists():
         raise UserError(f"lane: {repo} is not a git checkout; a lane commits its bundle there.")
+    published = repo / "results" / args.name / "bundle"
+    for path in (published.parent, published):
+        if path.exists() and not path.is_dir():
+            raise UserError(f"lane: {path} is a file; the lane publishes a bundle folder there. Move it away.")
     work = Path(args.work or os.environ.get("MTL_COG_LANES") or Path.home() / ".cache" / "mtl_cog" / "lanes")
     lane = (work / args.name).resolve()
+    lane.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lane / "lane.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise UserError(f"lane: another lane named {args.name} is running on {lane} ({lane / 'lane.lock'}).") from None
+    try:
+        return run_lane(args, repo, lane, published)
+    finally:
+        lock.release()
+
+
+def run_lane(args: argparse.Namespace, repo: Path, lane: Path, published: Path) -> int:
     code, out = lane / "code", lane / "out"
-    published = repo / "results" / args.name / "bundle"
-    commit = freeze_code(repo, code)
-    if git(repo, "status", "--porcelain", "--untracked-files=no", "--", "mtl_cog", "configs", "scripts").stdout:
+    commit = git(repo, "rev-parse", "HEAD").stdout.strip()
+    freeze_code(repo, commit, code)
+    if git(repo, "status", "--porcelain", "--", "mtl_cog", "configs", "scripts").stdout.strip():
         print(f"lane {args.name}: uncommitted changes in mtl_cog/, configs/ or scripts/ are not in the frozen "
               f"code ({commit[:10]}); commit them first if the campaign needs them", file=sys.stderr)
-    if not (out / "bundle").is_dir() and published.is_dir():
+    if (out / "bundle").is_dir():
+        check_not_older(out, published, repo)
+    elif published.is_dir():
         out.mkdir(parents=True, exist_ok=True)
         shutil.copytree(published, out / "bundle")
         print(f"lane {args.name}: resuming from the committed bundle {published.relative_to(repo)}")
     script = code / args.command[0]
     if not script.is_file():
         raise UserError(f"lane: {args.command[0]} is not a script of the checkout (looked in {code}).")
-    env = {**os.environ, "PYTHONPATH": str(code) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    # SIGINT is the campaign's clean stop (runs save their state, trials in flight are asked again later); a
-    # shell starts background jobs with SIGINT ignored, and the child would inherit that: restore the default.
+    env = {**os.environ, "PYTHONPATH": str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "MTL_COG_CODE_COMMIT": commit[:12]}
     child = subprocess.Popen([sys.executable, str(script), *args.command[1:], "--out", str(out)], cwd=code, env=env,
-                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             start_new_session=True, preexec_fn=_child_setup)
     print(f"lane {args.name}: running {' '.join(args.command)} from {commit[:10]} (pid {child.pid}); "
-          f"bundle committed to {published.relative_to(repo)} every {args.every:g} s")
-
+          f"bundle committed to {published.relative_to(repo)} every {args.every:g} s", flush=True)
     stops = []
 
     def stop(signum: int, _frame: object) -> None:
-        # first SIGINT or SIGTERM: SIGINT to the campaign, whose interrupt handling records what finished;
-        # a second one: SIGTERM, for a campaign that does not stop
+        # first signal: SIGINT to the campaign, whose interrupt handling records what finished; a second: SIGTERM
         stops.append(signum)
         try:
             os.killpg(child.pid, signal.SIGINT if len(stops) == 1 else signal.SIGTERM)
         except ProcessLookupError:
             pass
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop)
-    while True:
-        try:
-            code_now = child.wait(timeout=args.every)
-        except subprocess.TimeoutExpired:
-            code_now = None
-        if sync_bundle(out, published):
-            commit_bundle(repo, published, args.name)
-        if code_now is not None:
-            print(f"lane {args.name}: the command ended with exit code {code_now}; bundle synced")
-            if code_now:  # the campaign's exit code is the lane's (killed by signal N: 128 + N, as a shell says)
-                raise SystemExit(code_now if code_now > 0 else 128 - code_now)
-            return 0
+    last = UNCHANGED
+    try:
+        while True:
+            try:
+                code_now = child.wait(timeout=args.every)
+            except subprocess.TimeoutExpired:
+                code_now = None
+            check_not_older(out, published, repo)  # another machine may have committed a newer bundle since
+            if sync_bundle(out, published):
+                last = commit_bundle(repo, published, args.name)  # UNCHANGED: nothing left uncommitted
+            if code_now is not None:
+                break
+    except BaseException:
+        stop_campaign(child)  # never leave a campaign running without its lane
+        raise
+    if last == FAILED:
+        raise UserError(f"lane {args.name}: the command ended (exit code {code_now}) but {published.relative_to(repo)} "
+                        f"is NOT committed (git stayed busy); commit it by hand: git add -A {published.parent} && "
+                        f"git commit -- {published.parent}")
+    print(f"lane {args.name}: the command ended with exit code {code_now}; bundle committed", flush=True)
+    if code_now:  # the campaign's exit code is the lane's (killed by signal N: 128 + N, as a shell says)
+        raise SystemExit(code_now if code_now > 0 else 128 - code_now)
+    return 0
 
 
 def cli() -> None:

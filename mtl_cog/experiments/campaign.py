@@ -282,7 +282,13 @@ def interrupted(resume: str) -> SystemExit:
 
 
 def code_commit() -> str:
-    """The commit of the code that ran (``+dirty`` with uncommitted changes), "" outside a git clone."""
+    """The commit of the code that ran (``+dirty`` with uncommitted changes), "" outside a git clone.
+
+    A lane (``mtl-cog lane``) runs a ``git archive`` copy, which has no ``.git``: it names the commit it
+    copied in ``MTL_COG_CODE_COMMIT``.
+    """
+    if os.environ.get("MTL_COG_CODE_COMMIT"):
+        return os.environ["MTL_COG_CODE_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", PACKAGE_PARENT, "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)

@@ -169,9 +169,15 @@ def per_task_gradients(aggregation: Aggregation, losses: torch.Tensor,
                                             retain_graph=True, allow_unused=unused, materialize_grads=unused))
         except RuntimeError:
             aggregation.batched = False
-    rows = [torch.autograd.grad(losses, inputs, grad_outputs=e, retain_graph=True, allow_unused=unused,
-                                materialize_grads=unused) for e in eye]
-    return [torch.stack([row[i] for row in rows]) for i in range(len(inputs))]
+    out: list[torch.Tensor] = []  # filled row by row: a stack of T rows would hold the (T, P) Jacobian twice
+    for t, e in enumerate(eye):
+        row = torch.autograd.grad(losses, inputs, grad_outputs=e, retain_graph=True, allow_unused=unused,
+                                  materialize_grads=unused)
+        if not out:
+            out = [g.new_empty((len(eye), *g.shape)) for g in row]
+        for full, g in zip(out, row):
+            full[t] = g
+    return out
 
 
 def gramian(accelerator: Accelerator, jacobians: list[torch.Tensor], on: str) -> torch.Tensor:
