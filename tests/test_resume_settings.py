@@ -53,3 +53,17 @@ def test_a_change_the_saved_state_cannot_follow_is_refused_before_anything_is_wr
 def test_fewer_epochs_than_already_trained_is_refused(stopped_run):
     with pytest.raises(ConfigError, match="below the 2 epochs"):
         train.main(["--resume", str(stopped_run), "train.epochs=1"])
+
+
+def test_a_run_folder_moved_with_its_campaign_resumes_where_it_lies(stopped_run, tmp_path):
+    """A campaign folder moved (or copied to another machine) passes its new output_dir: the run continues in the
+    folder it was resumed from, and config.yaml / resumes.jsonl record the new location."""
+    import shutil
+
+    moved = tmp_path / "moved" / stopped_run.name
+    shutil.copytree(stopped_run, moved)
+    train.main(["--resume", str(moved), f"output_dir={moved.parent}", "train.epochs=3"])
+    assert (moved / rundir.DONE).exists() and len(_epochs(moved)) == 3
+    assert not (stopped_run / rundir.DONE).exists()  # the old folder untouched
+    history = [json.loads(line) for line in (moved / rundir.RESUMES).read_text().splitlines()]
+    assert history[0]["changed"]["output_dir"]["new"] == str(moved.parent)

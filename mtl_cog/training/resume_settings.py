@@ -37,6 +37,9 @@ APPLIED = {
     "train.epochs", "train.save_every_steps", "train.log_every_steps", "train.nonfinite", "train.eval_batch_size",
     "train.precision", "train.channels_last", "train.compile", "train.images_on_device", "train.dist_timeout_s",
     "tracking", "wandb_project", "wandb_group", "wandb_job_type",
+    # where the run folder lies: a resumed run continues in RUN_DIR whatever output_dir says, so a campaign moved
+    # to another folder (or machine) resumes its unfinished runs there instead of failing them
+    "output_dir",
 }
 
 
