@@ -85,6 +85,7 @@ def test_a_failed_campaign_is_the_lanes_exit_code_and_what_finished_is_still_com
     (["--name", "x", "--", "/abs/scripts/reproduce.py"], "inside the checkout"),
     (["--name", "x", "--", "scripts/../../x.py"], "inside the checkout"),
     (["--name", "x", "--", "scripts/reproduce.py", "--out", "o"], "leave --out out"),
+    (["--name", "x", "--", "scripts/reproduce.py", "--out=o"], "leave --out out"),
     (["--name", "a/b", "--", "scripts/reproduce.py"], "one folder name"),
     (["--name", "x", "--every", "0", "--", "scripts/reproduce.py"], "positive"),
 ])

@@ -139,7 +139,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if script.is_absolute() or ".." in script.parts:
         raise UserError(f"lane: {command[0]}: name the script by its path inside the checkout (scripts/...), so "
                         "that the frozen copy runs, not the live file.")
-    if "--out" in command:
+    if any(arg == "--out" or arg.startswith("--out=") for arg in command):
         raise UserError("lane: leave --out out of the command; the lane runs it with --out WORK/NAME/out.")
     if args.every <= 0:
         raise UserError(f"lane: --every {args.every:g}: give a positive number of seconds.")
