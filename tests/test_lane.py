@@ -16,18 +16,21 @@ from mtl_cog.errors import UserError
 # that it runs from the frozen copy (its own folder is the lane's code/, not the checkout).
 FAKE = '''
 import sys, time, pathlib
-out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+args = sys.argv[1:]
+at = args.index("--out")
+out = pathlib.Path(args[at + 1])
+del args[at:at + 2]
 runs = out / "bundle" / "runs.csv"
 runs.parent.mkdir(parents=True, exist_ok=True)
 before = runs.read_text() if runs.exists() else "run\\n"
 assert pathlib.Path(__file__).resolve().parent.parent.name == "code", __file__
 import os
 (out / "commit.txt").write_text(os.environ.get("MTL_COG_CODE_COMMIT", ""))
-for i in range(int(sys.argv[1])):
-    before += f"{sys.argv[2]}-{i}\\n"
+for i in range(int(args[0])):
+    before += f"{args[1]}-{i}\\n"
     runs.write_text(before)
     time.sleep(0.3)
-sys.exit(int(sys.argv[3]))
+sys.exit(int(args[2]))
 '''
 
 
@@ -178,7 +181,7 @@ def test_one_lane_per_name_and_a_killed_lane_takes_its_campaign_down(repo, tmp_p
                                 "scripts/fake_campaign.py", "1000", "k", "0"], stdout=subprocess.PIPE, text=True)
     campaign = _started(process)
     second = run_lane(repo, tmp_path / "w", "1", "x", "0")
-    assert second.returncode == 2 and "another lane named camp is running" in second.stderr
+    assert second.returncode == 2 and "another lane named camp, or the campaign of one, is running" in second.stderr
     assert _alive(campaign)
     os.kill(process.pid, signal.SIGKILL)  # no handler runs: the kernel tells the campaign (SIGINT)
     process.wait(timeout=30)
@@ -186,6 +189,8 @@ def test_one_lane_per_name_and_a_killed_lane_takes_its_campaign_down(repo, tmp_p
     while _alive(campaign) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(campaign)
+    # the lock went with the campaign (it held the lane's descriptor): a new lane of that name runs
+    assert run_lane(repo, tmp_path / "w", "1", "z", "0").returncode == 0
 
 
 def test_a_campaign_run_from_a_lane_records_the_lanes_commit(monkeypatch):

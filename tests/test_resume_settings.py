@@ -67,3 +67,5 @@ def test_a_run_folder_moved_with_its_campaign_resumes_where_it_lies(stopped_run,
     assert not (stopped_run / rundir.DONE).exists()  # the old folder untouched
     history = [json.loads(line) for line in (moved / rundir.RESUMES).read_text().splitlines()]
     assert history[0]["changed"]["output_dir"]["new"] == str(moved.parent)
+    with pytest.raises(ConfigError, match="is not the folder the run lies in"):
+        train.main(["--resume", str(stopped_run), f"output_dir={tmp_path / 'elsewhere'}"])

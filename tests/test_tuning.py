@@ -318,3 +318,5 @@ def test_a_restored_study_prunes_against_the_same_rung_values_as_the_uninterrupt
 def test_rung_values_round_trip_and_an_old_bundle_without_them_restores_none():
     assert tuning.rung_attrs("0.5 0.25") == {"completed_rung_0": 0.5, "completed_rung_1": 0.25}
     assert tuning.rung_attrs("") == tuning.rung_attrs(float("nan")) == tuning.rung_attrs(None) == {}
+    # a trials.csv whose rung_values cells all hold one value is read back by pandas as numbers
+    assert tuning.rung_attrs(0.75) == {"completed_rung_0": 0.75}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import ctypes
+import fcntl
 import os
 import re
 import shutil
@@ -42,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
@@ -69,22 +70,26 @@ def freeze_code(repo: Path, commit: str, into: Path) -> None:
         raise UserError(f"lane: git archive {commit[:10]} failed in {repo}.")
 
 
-def run_names(bundle: Path) -> set[str]:
-    """The runs a bundle's ``runs.csv`` records (none when there is no such file)."""
+def run_states(bundle: Path) -> dict[str, str]:
+    """{run: status} of a bundle's ``runs.csv`` (empty when there is no such file)."""
     try:
         with (bundle / "runs.csv").open(newline="") as handle:
-            return {row["run"] for row in csv.DictReader(handle) if row.get("run")}
+            return {row["run"]: row.get("status", "") for row in csv.DictReader(handle) if row.get("run")}
     except FileNotFoundError:
-        return set()
+        return {}
 
 
 def check_not_older(out: Path, published: Path, repo: Path) -> None:
-    """Refuse to let ``out/bundle`` replace a published bundle that records runs it lacks."""
-    lacking = run_names(published) - run_names(out / "bundle")
+    """Refuse to let ``out/bundle`` replace a published bundle that records runs it lacks, or a run finished
+    (``done``) that it has in another state (failed or pruned here, finished on another machine)."""
+    mine = run_states(out / "bundle")
+    lacking = {run for run, status in run_states(published).items()
+               if run not in mine or (status == "done" and mine[run] != "done")}
     if lacking:
-        raise UserError(f"lane: {out / 'bundle'} lacks {len(lacking)} run(s) that {published.relative_to(repo)} "
-                        f"records (e.g. {sorted(lacking)[0]}): it is older than the committed bundle, and syncing it "
-                        f"would drop them. Move {out / 'bundle'} away; the lane then resumes from the committed one.")
+        raise UserError(f"lane: {out / 'bundle'} lacks {len(lacking)} run(s) (or their finished state) that "
+                        f"{published.relative_to(repo)} records (e.g. {sorted(lacking)[0]}): it is older than the "
+                        f"committed bundle, and syncing it would drop them. Move {out / 'bundle'} away; the lane "
+                        "then resumes from the committed one.")
 
 
 def sync_bundle(out: Path, published: Path) -> bool:
@@ -155,7 +160,10 @@ def _child_setup() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
+        parent = os.getppid()
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGINT)
+        if os.getppid() != parent:  # the lane died before prctl took effect
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def stop_campaign(child: subprocess.Popen) -> None:
@@ -185,18 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or os.environ.get("MTL_COG_LANES") or Path.home() / ".cache" / "mtl_cog" / "lanes")
     lane = (work / args.name).resolve()
     lane.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lane / "lane.lock"))
+    # The lock is an flock on a descriptor the campaign inherits (pass_fds): it is held until the lane *and* its
+    # campaign are gone, so a lane restarted while a killed lane's campaign still stops cleanly is refused.
+    lock = os.open(lane / "lane.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise UserError(f"lane: another lane named {args.name} is running on {lane} ({lane / 'lane.lock'}).") from None
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        raise UserError(f"lane: another lane named {args.name}, or the campaign of one, is running on {lane} "
+                        f"({lane / 'lane.lock'}).") from None
     try:
-        return run_lane(args, repo, lane, published)
+        return run_lane(args, repo, lane, published, lock)
     finally:
-        lock.release()
+        os.close(lock)
 
 
-def run_lane(args: argparse.Namespace, repo: Path, lane: Path, published: Path) -> int:
+def run_lane(args: argparse.Namespace, repo: Path, lane: Path, published: Path, lock: int) -> int:
     code, out = lane / "code", lane / "out"
     commit = git(repo, "rev-parse", "HEAD").stdout.strip()
     freeze_code(repo, commit, code)
@@ -214,8 +226,9 @@ def run_lane(args: argparse.Namespace, repo: Path, lane: Path, published: Path) 
         raise UserError(f"lane: {args.command[0]} is not a script of the checkout (looked in {code}).")
     env = {**os.environ, "PYTHONPATH": str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "MTL_COG_CODE_COMMIT": commit[:12]}
-    child = subprocess.Popen([sys.executable, str(script), *args.command[1:], "--out", str(out)], cwd=code, env=env,
-                             start_new_session=True, preexec_fn=_child_setup)
+    # --out right after the script: after a "--" in the command it would be read as an override
+    child = subprocess.Popen([sys.executable, str(script), "--out", str(out), *args.command[1:]], cwd=code, env=env,
+                             start_new_session=True, preexec_fn=_child_setup, pass_fds=(lock,))
     print(f"lane {args.name}: running {' '.join(args.command)} from {commit[:10]} (pid {child.pid}); "
           f"bundle committed to {published.relative_to(repo)} every {args.every:g} s", flush=True)
     stops = []

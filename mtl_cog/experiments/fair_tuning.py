@@ -134,6 +134,10 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
         if row["state"] in ("running", "waiting"):  # asked, not finished: asked again
             study.enqueue_trial(params, user_attrs=retry_attrs or {tuning.RETRY_OF: int(row["trial"])}
                                 if row["state"] == "running" else retry_attrs)
+            # the rungs it passed before (a heartbeat retry inherits its dead trial's): not judged there again
+            enqueued = study.get_trials(deepcopy=False)[-1]
+            for key, value in tuning.rung_attrs(row.get("rung_values")).items():
+                study._storage.set_trial_system_attr(enqueued._trial_id, key, value)
             continue
         reason = row.get("reason")
         attrs = {"overrides": row["overrides"], "run": row["run"],
@@ -416,6 +420,9 @@ def work(argv: list[str] | None = None) -> int:
     while tuning.has_work(study, args.budget):
         tuning.reseed(study, args.sampler_seed, args.budget)
         study.optimize(objective, n_trials=1)
+        if args.bundle_out is not None:  # record() ran inside the trial, before Optuna stored its end: rewrite now
+            bundles_trials(args.bundle_out, args.study, pd.DataFrame(tuning.trials_table(spec, tuning.result(
+                study, args.budget))))
     outcome = tuning.result(study, args.budget)
     if args.bundle_out is not None:
         bundles_trials(args.bundle_out, args.study, pd.DataFrame(tuning.trials_table(spec, outcome)))

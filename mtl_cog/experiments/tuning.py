@@ -331,7 +331,10 @@ def rung_values(trial: FrozenTrial) -> str:
 
 
 def rung_attrs(text: object) -> dict[str, float]:
-    """``rung_values`` read back as system attributes (an empty or missing cell: none)."""
+    """``rung_values`` read back as system attributes (an empty or missing cell: none; a column whose cells all
+    hold one value is read by pandas as numbers)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return {} if math.isnan(text) else {RUNG_KEY.format(0): float(text)}
     if not isinstance(text, str) or not text.strip():
         return {}
     return {RUNG_KEY.format(k): float(v) for k, v in enumerate(text.split())}

@@ -111,6 +111,10 @@ def plan_resume(run_dir: Path, cfg: Config, saved: Config | None = None) -> Resu
     """
     saved = saved if saved is not None else load_config(run_dir / rundir.CONFIG)
     changes = changed_settings(saved, cfg)
+    if "output_dir" in changes and Path(str(changes["output_dir"][1])).resolve() != Path(run_dir).resolve().parent:
+        raise ConfigError(f"--resume {run_dir}: output_dir={changes['output_dir'][1]} is not the folder the run lies "
+                          f"in; give output_dir={Path(run_dir).resolve().parent} (a run moved with its campaign) or "
+                          "leave it out.")
     progress = read_progress(run_dir / rundir.STATE)
     next_epoch = progress.epoch if progress is not None else 1
     check_changes(changes, next_epoch)
