@@ -348,6 +348,11 @@ class Collector:
     def labels_of(self, p: Planned) -> dict:
         return {"run": p.spec.run, "campaign": self.campaign.name, "config_digest": p.digest, **p.spec.labels.row()}
 
+    def unfinished_row(self, p: Planned, status: str, reason: str) -> dict:
+        """The runs.csv row of a run that failed or was pruned, with the versions and commit that ran it."""
+        return {**failed_row(self.labels_of(p), status, reason), "versions": versions_text(self.env),
+                "commit": self.commit}
+
     def update(self, change) -> None:
         """Apply ``change(bundle)`` to the bundle on disk and write it back (under the lock)."""
         output_folder(self.campaign.out, "--out")
@@ -378,7 +383,7 @@ class Collector:
                 continue
             row.update(versions=versions_text(self.env), commit=self.commit)
             rows.append((row, results, curves))
-        failures = [failed_row(self.labels_of(self.planned[n]), "failed", reason)
+        failures = [self.unfinished_row(self.planned[n], "failed", reason)
                     for n, reason in (failed or {}).items()]
         if rows or failures:
             def change(bundle: bundles.Bundle) -> None:

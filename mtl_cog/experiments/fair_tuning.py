@@ -44,7 +44,6 @@ from mtl_cog.experiments.launcher import LocalLauncher, RunJob, python_module_co
 from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state, validation_scores
 from mtl_cog.io import output_folder
 from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.bundle_rows import failed_row
 from mtl_cog.reporting.trajectories import read_metrics_lines
 from mtl_cog.runs import rundir
 from mtl_cog.training import fit
@@ -370,7 +369,7 @@ def work(argv: list[str] | None = None) -> int:
         driver_campaign = campaign.Campaign(args.campaign, args.bundle_out, [s for s, _ in specs], command=[])
         collector = campaign.Collector(driver_campaign, planned)
         if status:
-            collector.update(lambda b: [b.add_run(failed_row(collector.labels_of(p), status, reason),
+            collector.update(lambda b: [b.add_run(collector.unfinished_row(p, status, reason),
                                                   pd.DataFrame(columns=bundles.RESULT_COLUMNS),
                                                   pd.DataFrame(columns=bundles.CURVE_COLUMNS)) for p in planned
                                         if not (p.spec.run_dir / rundir.DONE).is_file()])

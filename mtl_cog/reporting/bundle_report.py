@@ -193,7 +193,8 @@ def convergence(bundle: Bundle) -> pd.DataFrame:
         rows.append({"role": run.role, "data": run.data, "draw": "" if pd.isna(run.draw) else str(run.draw),
                      "method": run.method, "run": run.run,
                      "converged": None if result is None else result.converged,
-                     "calibrator_move": None if result is None else result.calibrator_move,
+                     "calibrator_move": np.nan if result is None or result.calibrator_move is None
+                     else float(result.calibrator_move),
                      "why_not": "" if result is None else result.why_not()})
     return pd.DataFrame(rows)
 
