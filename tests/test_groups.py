@@ -101,7 +101,7 @@ def test_unknown_or_repeated_group_is_refused_with_a_suggestion():
 def test_multicalibration_smece_is_relplots_smece_of_each_group():
     """Each group's smECE at its own kernel width (relplot.smECE of the group's rows), not the split's:
     on data where a small group is calibrated differently, the two widths differ and so do the values."""
-    relplot = pytest.importorskip("relplot")
+    import relplot  # a dependency of the project (pyproject.toml): its absence is a failure, not a skip
     rng = np.random.default_rng(7)
     n = 3000
     small = rng.random(n) < 0.08  # an 8 % group, overconfident

@@ -134,16 +134,18 @@ def _digest_settings(cfg: Config, ignored: tuple[str, ...]) -> dict:
             if not any(k == i or k.startswith(f"{i}.") for i in ignored) and (k not in defaults or defaults[k] != v)}
 
 
+def _short_hash(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def config_digest(cfg: Config) -> str:
     """A short hash of every setting that makes the run what it is (not where it lies or reports)."""
-    settings = _digest_settings(cfg, DIGEST_IGNORED)
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _short_hash(_digest_settings(cfg, DIGEST_IGNORED))
 
 
 def setting_digest(cfg: Config) -> str:
     """The config digest without the seed and the run's name: runs of one setting share it."""
-    settings = _digest_settings(cfg, (*DIGEST_IGNORED, "seed", "run_name"))
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _short_hash(_digest_settings(cfg, (*DIGEST_IGNORED, "seed", "run_name")))
 
 
 def _arm(labels: dict) -> tuple:

@@ -374,8 +374,6 @@ def work(argv: list[str] | None = None) -> int:
                                                   pd.DataFrame(columns=bundles.CURVE_COLUMNS)) for p in planned
                                         if not (p.spec.run_dir / rundir.DONE).is_file()])
         collector.collect([p.spec.run for p in planned])
-        outcome = tuning.result(study, args.budget)
-        bundles_trials(args.bundle_out, args.study, pd.DataFrame(tuning.trials_table(spec, outcome)))
 
     def objective(trial: optuna.Trial) -> float:
         setting = protocol.resolve(tuning.suggest(trial, knobs))
@@ -416,15 +414,18 @@ def work(argv: list[str] | None = None) -> int:
             raise
         return value
 
+    def write_trials() -> None:
+        """The study's rows of trials.csv, written after Optuna stored each trial's end (record() runs inside the
+        trial, where the trial still reads "running")."""
+        if args.bundle_out is not None:
+            bundles_trials(args.bundle_out, args.study,
+                           pd.DataFrame(tuning.trials_table(spec, tuning.result(study, args.budget))))
+
+    write_trials()  # a restored or already finished study: its rows as they stand
     while tuning.has_work(study, args.budget):
         tuning.reseed(study, args.sampler_seed, args.budget)
         study.optimize(objective, n_trials=1)
-        if args.bundle_out is not None:  # record() ran inside the trial, before Optuna stored its end: rewrite now
-            bundles_trials(args.bundle_out, args.study, pd.DataFrame(tuning.trials_table(spec, tuning.result(
-                study, args.budget))))
-    outcome = tuning.result(study, args.budget)
-    if args.bundle_out is not None:
-        bundles_trials(args.bundle_out, args.study, pd.DataFrame(tuning.trials_table(spec, outcome)))
+        write_trials()
     return 0
 
 
