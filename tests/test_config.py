@@ -41,6 +41,21 @@ def test_bad_values_are_refused_with_the_key(override, fragment):
     assert fragment in str(err.value)
 
 
+def test_yaml_boolean_words_on_a_command_line_are_the_words(tmp_path):
+    # train.precision=no is the documented way to ask for fp32; YAML 1.1 would read it as False
+    cfg = load_config(f"{CONFIGS}/synthetic/cog_fc.yaml", ["train.precision=bf16", "train.precision=no"])
+    assert cfg.train.precision == "no"
+    assert load_config(None, ["train.channels_last=true"]).train.channels_last is True
+    with pytest.raises(ConfigError, match="train.channels_last must be true or false. Got 'yes'"):
+        load_config(None, ["train.channels_last=yes"])
+    unquoted = tmp_path / "fp32.yaml"
+    unquoted.write_text("train:\n  precision: no\n")
+    with pytest.raises(ConfigError, match="quote the word"):
+        load_config(unquoted)
+    unquoted.write_text("train:\n  precision: 'no'\n")
+    assert load_config(unquoted).train.precision == "no"
+
+
 def test_leader_lr_geq_follower_allowed_explicitly():
     cfg = load_config(None, ["optim.leader_lr=1e-2", "optim.allow_leader_lr_geq_follower=true"])
     assert cfg.optim.leader_lr == 1e-2

@@ -151,6 +151,10 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = _safe_load(text, f"override {item!r}") if text.strip() else ""
     except yaml.YAMLError:
         value = text  # not YAML: the text itself is the (string) value
+    if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
+        # YAML 1.1 reads yes/no/on/off as booleans: train.precision=no would be False, not the setting "no".
+        # On a command line only true/false are booleans; a bool key given "yes" is refused by its type check.
+        value = text.strip()
     return key, value
 
 
@@ -233,6 +237,9 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a finite number. Got {value!r}.")
         return number
     if hint is str:
+        if isinstance(value, bool):  # a YAML file's unquoted no/yes/on/off
+            raise ConfigError(f"{key} must be a string. Got {value!r}: YAML reads an unquoted no, yes, on or off "
+                              f"as a boolean; quote the word in the file ('no').")
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string. Got {value!r}.")
         return value
