@@ -8,7 +8,7 @@ A bundle (``OUT/bundle`` of a sweep, leader curve or reproduction; ``mtl_cog/rep
 holds every run's labels, task-level results at the selected checkpoint and per-epoch curves; no
 run folder is read. Written to ``--out``: ``<table>.csv`` and ``<table>.md`` for each table
 (``mtl_cog/reporting/bundle_report.py``: summary, paired, verdicts, chosen, convergence, curve,
-curve_paired) and ``report.md`` with all of them.
+curve_paired, sweep_settings, sweep_paired) and ``report.md`` with all of them.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ disagrees with its bundle).
   ``exercised`` is false where it stayed within 1 % of the identity (then the method was not tested at this
   budget, and the summary says so instead of ranking it);
 - ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs;
+- ``sweep_settings`` / ``sweep_paired``: a sweep's settings over its seeds, each against the grid's first
+  (``reporting/sweep_report.py``);
 - ``claims``: the COG paper's qualitative claims (``PAPER_CLAIMS``), each a paired comparison of final
   runs, marked per metric *supported* / *contradicted* / *inconclusive at this scale* when both draws
   agree, **depends on the tuning draw** when they do not, *not tested at this budget* where a learned
@@ -45,6 +47,7 @@ from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
 from mtl_cog.reporting.html_report import ReportTables, write_html_report
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
 from mtl_cog.reporting.paired import COUNTERPART, INCONCLUSIVE, PAIRED_METRICS, VARIANT, paired_differences
+from mtl_cog.reporting.sweep_report import sweep_paired, sweep_settings
 from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.reporting.trajectories import convergence_of_curves
 
@@ -333,7 +336,8 @@ def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
               "paired": pair, "verdicts": verdicts(pair), "claims": claims(bundle, calibrator_table),
               "chosen": chosen_table, "draw_choices": draw_choices(chosen_table),
               "convergence": convergence_counts(conv), "convergence_runs": conv,
-              "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair}
+              "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair,
+              "sweep_settings": sweep_settings(bundle), "sweep_paired": sweep_paired(bundle)}
     return {name: frame for name, frame in tables.items() if not frame.empty}
 
 
