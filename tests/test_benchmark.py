@@ -94,6 +94,34 @@ def test_step_ratio_times_the_library_step_for_each_named_method(monkeypatch):
         assert result[f"{method}_step_ratio"] == pytest.approx(median[method] / median["baseline"])
 
 
+def test_speed_options_time_each_precision_and_layout_as_a_run_would(monkeypatch):
+    from mtl_cog.benchmarks import speed_options
+    from mtl_cog.training.accelerator import create_accelerator
+
+    seen = {}  # what the first convolution of each trainee computes in: the setting must have taken effect
+    original = speed_options.build_trainee
+
+    def recording(accelerator, cfg, layout, seed=None):
+        trainee = original(accelerator, cfg, layout, seed=seed)
+        name = speed_options.label(cfg.train.precision, cfg.train.channels_last)
+        conv = next(m for m in trainee.network.modules() if isinstance(m, torch.nn.Conv2d))
+        def record(module, args, out, name=name) -> None:  # returns None: the output stays the conv's
+            seen.setdefault(name, (out.dtype, args[0].is_contiguous(memory_format=torch.channels_last)))
+
+        conv.register_forward_hook(record)
+        return trainee
+
+    monkeypatch.setattr(speed_options, "build_trainee", recording)
+    result = speed_options.measure_speed_options(TINY, METHODS_DIR, steps=2, warmup=1)["speed_options"]
+    names = ["fp32", "fp32+channels_last", "bf16", "bf16+channels_last"]
+    assert list(result["median_step_seconds"]) == names
+    assert seen == {"fp32": (torch.float32, False), "fp32+channels_last": (torch.float32, True),
+                    "bf16": (torch.bfloat16, False), "bf16+channels_last": (torch.bfloat16, True)}
+    median = result["median_step_seconds"]
+    assert result["speedup"] == pytest.approx({n: median["fp32"] / median[n] for n in names})
+    assert create_accelerator(None, "no").mixed_precision == "no"  # the next section gets its own state
+
+
 def test_step_ratio_builds_each_method_from_its_config():
     cfg = method_config(METHODS_DIR, "cog_tst", TINY)
     assert cfg.model.head == "mlp" and cfg.method.leader == ["heads"]  # from the method file

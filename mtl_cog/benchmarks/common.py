@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import TypeVar
 import torch
 
 from mtl_cog.config import Config, load_config
+from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.task_api import SplitData, TaskSpec
 from mtl_cog.errors import ConfigError
 from mtl_cog.training.preflight import check_registered_names
@@ -114,6 +116,37 @@ def timed(device: torch.device, work: Callable[[], T]) -> tuple[float, T]:
     result = work()
     sync(device)
     return time.perf_counter() - start, result
+
+
+BATCHES = 4  # distinct batches cycled through by an interleaved measurement (the same for every trainee)
+
+
+def interleaved_step_times(trainees: dict, workload: Workload, steps: int, warmup: int) -> dict[str, float]:
+    """Median seconds of one training step (crop + flip augmentation, then ``Trainee.step``) of each trainee.
+
+    Every trainee runs the same ``BATCHES`` batches of 40 binary tasks; the steps are interleaved and the
+    order rotates every step, so that load from other processes (or clock changes) hits all of them alike.
+    The first ``warmup`` rounds are not timed.
+    """
+    device = next(iter(trainees.values())).accelerator.device
+    spec = binary_spec(NUM_TASKS, pad_crop=workload.image_size // 8)  # crop + flip: the heaviest augmentation
+    transform = BatchTransform(spec, train=True, device=device)
+    data = random_split(workload.batch_size * BATCHES, workload.image_size, NUM_TASKS, seed=1)
+    generator = torch.Generator().manual_seed(0)
+    names = list(trainees)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for step in range(warmup + steps):
+        idx = torch.arange(workload.batch_size) + (step % BATCHES) * workload.batch_size
+        shift = step % len(names)
+        for name in names[shift:] + names[:shift]:  # rotate who goes first
+            def one_step(name: str = name, idx: torch.Tensor = idx) -> torch.Tensor:
+                images = transform(data.images[idx].to(device, non_blocking=True), generator)
+                return trainees[name].step(images, data.labels[idx].to(device, non_blocking=True))
+
+            seconds, _ = timed(device, one_step)
+            if step >= warmup:
+                times[name].append(seconds)
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def peak_rss_bytes() -> int:

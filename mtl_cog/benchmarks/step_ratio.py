@@ -28,7 +28,6 @@ with ``batch_dim`` and is slower without it (docs/mtl.md, "Cost"). The timed ste
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import torch
@@ -38,12 +37,12 @@ from mtl_cog.benchmarks.common import (
     NUM_TASKS,
     Workload,
     binary_spec,
+    interleaved_step_times,
     method_config,
     random_split,
     timed,
 )
 from mtl_cog.data.batches import BatchTransform
-from mtl_cog.data.task_api import SplitData
 from mtl_cog.errors import ConfigError
 from mtl_cog.training.accelerator import create_accelerator
 from mtl_cog.training.trainee import Trainee, build_trainee
@@ -52,7 +51,6 @@ REFERENCE = "baseline"  # every ratio is over standard training's step
 DEFAULT_METHODS = ("baseline", "cog_fc", "cog_ts")
 STEP_RATIO_TARGETS = {"cog_fc": 1.03, "cog_ts": 1.03}
 OTHER_METHOD_TARGET = 1.10
-BATCHES = 4  # distinct batches cycled through (the same for every method)
 
 
 AGGREGATOR_TARGET = 1.30  # an aggregator on the shared features (heuristic): one Jacobian through the heads
@@ -86,26 +84,11 @@ def measure_step_ratios(workload: Workload, methods_dir: Path, methods: list[str
     configs = {m: method_config(methods_dir, m, workload) for m in names}  # unknown names fail before any work
     accelerator = create_accelerator(None, workload.precision)
     device = accelerator.device
-    spec = binary_spec(NUM_TASKS, pad_crop=workload.image_size // 8)  # crop + flip: the heaviest augmentation
+    spec = binary_spec(NUM_TASKS)
     trainees = {m: build_trainee(accelerator, cfg, spec.layout, seed=0) for m, cfg in configs.items()}
-    transform = BatchTransform(spec, train=True, device=device)
-    data = random_split(workload.batch_size * BATCHES, workload.image_size, NUM_TASKS, seed=1)
-    generator = torch.Generator().manual_seed(0)
-    times: dict[str, list[float]] = {m: [] for m in names}
-    for step in range(warmup + steps):
-        idx = torch.arange(workload.batch_size) + (step % BATCHES) * workload.batch_size
-        shift = step % len(names)
-        for method in names[shift:] + names[:shift]:  # rotate who goes first
-            def one_step(method: str = method, idx: torch.Tensor = idx) -> torch.Tensor:
-                images = transform(data.images[idx].to(device, non_blocking=True), generator)
-                return trainees[method].step(images, data.labels[idx].to(device, non_blocking=True))
-
-            seconds, _ = timed(device, one_step)
-            if step >= warmup:
-                times[method].append(seconds)
-    median = {m: statistics.median(t) for m, t in times.items()}
+    median = interleaved_step_times(trainees, workload, steps, warmup)
     profiled = [m for m in ("cog_ts", names[-1]) if m in trainees][0]
-    top_ops = profile_top_ops(trainees[profiled], transform, data, workload.batch_size, profile_steps)
+    top_ops = profile_top_ops(trainees[profiled], workload, profile_steps)
     result = {
         "median_step_seconds": median,
         "step_ratio_targets": {m: step_ratio_target(m) for m in names if m != REFERENCE},
@@ -118,11 +101,14 @@ def measure_step_ratios(workload: Workload, methods_dir: Path, methods: list[str
     return result
 
 
-def profile_top_ops(trainee: Trainee, transform: BatchTransform, data: SplitData, batch_size: int,
-                    steps: int) -> list | None:
+def profile_top_ops(trainee: Trainee, workload: Workload, steps: int) -> list | None:
     """torch.profiler over ``steps`` steps: the 20 ops with the most self time (None when steps is 0)."""
     if not steps:
         return None
+    spec = binary_spec(NUM_TASKS, pad_crop=workload.image_size // 8)  # the timed steps' augmentation
+    transform = BatchTransform(spec, train=True, device=trainee.accelerator.device)
+    data = random_split(workload.batch_size, workload.image_size, NUM_TASKS, seed=1)
+    batch_size = workload.batch_size
     device = trainee.accelerator.device
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     idx = torch.arange(batch_size)

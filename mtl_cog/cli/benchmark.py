@@ -12,6 +12,8 @@ Sections (each one module of ``mtl_cog/benchmarks/``; ``--skip`` leaves some out
   (``<method>_step_ratio``; target <= 1.03 for COG-FC / COG-TS, <= 1.10 for others, <= 1.30 for
   a method under a multi-task aggregator, ``--method baseline+upgrad,baseline+mgda``), and the
   baseline's training ``images_per_s``;
+- ``speed_options``: the baseline's step under fp32 / bf16 (/ fp16 on CUDA) x NCHW / channels_last,
+  side by side: each combination's ``speedup`` over fp32-NCHW on this machine;
 - ``throughput``: training images/s of each ``--throughput-backbones`` backbone;
 - ``loader``: the cached data pipeline's images/s over a torchvision + PIL DataLoader on a
   CelebA-format JPEG folder (``loader_speedup``; target >= 30);
@@ -44,6 +46,7 @@ from mtl_cog.benchmarks.common import CELEBA_SPLITS, Workload, method_config, pe
 from mtl_cog.benchmarks.epoch_check import epoch_check
 from mtl_cog.benchmarks.eval_cost import measure_eval
 from mtl_cog.benchmarks.loader import MIN_JPEG_IMAGES, measure_loader
+from mtl_cog.benchmarks.speed_options import measure_speed_options
 from mtl_cog.benchmarks.step_ratio import DEFAULT_METHODS, measure_step_ratios, methods_to_time, ratio_key
 from mtl_cog.benchmarks.throughput import measure_throughput
 from mtl_cog.cli.paths import CONFIGS
@@ -53,7 +56,7 @@ from mtl_cog.io import atomic_write_json
 from mtl_cog.models.network import check_backbone
 
 METHODS_DIR = CONFIGS / "methods"
-SECTIONS = ("steps", "throughput", "loader", "calibrated", "eval", "memory")
+SECTIONS = ("steps", "speed_options", "throughput", "loader", "calibrated", "eval", "memory")
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ def sections(args: argparse.Namespace, workload: Workload, work: Path) -> dict[s
     return {
         "steps": lambda: measure_step_ratios(workload, METHODS_DIR, args.method, args.steps or sizes.steps,
                                              sizes.warmup, args.profile),
+        "speed_options": lambda: measure_speed_options(workload, METHODS_DIR, args.steps or sizes.steps, sizes.warmup),
         "throughput": lambda: {"throughput": [
             measure_throughput(workload.with_backbone(b), METHODS_DIR, sizes.throughput_steps)
             for b in throughput_backbones(args)]},
@@ -230,6 +234,11 @@ def format_table(result: dict) -> str:
         ips = result["images_per_s"]
         rows.append(f"{'images_per_s':32s} {ips['value']:10.1f}   {ips['backbone']} @{ips['image_size']}px "
                     f"batch {ips['batch_size']} on {ips['device']}")
+    if "speed_options" in result:
+        so = result["speed_options"]
+        for name, value in so["speedup"].items():
+            rows.append(f"{'speedup ' + name:32s} {value:10.3f}   over fp32, {so['backbone']} @{so['image_size']}px "
+                        f"batch {so['batch_size']} on {so['device']}")
     for item in result.get("throughput", []):
         rows.append(f"{'images_per_s':32s} {item['value']:10.1f}   {item['backbone']} @{item['image_size']}px")
     if "cache_memory" in result:
