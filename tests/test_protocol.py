@@ -268,6 +268,16 @@ def test_cpu_estimate_counts_tasks_and_the_second_stage():
     assert "CPU core" in estimate.source
 
 
+@pytest.mark.parametrize("size, options, speed", [
+    (16, [], 1.0), (16, ["train.precision=bf16", "train.channels_last=true"], 1.70),
+    (32, ["train.precision=bf16", "train.channels_last=true"], 2.16), (28, ["train.channels_last=true"], 1.44)])
+def test_a_cpu_estimate_counts_the_measured_speed_options(size, options, speed):
+    cfg = load_config(REPO / "configs" / "fashion_mnist" / "baseline.yaml", [f"data.image_size={size}", *options])
+    rate, source, on_cpu = gpu_time.training_rate(cfg, None)
+    assert on_cpu and rate == pytest.approx(gpu_time.CPU_TINY_RATE * (16 / size) ** 2 * speed)
+    assert ("speed_options" in source) == bool(options)  # the factor names where it was measured
+
+
 def test_a_gpu_check_measurement_replaces_the_defaults_and_scales_with_pixels(tmp_path):
     path = tmp_path / "gpu_check.json"
     path.write_text(json.dumps({"images_per_s": 10_000.0, "backbone": "resnet101", "image_size": 32,

@@ -72,6 +72,12 @@ SCORE_SECONDS_PER_TASK = 0.0057  # scoring one task's validation (every metric, 
 # whose power iterations run every step) 1.15x: 20-epoch digits runs side by side, baseline
 # 29.2 s vs LiST 32.2 s wall, ~8 s of each fixed (start, W&B offline).
 CPU_BACKBONES = {"cog_cnn_tiny": (16, 1.0), "cog_cnn_small": (32, 0.25), "cog_lipschitz_tiny": (16, 0.87)}
+# image size -> {(train.precision, train.channels_last): training-step speed over fp32 NCHW} on a CPU. Measured by
+# the benchmark's speed_options section (`scripts/benchmark.py --backbone cog_cnn_tiny --image-size 16|32
+# --threads 1 --skip steps,throughput,loader,calibrated,eval,memory`, batch 128, lanes paused) on the development
+# machine, an AMD EPYC with AVX-512 BF16; a CPU without bf16 instructions may be slower under bf16 than fp32.
+CPU_SPEED_OPTIONS = {16: {("no", True): 1.32, ("bf16", False): 1.33, ("bf16", True): 1.70},
+                     32: {("no", True): 1.44, ("bf16", False): 1.63, ("bf16", True): 2.16}}
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,15 @@ def training_rate(cfg: Config, measured: Throughput | None) -> tuple[float, str,
     if backbone in CPU_BACKBONES:
         rated_size, relative_speed = CPU_BACKBONES[backbone]
         rate = CPU_TINY_RATE * relative_speed * (rated_size / size) ** 2
-        return rate, f"{backbone}, one CPU core (measured on the 2-core development machine)", True
+        source = f"{backbone}, one CPU core (measured on the 2-core development machine)"
+        options = CPU_SPEED_OPTIONS[min(CPU_SPEED_OPTIONS, key=lambda s: abs(math.log(s / size)))]
+        option_speed = options.get((cfg.train.precision, cfg.train.channels_last), 1.0)
+        if option_speed != 1.0:
+            rate *= option_speed
+            source += (f", x{option_speed:g} for precision {cfg.train.precision}"
+                       f"{' + channels_last' if cfg.train.channels_last else ''} (its AVX-512 BF16 CPU; measure yours: "
+                       "scripts/benchmark.py's speed_options)")
+        return rate, source, True
     key = min(DEFAULT_GPU_RATES, key=lambda k: (k[1] != cfg.model.cifar_stem, abs(math.log(k[0] / size))))
     rate = DEFAULT_GPU_RATES[key] * (key[0] / size) ** 2 * speed
     note = DEFAULT_GPU if backbone == "resnet101" else f"{DEFAULT_GPU}; no rate known for {backbone}, ResNet-101's used"
