@@ -198,3 +198,38 @@ def test_a_campaign_run_from_a_lane_records_the_lanes_commit(monkeypatch):
 
     monkeypatch.setenv("MTL_COG_CODE_COMMIT", "0123456789ab")
     assert campaign.code_commit() == "0123456789ab"
+
+
+def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(repo, tmp_path, capsys):
+    """Every commit of a bundle also holds its docs tables regenerated (a checkout never has docs that disagree
+    with its results); a page with uncommitted edits, or one naming a table the bundle lacks, is left out."""
+    from test_campaign import write_tiny_bundle
+
+    published = repo / "results" / "camp" / "bundle"
+    (repo / "docs").mkdir()
+    page, other = repo / "docs" / "r.md", repo / "docs" / "o.md"
+    page.write_text("prose\n<!-- bundle-table: results/camp/bundle summary -->\nold\n<!-- /bundle-table -->\n")
+    other.write_text("<!-- bundle-table: results/elsewhere/bundle summary -->\nkept\n<!-- /bundle-table -->\n")
+    git(repo, "add", "docs")
+    git(repo, "commit", "-q", "-m", "docs")
+    write_tiny_bundle(published)
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    committed = git(repo, "show", "HEAD:docs/r.md")
+    assert "| cog_ts |" in committed and "old" not in committed and committed.startswith("prose\n")
+    assert git(repo, "show", "HEAD:docs/o.md") == other.read_text()  # another bundle's block untouched
+    assert git(repo, "status", "--porcelain") == ""
+    # a page with edits of its own: the bundle is committed, the page (and its edits) stay out
+    page.write_text(page.read_text() + "an edit in progress\n")
+    (published / "runs.csv").write_text((published / "runs.csv").read_text().replace("synthetic", "synthetiq"))
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert "uncommitted edits" in capsys.readouterr().err
+    assert "an edit in progress" not in git(repo, "show", "HEAD:docs/r.md")
+    assert git(repo, "status", "--porcelain") == " M docs/r.md\n"
+    # a page naming a table the bundle does not have: the bundle goes alone, the page is as committed
+    git(repo, "checkout", "--", "docs/r.md")
+    page.write_text(page.read_text().replace("camp/bundle summary", "camp/bundle curve"))
+    git(repo, "commit", "-q", "-am", "a table the bundle lacks")
+    (published / "runs.csv").write_text((published / "runs.csv").read_text().replace("synthetiq", "synthetic"))
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert "no table 'curve'" in capsys.readouterr().err
+    assert git(repo, "status", "--porcelain") == ""

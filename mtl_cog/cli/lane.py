@@ -21,8 +21,10 @@ what is committed. A lane makes that automatic:
   lane: SIGINT to the campaign, its clean stop; a second signal: SIGTERM; a lane killed outright: the
   campaign gets SIGINT from the kernel), ``out/bundle`` is copied
   (under the campaign's own bundle lock, so never half-written) to ``results/NAME/bundle`` and
-  committed alone (``git commit -- results/NAME/bundle``: nothing else staged is swept in). A lost
-  machine loses only the runs in flight.
+  committed alone (``git commit -- results/NAME/bundle``: nothing else staged is swept in), together with
+  the docs tables made from it (the ``bundle-table`` blocks naming it, regenerated in the same commit, so
+  no commit holds docs that disagree with their bundle; a page with uncommitted edits is left out, with a
+  warning). A lost machine loses only the runs in flight.
 
 Leader-rate curves read the protocol's committed bundle: give ``--protocol-dir`` as an absolute path
 into the checkout's ``results/`` (the frozen copy's ``results/`` is as old as the lane).
@@ -48,6 +50,7 @@ from filelock import FileLock
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
+from mtl_cog.reporting.bundle_report import pages_naming, regenerate_docs
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
 STOP_GRACE_SECONDS = 120  # after SIGINT, how long a campaign may take to record what finished before SIGTERM
@@ -108,15 +111,42 @@ def sync_bundle(out: Path, published: Path) -> bool:
     return True
 
 
+def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
+    """Rewrite the docs tables of ``bundle`` from it -> the pages to commit with it.
+
+    A commit that changes a bundle without the docs tables made from it would leave a checkout whose docs
+    disagree with its results (``tests/test_results_docs.py`` fails on it): a session that ends between a lane's
+    commit and the next regeneration would publish that. A page with uncommitted edits is left alone (committing
+    it would sweep those edits in); the lane says so, and its tables wait for ``scripts/regenerate_docs_tables.py``.
+    """
+    pages = [str(p.relative_to(repo)) for p in pages_naming(repo, bundle)]
+    if not pages:
+        return []
+    dirty = git(repo, "status", "--porcelain", "--", *pages).stdout.strip()
+    if dirty:
+        print(f"lane {name}: {', '.join(pages)} has uncommitted edits; its tables of {bundle} are not regenerated "
+              "(run python scripts/regenerate_docs_tables.py and commit)", file=sys.stderr)
+        return []
+    try:
+        regenerate_docs(repo, only=bundle)
+    except UserError as err:  # e.g. a page names a table the bundle does not have yet: the bundle goes alone
+        print(f"lane {name}: docs tables not regenerated: {err}", file=sys.stderr)
+        git(repo, "checkout", "--", *pages, check=False)  # a half-written page must not be committed
+        return []
+    return pages
+
+
 def commit_bundle(repo: Path, published: Path, name: str) -> str:
-    """Commit ``published`` alone when it changed -> COMMITTED, UNCHANGED or FAILED (git stayed busy)."""
+    """Commit ``published`` (with the docs tables made from it) when it changed -> COMMITTED, UNCHANGED or FAILED
+    (git stayed busy). Nothing else, staged or not, is swept in."""
     path = str(published.relative_to(repo))
     if not git(repo, "status", "--porcelain", "--", path).stdout.strip():
         return UNCHANGED
+    paths = [path, *regenerate_pages(repo, path, name)]
     for attempt in range(COMMIT_TRIES):
-        added = git(repo, "add", "-A", "--", path, check=False)
+        added = git(repo, "add", "-A", "--", *paths, check=False)
         done = added.returncode == 0 and git(
-            repo, "commit", "-q", "-m", f"results: {name} bundle as runs finish (lane)", "--", path,
+            repo, "commit", "-q", "-m", f"results: {name} bundle as runs finish (lane)", "--", *paths,
             check=False).returncode == 0
         if done:
             return COMMITTED

@@ -414,16 +414,26 @@ MARKER = re.compile(r"<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: where
                     r"(?P<body>.*?)<!-- /bundle-table -->", re.DOTALL)
 
 
-def regenerate_docs(root: Path, check: bool = False) -> list[str]:
+def _docs_pages(root: Path) -> list[Path]:
+    return [p for p in sorted([*(root / "docs").rglob("*.md"), root / "README.md"]) if p.is_file()]
+
+
+def pages_naming(root: Path, bundle: str) -> list[Path]:
+    """The docs pages (and README) with a bundle-table block of ``bundle`` (as the markers name it)."""
+    return [p for p in _docs_pages(root) if any(m["bundle"] == bundle for m in MARKER.finditer(p.read_text()))]
+
+
+def regenerate_docs(root: Path, check: bool = False, only: str | None = None) -> list[str]:
     """Rewrite every bundle-table block under ``root/docs`` (and the README) from its bundle; with ``check``,
-    write nothing. -> the blocks that disagreed with their bundle (``file: table``)."""
+    write nothing; with ``only`` (a bundle as the markers name it), the blocks of that bundle alone.
+    -> the blocks that disagreed with their bundle (``file: table``)."""
     stale, cache = [], {}
-    for page in sorted([*(root / "docs").rglob("*.md"), root / "README.md"]):
-        if not page.is_file():
-            continue
+    for page in _docs_pages(root):
         text = page.read_text()
 
         def table_for(match: re.Match, page: Path = page) -> str:
+            if only is not None and match["bundle"] != only:
+                return match.group(0)
             path = root / match["bundle"]
             if path not in cache:
                 bundle = read_bundle(path)
