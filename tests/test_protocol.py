@@ -278,6 +278,16 @@ def test_a_cpu_estimate_counts_the_measured_speed_options(size, options, speed):
     assert ("speed_options" in source) == bool(options)  # the factor names where it was measured
 
 
+def test_the_speed_options_measured_on_the_tiny_cnn_are_not_applied_to_other_backbones():
+    cfg = load_config(REPO / "configs" / "fashion_mnist" / "baseline.yaml",
+                      ["model.backbone=cog_cnn_small", "data.image_size=32", "train.precision=bf16",
+                       "train.channels_last=true"])
+    rate, source, on_cpu = gpu_time.training_rate(cfg, None)
+    small_speed = gpu_time.CPU_BACKBONES["cog_cnn_small"][1]
+    assert on_cpu and rate == pytest.approx(gpu_time.CPU_TINY_RATE * small_speed * (32 / 32) ** 2)
+    assert "not counted" in source and "cog_cnn_tiny only" in source
+
+
 def test_a_gpu_check_measurement_replaces_the_defaults_and_scales_with_pixels(tmp_path):
     path = tmp_path / "gpu_check.json"
     path.write_text(json.dumps({"images_per_s": 10_000.0, "backbone": "resnet101", "image_size": 32,

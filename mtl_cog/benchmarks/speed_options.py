@@ -3,7 +3,7 @@
 Whether bf16 autocast and the NHWC layout pay off depends on the machine: on a GPU they are the
 fast path; on a CPU it depends on its instructions (AVX-512 BF16 / AMX) and on the network's
 sizes (on the 2-core development machine, an AMD EPYC with AVX-512 BF16, the baseline's step of
-the 17k-parameter ``cog_cnn_tiny`` was 1.7x faster with both at 16 px and 2.4x at 32 px). So it is
+the 17k-parameter ``cog_cnn_tiny`` was 1.70x faster with both at 16 px and 2.16x at 32 px). So it is
 measured, not assumed: the baseline's step (the library's ``batch_loss`` + ``apply_update``) runs
 under every combination, each its own trainee built by ``build_trainee`` from the same initial
 weights through its own ``Accelerator`` (the mixed precision is Accelerate's, as in a run), and

@@ -237,6 +237,8 @@ def format_table(result: dict) -> str:
     if "speed_options" in result:
         so = result["speed_options"]
         for name, value in so["speedup"].items():
+            if name == "fp32":  # the reference itself
+                continue
             rows.append(f"{'speedup ' + name:32s} {value:10.3f}   over fp32, {so['backbone']} @{so['image_size']}px "
                         f"batch {so['batch_size']} on {so['device']}")
     for item in result.get("throughput", []):

@@ -238,8 +238,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         return number
     if hint is str:
         if isinstance(value, bool):  # a YAML file's unquoted no/yes/on/off
-            raise ConfigError(f"{key} must be a string. Got {value!r}: YAML reads an unquoted no, yes, on or off "
-                              f"as a boolean; quote the word in the file ('no').")
+            raise ConfigError(f"{key} must be a string. Got {value!r}: YAML reads an unquoted true, false, yes, "
+                              f"no, on or off as a boolean; quote the word ('no').")
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string. Got {value!r}.")
         return value

@@ -25,7 +25,9 @@ The throughput (training images/s of one run) comes from, in this order:
    autocast, channels_last, images on the GPU), which are estimates, not measurements; a run
    with ``train.precision=no`` (fp32, the shipped configs' setting) is assumed half as fast;
 3. the CPU-scale runs of ``scripts/reproduce.py`` (tiny CNN, 16 px): a rate measured on this
-   project's 2-core development machine with one torch thread per run.
+   project's 2-core development machine with one torch thread per run, scaled by pixel count and, for
+   the tiny CNN under ``train.precision=bf16`` / ``train.channels_last``, by their measured step
+   speed-up (``CPU_SPEED_OPTIONS``; the development machine's CPU has AVX-512 BF16).
 
 A backbone with no known rate is estimated with ResNet-101's and the note says so (an upper bound
 for the small CNNs). Every estimate carries a one-line ``source`` that the dry run prints.
@@ -72,7 +74,8 @@ SCORE_SECONDS_PER_TASK = 0.0057  # scoring one task's validation (every metric, 
 # whose power iterations run every step) 1.15x: 20-epoch digits runs side by side, baseline
 # 29.2 s vs LiST 32.2 s wall, ~8 s of each fixed (start, W&B offline).
 CPU_BACKBONES = {"cog_cnn_tiny": (16, 1.0), "cog_cnn_small": (32, 0.25), "cog_lipschitz_tiny": (16, 0.87)}
-# image size -> {(train.precision, train.channels_last): training-step speed over fp32 NCHW} on a CPU. Measured by
+# image size -> {(train.precision, train.channels_last): training-step speed of cog_cnn_tiny over fp32 NCHW} on a
+# CPU (applied at the nearest measured size; one 40-step median each, so about two digits). Measured by
 # the benchmark's speed_options section (`scripts/benchmark.py --backbone cog_cnn_tiny --image-size 16|32
 # --threads 1 --skip steps,throughput,loader,calibrated,eval,memory`, batch 128, lanes paused) on the development
 # machine, an AMD EPYC with AVX-512 BF16; a CPU without bf16 instructions may be slower under bf16 than fp32.
@@ -149,7 +152,10 @@ def training_rate(cfg: Config, measured: Throughput | None) -> tuple[float, str,
         source = f"{backbone}, one CPU core (measured on the 2-core development machine)"
         options = CPU_SPEED_OPTIONS[min(CPU_SPEED_OPTIONS, key=lambda s: abs(math.log(s / size)))]
         option_speed = options.get((cfg.train.precision, cfg.train.channels_last), 1.0)
-        if option_speed != 1.0:
+        if option_speed != 1.0 and backbone != "cog_cnn_tiny":  # measured on the tiny CNN only
+            source += (f", precision {cfg.train.precision}{' + channels_last' if cfg.train.channels_last else ''} "
+                       "not counted (its speed was measured for cog_cnn_tiny only)")
+        elif option_speed != 1.0:
             rate *= option_speed
             source += (f", x{option_speed:g} for precision {cfg.train.precision}"
                        f"{' + channels_last' if cfg.train.channels_last else ''} (its AVX-512 BF16 CPU; measure yours: "

@@ -5,115 +5,148 @@ A sweep whose grid has a ``seed`` axis runs every setting under several seeds, e
 
     mtl-cog sweep --data fashion_mnist --method baseline --grid train.precision=no,bf16 seed=0,1,2
 
-- ``sweep_settings``: per setting (the grid values except the seed, read from ``campaign.json``'s
-  recorded overrides), the test metrics' task mean as mean ± std over its seeds, the mean wall seconds
-  per run and how many runs settled under the convergence rule;
-- ``sweep_paired``: each setting minus the *first* one of the grid (the reference), paired by seed
-  (same initialisation and data order), with the paired t interval of ``reporting/paired.py``. Its
-  ``reading``: **inside seed noise** when the interval contains 0 *and* the difference is smaller than
-  the reference's own seed std (what one more seed of the reference could move); **differs** when the
-  interval excludes 0; **inconclusive** otherwise (too few seeds to tell a real change from noise).
+A *setting* is what ``campaign.json`` records as a planned run's ``setting`` digest (its config without
+the seed and the run's name, ``campaign.setting_digest``). Its label is the overrides that are the same
+within a setting and differ between settings: the grid's values, the seed and per-run names left out by
+construction. Settings and their grid order (the first run of each, by index) come from every *planned*
+run, so a label or the reference does not change while the sweep is still running.
 
-Settings are never pooled: runs with other recorded overrides are other rows.
+- ``sweep_settings``: per setting, the finished seeds (listed: two means over different seeds differ by
+  which seeds they have), the test metrics' task mean as mean ± std over them, the runs that settled
+  (``runs.csv``'s ``converged``), and the mean ``wall_s`` (``runs.csv``: seconds of training and
+  validation epochs) over the first setting's;
+- ``sweep_paired`` (only when some setting has 2 seeds or more): each setting minus the grid's first (the
+  reference), paired by seed on the seeds and tasks both have, with the paired t interval and ``better``
+  of ``reporting/paired.py``. Its ``reading`` is an equivalence reading: **inside seed noise** when the
+  whole 95 % interval lies within ± the seed std (pooled over the two settings: how far a seed moves one
+  run's task mean), so that any effect is smaller than a change of seed; **differs** when the interval
+  excludes 0; **inconclusive** otherwise: the interval holds 0 but also effects larger than seed noise (with
+  3 seeds, t = 4.3 makes this the usual outcome of a small effect). Twelve such intervals per pair of
+  settings are twelve 95 % intervals: one in twenty excludes 0 by chance.
+
+A run the bundle records without a ``setting`` (a bundle older than that field) is left out of both.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
+import numpy as np
 import pandas as pd
 
 from mtl_cog.reporting.bundle import Bundle, wide_scores
-from mtl_cog.reporting.paired import seed_t_interval
-from mtl_cog.reporting.trajectories import convergence_of_curves
+from mtl_cog.reporting.paired import INCONCLUSIVE, paired_differences
 
 METRICS = ("accuracy", "nll", "brier", "ece@15")
-NOT_A_SETTING = ("seed", "output_dir", "run_name", "wandb_group", "wandb_job_type")
-INSIDE, DIFFERS, INCONCLUSIVE = "inside seed noise", "differs", "inconclusive"
+INSIDE, DIFFERS = "inside seed noise", "differs"
 
 
-def _overrides(record: dict) -> dict[str, str]:
-    """``key=value`` overrides of one recorded spec as {key: value}, the last one of a key winning."""
-    pairs = (item.split("=", 1) for item in record.get("overrides", []) if "=" in item)
-    return {key: value for key, value in pairs}
+def _index(run: str) -> int:
+    digits = re.findall(r"\d+", run)
+    return int(digits[-1]) if digits else 0
 
 
-def setting_labels(bundle: Bundle) -> pd.Series:
-    """run -> its setting's label: the overrides that differ between the sweep's runs, the seed left out."""
-    runs = bundle.runs[bundle.runs["role"] == "sweep"]["run"]
-    specs = bundle.campaign.get("specs", {})
-    overrides = {run: _overrides(specs.get(run, {})) for run in runs}
-    keys = sorted({k for o in overrides.values() for k in o} - set(NOT_A_SETTING))
-    varying = [k for k in keys if len({o.get(k) for o in overrides.values()}) > 1]
-    return pd.Series({run: " ".join(f"{k}={o[k]}" for k in varying if k in o) or "(one setting)"
-                      for run, o in overrides.items()}, dtype=object)
+def _planned(bundle: Bundle) -> pd.DataFrame:
+    """One row per planned run with a recorded setting: run, setting digest, its overrides, in grid order."""
+    rows = []
+    for run, record in bundle.campaign.get("specs", {}).items():
+        if isinstance(record, dict) and record.get("setting"):
+            pairs = (item.split("=", 1) for item in record.get("overrides", []) if "=" in item)
+            rows.append({"run": run, "setting": record["setting"], "overrides": dict(pairs)})
+    rows.sort(key=lambda r: _index(r["run"]))
+    return pd.DataFrame(rows, columns=["run", "setting", "overrides"])
 
 
-def _sweep_scores(bundle: Bundle) -> pd.DataFrame:
+def setting_labels(planned: pd.DataFrame) -> dict[str, str]:
+    """setting digest -> label: the overrides constant within each setting that differ between settings."""
+    groups = {s: list(g["overrides"]) for s, g in planned.groupby("setting", sort=False)}
+    keys = sorted({k for o in planned["overrides"] for k in o})
+
+    def within(key: str, settings: list[dict]) -> set:
+        return {o.get(key) for o in settings}
+
+    labelling = [k for k in keys
+                 if all(len(within(k, g)) == 1 for g in groups.values())
+                 and len({next(iter(within(k, g))) for g in groups.values()}) > 1]
+    labels = {s: " ".join(f"{k}={g[0][k]}" for k in labelling if k in g[0]) for s, g in groups.items()}
+    if len(set(labels.values())) < len(labels):  # settings the overrides cannot tell apart: name them by digest
+        labels = {s: f"{label} [{s[:8]}]".strip() for s, label in labels.items()}
+    return {s: label or "(one setting)" for s, label in labels.items()}
+
+
+def _sweep_scores(bundle: Bundle, planned: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
     runs = bundle.done()
-    runs = runs[runs["role"] == "sweep"]
+    runs = runs[(runs["role"] == "sweep") & runs["run"].isin(set(planned["run"]))]
     scores = wide_scores(bundle, runs)
-    scores = scores[scores["split"] == "test"]
-    labels = setting_labels(bundle)
-    return scores.assign(setting=scores["run"].map(labels))
-
-
-def _order(bundle: Bundle) -> list[str]:
-    """The settings in grid order (the order of their first run's name, run_00 first)."""
-    labels = setting_labels(bundle)
-    return list(dict.fromkeys(labels.sort_index()))
+    own = scores["method"].isin(set(runs["method"]))  # not a post-hoc calibrator's rows (method+ts)
+    scores = scores[(scores["split"] == "test") & own]
+    setting_of = dict(zip(planned["run"], planned["setting"]))
+    return scores.assign(setting=scores["run"].map(setting_of).map(labels))
 
 
 def sweep_settings(bundle: Bundle) -> pd.DataFrame:
-    scores = _sweep_scores(bundle)
+    planned = _planned(bundle)
+    if planned.empty:
+        return pd.DataFrame()
+    labels = setting_labels(planned)
+    scores = _sweep_scores(bundle, planned, labels)
     if scores.empty:
         return pd.DataFrame()
     means = scores[scores["task"] == "mean"]
     runs = bundle.done().set_index("run")
     rows = []
-    for setting in [s for s in _order(bundle) if s in set(means["setting"])]:
+    for setting in dict.fromkeys(planned["setting"].map(labels)):  # grid order, unfinished settings included
         group = means[means["setting"] == setting]
-        names = list(group["run"])
-        settled = [convergence_of_curves(bundle.curves[bundle.curves["run"] == r]) for r in names]
-        row = {"setting": setting, "seeds": group["seed"].nunique(),
-               "converged": sum(bool(c is not None and c.converged) for c in settled)}
+        row = {"setting": setting, "seeds": " ".join(str(s) for s in sorted(group["seed"].unique()))}
         for metric in METRICS:
             values = group[metric].to_numpy(dtype=float)
-            row[metric] = f"{values.mean():.4f}" + (f" ± {values.std(ddof=1):.4f}" if len(values) > 1 else "")
-        row["wall_s"] = float(pd.to_numeric(runs.loc[names, "wall_s"]).mean())
+            row[metric] = ("" if not len(values) else f"{values.mean():.4f}"
+                           + (f" ± {values.std(ddof=1):.4f}" if len(values) > 1 else ""))
+        finished = runs.loc[list(group["run"])] if len(group) else runs.iloc[:0]
+        row["converged"] = f"{int((finished['converged'].astype(str) == 'True').sum())} of {len(finished)}"
+        row["wall_s"] = float(pd.to_numeric(finished["wall_s"]).mean()) if len(finished) else math.nan
         rows.append(row)
     table = pd.DataFrame(rows)
-    table["time_ratio"] = table["wall_s"] / table["wall_s"].iloc[0]
+    table["wall_vs_first"] = table["wall_s"] / table["wall_s"].iloc[0]  # NaN while the first has no finished run
     return table
 
 
 def sweep_paired(bundle: Bundle) -> pd.DataFrame:
-    """Each setting minus the grid's first, per metric, paired by seed (seeds both have only)."""
-    scores = _sweep_scores(bundle)
-    order = [s for s in _order(bundle) if s in set(scores["setting"])]
-    if len(order) < 2:
+    """Each setting minus the grid's first, per metric, paired by seed, with an equivalence reading."""
+    planned = _planned(bundle)
+    if planned.empty:
+        return pd.DataFrame()
+    labels = setting_labels(planned)
+    scores = _sweep_scores(bundle, planned, labels)
+    order = list(dict.fromkeys(planned["setting"].map(labels)))
+    if scores.empty or scores.groupby("setting")["seed"].nunique().max() < 2 or len(order) < 2:
         return pd.DataFrame()
     reference = order[0]
-    rows = []
-    for setting in order[1:]:
-        for metric in METRICS:
-            ref = scores[scores["setting"] == reference].pivot_table(index="seed", columns="task", values=metric)
-            other = scores[scores["setting"] == setting].pivot_table(index="seed", columns="task", values=metric)
-            ref, other = ref.drop(columns="mean"), other.drop(columns="mean")
-            seeds = sorted(set(ref.index) & set(other.index))
-            if not seeds:
-                continue
-            diff = other.loc[seeds, ref.columns].to_numpy(dtype=float) - ref.loc[seeds].to_numpy(dtype=float)
-            mean, low, high = seed_t_interval(diff)
-            ref_std = float(ref.loc[seeds].mean(axis=1).std(ddof=1)) if len(seeds) > 1 else math.nan
-            if math.isnan(low):
-                reading = INCONCLUSIVE
-            elif not low <= 0 <= high:
-                reading = DIFFERS
-            else:
-                reading = INSIDE if abs(mean) <= ref_std else INCONCLUSIVE
-            rows.append({"setting": setting, "reference": reference, "metric": metric, "seeds": len(seeds),
-                         "difference": mean, "low": low, "high": high, "reference_seed_std": ref_std,
-                         "reading": reading})
-    return pd.DataFrame(rows, columns=["setting", "reference", "metric", "seeds", "difference", "low", "high",
-                                       "reference_seed_std", "reading"]) if rows else pd.DataFrame()
+    tasks = scores[scores["task"] != "mean"].assign(dataset="sweep", method=lambda f: f["setting"])
+    table = paired_differences(tasks, {s: reference for s in order[1:]}, METRICS)
+    if table.empty:
+        return table
+    table["seed_std"] = [_pooled_seed_std(tasks, row.variant, reference, row.metric) for row in table.itertuples()]
+    table["reading"] = [_reading(row) for row in table.itertuples()]
+    return table.drop(columns="dataset").rename(columns={"variant": "setting", "counterpart": "reference"})
+
+
+def _pooled_seed_std(tasks: pd.DataFrame, setting: str, reference: str, metric: str) -> float:
+    """The seed std of one run's task mean, pooled over the two settings (on their shared seeds and tasks)."""
+    per_seed = {s: tasks[tasks["setting"] == s].pivot_table(index="seed", columns="task", values=metric)
+                for s in (setting, reference)}
+    seeds = per_seed[setting].index.intersection(per_seed[reference].index)
+    columns = per_seed[setting].columns.intersection(per_seed[reference].columns)
+    if len(seeds) < 2:
+        return math.nan
+    variances = [per_seed[s].loc[seeds, columns].mean(axis=1).var(ddof=1) for s in (setting, reference)]
+    return float(np.sqrt(np.mean(variances)))
+
+
+def _reading(row) -> str:
+    if math.isnan(row.ci_low) or math.isnan(row.seed_std):
+        return INCONCLUSIVE
+    if row.better != INCONCLUSIVE:
+        return DIFFERS
+    return INSIDE if -row.seed_std <= row.ci_low and row.ci_high <= row.seed_std else INCONCLUSIVE
