@@ -11,6 +11,7 @@ import pytest
 
 from mtl_cog.cli import lane
 from mtl_cog.errors import UserError
+from mtl_cog.reporting import bundle_report
 
 # A stand-in campaign: resumes from OUT/bundle/runs.csv when it exists, appends one run per "finish", and checks
 # that it runs from the frozen copy (its own folder is the lane's code/, not the checkout).
@@ -202,7 +203,8 @@ def test_a_campaign_run_from_a_lane_records_the_lanes_commit(monkeypatch):
 
 def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(repo, tmp_path, capsys):
     """Every commit of a bundle also holds its docs tables regenerated (a checkout never has docs that disagree
-    with its results); a page with uncommitted edits, or one naming a table the bundle lacks, is left out."""
+    with its results); a page with uncommitted edits, or one naming a table no bundle has, is left out; a table
+    whose runs have not finished reads PENDING."""
     from test_campaign import write_tiny_bundle
 
     published = repo / "results" / "camp" / "bundle"
@@ -225,11 +227,19 @@ def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(re
     assert "uncommitted edits" in capsys.readouterr().err
     assert "an edit in progress" not in git(repo, "show", "HEAD:docs/r.md")
     assert git(repo, "status", "--porcelain") == " M docs/r.md\n"
-    # a page naming a table the bundle does not have: the bundle goes alone, the page is as committed
+    # a page naming a table the bundle does not have yet (no curve runs): committed with it, the block pending
     git(repo, "checkout", "--", "docs/r.md")
     page.write_text(page.read_text().replace("camp/bundle summary", "camp/bundle curve"))
     git(repo, "commit", "-q", "-am", "a table the bundle lacks")
     (published / "runs.csv").write_text((published / "runs.csv").read_text().replace("synthetiq", "synthetic"))
     assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
-    assert "no table 'curve'" in capsys.readouterr().err
+    assert bundle_report.PENDING in git(repo, "show", "HEAD:docs/r.md")
+    assert git(repo, "status", "--porcelain") == ""
+    # a page naming a table no bundle has: the bundle goes alone, the page is as committed
+    page.write_text(page.read_text().replace("camp/bundle curve", "camp/bundle nope"))
+    git(repo, "commit", "-q", "-am", "a table no bundle has")
+    (published / "runs.csv").write_text((published / "runs.csv").read_text().replace("synthetic", "synthetiq"))
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert "no table 'nope'" in capsys.readouterr().err
+    assert git(repo, "show", "HEAD:docs/r.md") == page.read_text()  # as its own commit left it
     assert git(repo, "status", "--porcelain") == ""

@@ -68,6 +68,21 @@ def test_channels_last_gives_the_same_outputs_and_gradients():
     assert list(fast.state_dict()) == list(plain.state_dict())  # checkpoints stay interchangeable
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is about CPU training")
+@pytest.mark.parametrize("native, warned", [(False, True), (True, False)])
+def test_bf16_on_a_cpu_without_bf16_instructions_says_it_is_slow(monkeypatch, capsys, native, warned):
+    from mtl_cog.training import accelerator as module
+
+    monkeypatch.setattr(module, "cpu_has_native_bf16", lambda: native)
+    from accelerate.state import AcceleratorState
+
+    module.create_accelerator(None, "bf16")
+    assert (module.BF16_WITHOUT_INSTRUCTIONS in capsys.readouterr().err) == warned
+    AcceleratorState._reset_state(reset_partial_state=True)
+    module.create_accelerator(None, "no")  # fp32: nothing to say
+    assert module.BF16_WITHOUT_INSTRUCTIONS not in capsys.readouterr().err
+
+
 def test_precision_is_validated_and_bf16_runs_on_the_cpu():
     with pytest.raises(ConfigError, match="train.precision"):
         load_config(None, ["train.precision=fp8"])

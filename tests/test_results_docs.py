@@ -31,3 +31,23 @@ def test_a_table_that_drifts_from_its_bundle_is_found(tmp_path):
     assert regenerate_docs(tmp_path) and regenerate_docs(tmp_path, check=True) == []
     assert re.search(r"\| cog_ts \|", page.read_text())
     shutil.rmtree(tmp_path / "results")
+
+
+def test_a_table_whose_runs_have_not_finished_reads_pending_and_an_unknown_one_is_refused(tmp_path):
+    import pytest
+    from test_campaign import write_tiny_bundle
+
+    from mtl_cog.errors import UserError
+    from mtl_cog.reporting.bundle_report import PENDING
+
+    write_tiny_bundle(tmp_path / "results" / "c" / "bundle")  # final runs only: no curve, no tuning
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "r.md"
+    page.write_text("<!-- bundle-table: results/c/bundle curve -->\nold\n<!-- /bundle-table -->\n")
+    assert regenerate_docs(tmp_path, check=True) == ["docs/r.md: curve of results/c/bundle"]
+    regenerate_docs(tmp_path)
+    assert page.read_text() == f"<!-- bundle-table: results/c/bundle curve -->\n{PENDING}\n<!-- /bundle-table -->\n"
+    assert regenerate_docs(tmp_path, check=True) == []
+    page.write_text("<!-- bundle-table: results/c/bundle sumary -->\nold\n<!-- /bundle-table -->\n")
+    with pytest.raises(UserError, match="names no table 'sumary'"):
+        regenerate_docs(tmp_path)

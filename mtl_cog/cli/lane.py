@@ -129,7 +129,7 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
         return []
     try:
         regenerate_docs(repo, only=bundle)
-    except UserError as err:  # e.g. a page names a table the bundle does not have yet: the bundle goes alone
+    except UserError as err:  # e.g. a page names a table no bundle has (a typo): the bundle goes alone
         print(f"lane {name}: docs tables not regenerated: {err}", file=sys.stderr)
         git(repo, "checkout", "--", *pages, check=False)  # a half-written page must not be committed
         return []

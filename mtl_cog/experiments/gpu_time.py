@@ -27,7 +27,8 @@ The throughput (training images/s of one run) comes from, in this order:
 3. the CPU-scale runs of ``scripts/reproduce.py`` (tiny CNN, 16 px): a rate measured on this
    project's 2-core development machine with one torch thread per run, scaled by pixel count and, for
    the tiny CNN under ``train.precision=bf16`` / ``train.channels_last``, by their measured step
-   speed-up (``CPU_SPEED_OPTIONS``; the development machine's CPU has AVX-512 BF16).
+   speed-up (``CPU_SPEED_OPTIONS`` on a CPU with AVX-512 BF16 or AMX, ``CPU_SPEED_OPTIONS_NO_BF16`` on
+   one without: there bf16 is emulated and 8-11x slower than fp32).
 
 A backbone with no known rate is estimated with ResNet-101's and the note says so (an upper bound
 for the small CNNs). Every estimate carries a one-line ``source`` that the dry run prints.
@@ -43,6 +44,7 @@ from pathlib import Path
 from mtl_cog.config import Config
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError
+from mtl_cog.training.accelerator import cpu_has_native_bf16
 
 EVAL_SPEEDUP = 3.0
 START_SECONDS = 30.0  # process start, data loading from the cache, model build (GPU runs)
@@ -81,6 +83,10 @@ CPU_BACKBONES = {"cog_cnn_tiny": (16, 1.0), "cog_cnn_small": (32, 0.25), "cog_li
 # machine, an AMD EPYC with AVX-512 BF16; a CPU without bf16 instructions may be slower under bf16 than fp32.
 CPU_SPEED_OPTIONS = {16: {("no", True): 1.32, ("bf16", False): 1.33, ("bf16", True): 1.70},
                      32: {("no", True): 1.44, ("bf16", False): 1.63, ("bf16", True): 2.16}}
+# The same on a CPU without bf16 instructions (an AVX2-only AMD EPYC, the 2-core machine of a later session;
+# results/benchmarks/speed_options_avx2_*px.json): bf16 is emulated, 8-11x slower than fp32.
+CPU_SPEED_OPTIONS_NO_BF16 = {16: {("no", True): 1.36, ("bf16", False): 0.105, ("bf16", True): 0.124},
+                             32: {("no", True): 1.28, ("bf16", False): 0.086, ("bf16", True): 0.109}}
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,9 @@ def training_rate(cfg: Config, measured: Throughput | None) -> tuple[float, str,
         rated_size, relative_speed = CPU_BACKBONES[backbone]
         rate = CPU_TINY_RATE * relative_speed * (rated_size / size) ** 2
         source = f"{backbone}, one CPU core (measured on the 2-core development machine)"
-        options = CPU_SPEED_OPTIONS[min(CPU_SPEED_OPTIONS, key=lambda s: abs(math.log(s / size)))]
+        native_bf16 = cpu_has_native_bf16()
+        table = CPU_SPEED_OPTIONS if native_bf16 else CPU_SPEED_OPTIONS_NO_BF16
+        options = table[min(table, key=lambda s: abs(math.log(s / size)))]
         option_speed = options.get((cfg.train.precision, cfg.train.channels_last), 1.0)
         if option_speed != 1.0 and backbone != "cog_cnn_tiny":  # measured on the tiny CNN only
             source += (f", precision {cfg.train.precision}{' + channels_last' if cfg.train.channels_last else ''} "
@@ -158,7 +166,8 @@ def training_rate(cfg: Config, measured: Throughput | None) -> tuple[float, str,
         elif option_speed != 1.0:
             rate *= option_speed
             source += (f", x{option_speed:g} for precision {cfg.train.precision}"
-                       f"{' + channels_last' if cfg.train.channels_last else ''} (its AVX-512 BF16 CPU; measure yours: "
+                       f"{' + channels_last' if cfg.train.channels_last else ''} (measured on "
+                       f"{'an AVX-512 BF16' if native_bf16 else 'an AVX2-only'} CPU like this one; measure yours: "
                        "scripts/benchmark.py's speed_options)")
         return rate, source, True
     key = min(DEFAULT_GPU_RATES, key=lambda k: (k[1] != cfg.model.cifar_stem, abs(math.log(k[0] / size))))

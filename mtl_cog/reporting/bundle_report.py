@@ -324,8 +324,12 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.D
     return pd.DataFrame(rows)
 
 
+TABLE_NAMES = ("summary", "summary_values", "paired", "verdicts", "claims", "chosen", "draw_choices", "convergence",
+               "convergence_runs", "calibrators", "curve", "curve_paired", "sweep_settings", "sweep_paired")
+
+
 def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
-    """Every table of the campaign by name (empty tables left out)."""
+    """Every table of the campaign by name (``TABLE_NAMES``; empty tables left out)."""
     table = summary(bundle)
     pair = paired(bundle)
     conv = convergence(bundle)
@@ -338,6 +342,7 @@ def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
               "convergence": convergence_counts(conv), "convergence_runs": conv,
               "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair,
               "sweep_settings": sweep_settings(bundle), "sweep_paired": sweep_paired(bundle)}
+    assert tuple(tables) == TABLE_NAMES
     return {name: frame for name, frame in tables.items() if not frame.empty}
 
 
@@ -410,6 +415,10 @@ def write_bundle_report(bundle: Bundle, out: Path) -> Path:
 #     <!-- bundle-table: results/<campaign>/bundle <table> [where <pandas query>] -->
 #     ... the table, as markdown_of writes it ...
 #     <!-- /bundle-table -->
+# A block may name a table its bundle does not have *yet* (one of TABLE_NAMES whose runs have not finished: the
+# summary before any final run, a curve before its lane ran): it reads PENDING until they exist, so a page can be
+# laid out before its campaign ends and the lanes fill it in. A name no bundle can have is an error.
+PENDING = "*Not in the bundle yet: the runs this table is made of have not finished.*"
 MARKER = re.compile(r"<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: where (?P<query>.+?))? -->\n"
                     r"(?P<body>.*?)<!-- /bundle-table -->", re.DOTALL)
 
@@ -441,13 +450,15 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
                     raise UserError(f"{page}: bundle-table names {match['bundle']}, which holds no results bundle.")
                 cache[path] = bundle_tables(bundle)
             tables = cache[path]
-            if match["table"] not in tables:
-                raise UserError(f"{page}: bundle {match['bundle']} has no table {match['table']!r} "
-                                f"(it has {', '.join(tables)}).")
-            frame = tables[match["table"]]
-            if match["query"]:
-                frame = frame.query(match["query"])
-            body = markdown_of(frame.reset_index(drop=True)) + "\n"
+            if match["table"] not in TABLE_NAMES:
+                raise UserError(f"{page}: bundle-table names no table {match['table']!r} "
+                                f"(a bundle's tables: {', '.join(TABLE_NAMES)}).")
+            if match["table"] in tables:
+                frame = tables[match["table"]]
+                frame = frame.query(match["query"]) if match["query"] else frame
+                body = markdown_of(frame.reset_index(drop=True)) + "\n"
+            else:
+                body = PENDING + "\n"
             if body != match["body"]:
                 stale.append(f"{page.relative_to(root)}: {match['table']} of {match['bundle']}")
             head = match.group(0)[: match.start("body") - match.start(0)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -39,6 +40,20 @@ def check_processes_connected() -> None:
     )
 
 
+# bf16 autocast on a CPU is fast only where the CPU multiplies bf16 itself (AVX-512 BF16, AMX); elsewhere oneDNN
+# emulates it. Measured with the benchmark's speed_options section (cog_cnn_tiny, batch 128, one thread): on an
+# AVX-512 BF16 EPYC bf16 + channels_last was 1.70x (16 px) and 2.16x (32 px) *faster* than fp32; on an AVX2-only
+# EPYC it was 0.12x and 0.11x, i.e. 8-9x *slower* (results/benchmarks/speed_options_avx2_*px.json).
+BF16_WITHOUT_INSTRUCTIONS = ("warning: train.precision=bf16 on a CPU without AVX-512 BF16 or AMX: bf16 is emulated "
+                             "there (measured 8-9x slower than fp32 for the tiny CNN); train.precision=no is faster "
+                             "here (scripts/benchmark.py's speed_options section measures both).")
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware (AVX-512 BF16 or AMX), where bf16 autocast can pay off."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def create_accelerator(log_with: list[str] | None = None, precision: str = "no",
                        timeout_s: int = DEFAULT_DIST_TIMEOUT_S) -> Accelerator:
     """An ``Accelerator`` that is really distributed whenever it was launched with several processes.
@@ -64,6 +79,8 @@ def create_accelerator(log_with: list[str] | None = None, precision: str = "no",
             "train.precision=fp16 needs a CUDA GPU (fp16 autocast with loss scaling); "
             "use train.precision=bf16 on the CPU, or train.precision=no."
         )
+    if precision == "bf16" and not torch.cuda.is_available() and not cpu_has_native_bf16():
+        print(BF16_WITHOUT_INSTRUCTIONS, file=sys.stderr)
     group = InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))
     # Accelerate passes on only the values that differ from its own defaults (to_kwargs), so a timeout equal
     # to its 600 s default would be dropped and torch's 30 min used instead: always pass the timeout.
