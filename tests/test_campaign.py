@@ -132,6 +132,30 @@ def test_a_damaged_bundle_is_one_error_line(tmp_path, damage, message):
         bundles.read_bundle(tmp_path)
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b.results.__setitem__("value", float("nan")), "not finite .first: run r, test nll"),
+    (lambda b: b.results.__setitem__("value", float("-inf")), "not finite"),
+    (lambda b: b.results.__setitem__("split", "val"), "finished run.s. without test results in results.csv.gz: r"),
+    (lambda b: b.campaign["specs"].update({"r": {"digest": "x", "setting": "s1"}, "r2": {"digest": "x",
+                                                                                       "setting": "s2"}}),
+     "final runs of d/m .draw 1. were trained with 2 different settings"),
+])
+def test_a_finished_run_whose_numbers_cannot_be_shown_refuses_the_bundle(tmp_path, damage, message):
+    """A finished run's results are shown as they are: a non-finite value, a run without test results, or final
+    runs of one method and draw under two settings would be a wrong number shown, so the bundle is refused."""
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}})
+    for run in ("r", "r2"):
+        row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": run, "campaign": "c", "status": "done", "seed": 0,
+                                                      "data": "d", "method": "m", "role": "final", "draw": "1",
+                                                      "config_digest": "x"}
+        results = pd.DataFrame([{"run": run, "split": "test", "task": "mean", "metric": "nll", "value": 0.3}])
+        bundle.add_run(row, results, pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    bundles.check_bundle(tmp_path, bundle)  # as written: fine
+    damage(bundle)
+    with pytest.raises(UserError, match=message):
+        bundles.check_bundle(tmp_path, bundle)
+
+
 @pytest.mark.slow
 def test_a_campaign_resumes_from_its_bundle_alone_and_refuses_another_spec(tmp_path):
     """Sweep of 2 tiny runs; then, with the run folders gone (a fresh clone holding only the committed bundle),
@@ -216,7 +240,8 @@ def test_a_rerun_that_would_pool_another_setting_into_an_arm_is_refused(tmp_path
     row = {c: "" for c in bundles.RUN_COLUMNS} | {**planned[0].spec.labels.row(), "run": planned[0].spec.run,
                                                    "campaign": "c", "status": "done",
                                                    "config_digest": planned[0].digest}
-    campaign.Collector(first, planned).update(lambda b: b.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
+    results = pd.DataFrame([{"run": row["run"], "split": "test", "task": "mean", "metric": "nll", "value": 0.3}])
+    campaign.Collector(first, planned).update(lambda b: b.add_run(row, results,
                                                                   pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
     assert [p.state for p in campaign.plan(campaign.Campaign("c", tmp_path, [spec(0, 2), spec(1, 2)]))] == [
         campaign.BUNDLED, "new"]  # another seed of the same setting: fine
@@ -275,7 +300,8 @@ def test_the_papers_claims_are_read_from_both_draws_and_an_idle_calibrator_is_no
     assert fc["draw 1"].startswith("supported (-0.0100") and fc["draw 2"].startswith("contradicted (+0.0100")
     assert fc["answer"] == DEPENDS
     assert table.loc[("COG-FC improves on the baseline", "accuracy"), "answer"] == "inconclusive at this scale"
-    assert table.loc[("COG+LS improves on label smoothing", "nll"), "answer"] == "incomplete"
+    assert table.loc[("COG+LS improves on label smoothing", "nll"), "answer"] == (
+        "incomplete (draw 1 missing, draw 2 missing)")  # neither draw has COG+LS or LS
     ts = table.loc[("COG-TS is worse than post-hoc TS", "nll")]
     assert ts["answer"] == NOT_TESTED  # one draw that did not test it is no settled reading
     assert ts["draw 1"].startswith("supported (+0.0250") and ts["draw 2"].startswith(NOT_TESTED)

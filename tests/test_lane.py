@@ -201,6 +201,15 @@ def test_a_campaign_run_from_a_lane_records_the_lanes_commit(monkeypatch):
     assert campaign.code_commit() == "0123456789ab"
 
 
+def change(bundle: Path) -> None:
+    """A new version of the bundle (a later sync): its command grows by one word."""
+    import json
+
+    record = json.loads((bundle / "campaign.json").read_text())
+    record["command"] = [*record.get("command", []), "x"]
+    (bundle / "campaign.json").write_text(json.dumps(record))
+
+
 def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(repo, tmp_path, capsys):
     """Every commit of a bundle also holds its docs tables regenerated (a checkout never has docs that disagree
     with its results); a page with uncommitted edits, or one naming a table no bundle has, is left out; a table
@@ -222,7 +231,7 @@ def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(re
     assert git(repo, "status", "--porcelain") == ""
     # a page with edits of its own: the bundle is committed, the page (and its edits) stay out
     page.write_text(page.read_text() + "an edit in progress\n")
-    (published / "runs.csv").write_text((published / "runs.csv").read_text().replace("synthetic", "synthetiq"))
+    change(published)
     assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
     assert "uncommitted edits" in capsys.readouterr().err
     assert "an edit in progress" not in git(repo, "show", "HEAD:docs/r.md")
@@ -231,15 +240,27 @@ def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(re
     git(repo, "checkout", "--", "docs/r.md")
     page.write_text(page.read_text().replace("camp/bundle summary", "camp/bundle curve"))
     git(repo, "commit", "-q", "-am", "a table the bundle lacks")
-    (published / "runs.csv").write_text((published / "runs.csv").read_text().replace("synthetiq", "synthetic"))
+    change(published)
     assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
     assert bundle_report.PENDING in git(repo, "show", "HEAD:docs/r.md")
     assert git(repo, "status", "--porcelain") == ""
     # a page naming a table no bundle has: the bundle goes alone, the page is as committed
     page.write_text(page.read_text().replace("camp/bundle curve", "camp/bundle nope"))
     git(repo, "commit", "-q", "-am", "a table no bundle has")
-    (published / "runs.csv").write_text((published / "runs.csv").read_text().replace("synthetic", "synthetiq"))
+    change(published)
     assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
     assert "no table 'nope'" in capsys.readouterr().err
     assert git(repo, "show", "HEAD:docs/r.md") == page.read_text()  # as its own commit left it
     assert git(repo, "status", "--porcelain") == ""
+    # while the package has uncommitted changes, no table is regenerated: no commit's code would make them
+    page.write_text(page.read_text().replace("camp/bundle nope", "camp/bundle summary"))
+    (repo / "mtl_cog").mkdir()
+    (repo / "mtl_cog" / "x.py").write_text("A = 1\n")
+    git(repo, "add", "docs", "mtl_cog")
+    git(repo, "commit", "-q", "-m", "code")
+    (repo / "mtl_cog" / "x.py").write_text("A = 2\n")
+    change(published)
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert "mtl_cog/ has uncommitted changes" in capsys.readouterr().err
+    assert "| cog_ts |" not in git(repo, "show", "HEAD:docs/r.md")
+    assert git(repo, "status", "--porcelain") == " M mtl_cog/x.py\n"

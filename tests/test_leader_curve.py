@@ -83,8 +83,8 @@ def test_a_protocol_known_only_from_its_bundle_gives_the_tuned_settings(tmp_path
                                                    "method": "cog_fc", "role": "final", "draw": "1", "seed": 0,
                                                    "status": "done", "config_digest": planned[0].digest}
     collector = campaign.Collector(campaign.Campaign("reproduce-fair-cpu", tmp_path, [spec], command=["x"]), planned)
-    collector.update(lambda b: b.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
-                                         pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
+    results = pd.DataFrame([{"run": spec.run, "split": "test", "task": "mean", "metric": "nll", "value": 0.3}])
+    collector.update(lambda b: b.add_run(row, results, pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
     configs, overrides = curve.protocol_run_source(tmp_path, "digits", "cog_fc")
     assert configs == (config,) and overrides == ("optim.follower_lr=0.002",)  # seed and tracking are the curve's
 

@@ -50,7 +50,7 @@ from filelock import FileLock
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.reporting.bundle_report import pages_naming, regenerate_docs
+from mtl_cog.reporting.bundle_report import pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
 STOP_GRACE_SECONDS = 120  # after SIGINT, how long a campaign may take to record what finished before SIGTERM
@@ -116,8 +116,12 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
 
     A commit that changes a bundle without the docs tables made from it would leave a checkout whose docs
     disagree with its results (``tests/test_results_docs.py`` fails on it): a session that ends between a lane's
-    commit and the next regeneration would publish that. A page with uncommitted edits is left alone (committing
-    it would sweep those edits in); the lane says so, and its tables wait for ``scripts/regenerate_docs_tables.py``.
+    commit and the next regeneration would publish that. The tables are made by the checkout's *committed* code,
+    in a fresh process (``scripts/regenerate_docs_tables.py --only``), not by the code this lane imported when it
+    started: a report change committed while the lane runs then reaches the tables the lane commits. A page with
+    uncommitted edits is left alone (committing it would sweep those edits in), and so is every page while the
+    package has uncommitted changes (they would make tables no commit's code makes); the lane says so, and the
+    tables wait for ``scripts/regenerate_docs_tables.py`` and a commit.
     """
     pages = [str(p.relative_to(repo)) for p in pages_naming(repo, bundle)]
     if not pages:
@@ -127,10 +131,16 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
         print(f"lane {name}: {', '.join(pages)} has uncommitted edits; its tables of {bundle} are not regenerated "
               "(run python scripts/regenerate_docs_tables.py and commit)", file=sys.stderr)
         return []
-    try:
-        regenerate_docs(repo, only=bundle)
-    except UserError as err:  # e.g. a page names a table no bundle has (a typo): the bundle goes alone
-        print(f"lane {name}: docs tables not regenerated: {err}", file=sys.stderr)
+    if git(repo, "status", "--porcelain", "--untracked-files=no", "--", "mtl_cog").stdout.strip():
+        print(f"lane {name}: mtl_cog/ has uncommitted changes; the tables of {bundle} are not regenerated "
+              "(commit them, or run python scripts/regenerate_docs_tables.py and commit)", file=sys.stderr)
+        return []
+    made = subprocess.run([sys.executable, "-m", "mtl_cog.cli.regenerate_docs_tables", "--root", str(repo),
+                           "--only", bundle], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    if made.returncode != 0:  # e.g. a page names a table no bundle has (a typo): the bundle goes alone
+        said = (made.stderr.strip().splitlines() or ["no message"])[-1]
+        print(f"lane {name}: docs tables not regenerated: {said}", file=sys.stderr)
         git(repo, "checkout", "--", *pages, check=False)  # a half-written page must not be committed
         return []
     return pages

@@ -2,6 +2,7 @@
 
     python scripts/regenerate_docs_tables.py            # rewrite the tables
     python scripts/regenerate_docs_tables.py --check    # list tables that disagree with their bundle; exit 2 if any
+    python scripts/regenerate_docs_tables.py --only results/fashion_mnist_full/bundle   # that bundle's blocks
 
 A results table sits between ``<!-- bundle-table: results/<campaign>/bundle <table> [where <query>] -->``
 and ``<!-- /bundle-table -->`` (``mtl_cog/reporting/bundle_report.py``); ``tests/test_results_docs.py`` runs
@@ -11,6 +12,7 @@ the check.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
@@ -21,8 +23,11 @@ from mtl_cog.reporting.bundle_report import regenerate_docs
 def main(argv: list[str] | None = None) -> list[str]:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="write nothing; exit 2 when a table disagrees")
+    parser.add_argument("--only", default=None, help="the blocks of this bundle alone (as the markers name it, "
+                        "e.g. results/fashion_mnist_full/bundle)")
+    parser.add_argument("--root", default=str(CONFIGS.parent), help=argparse.SUPPRESS)  # the lane: its checkout
     args = parser.parse_args(argv)
-    stale = regenerate_docs(CONFIGS.parent, check=args.check)
+    stale = regenerate_docs(Path(args.root), check=args.check, only=args.only)
     for line in stale:
         print(("stale: " if args.check else "rewritten: ") + line)
     if args.check and stale:

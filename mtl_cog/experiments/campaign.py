@@ -311,8 +311,11 @@ def spec_record(p: Planned) -> dict:
             return str(Path(path).resolve().relative_to(Path(PACKAGE_PARENT)))
         except ValueError:
             return str(path)
+    # labels: what the run is (role, data, method, draw, seed), so that a report knows every *planned* run, and can
+    # say "incomplete" while some have not finished rather than read the finished ones as the whole design
     return {"digest": p.digest, "digest_version": DIGEST_VERSION, "setting": setting_digest(p.config),
-            "configs": [portable(c) for c in p.spec.configs], "overrides": list(p.spec.overrides)}
+            "configs": [portable(c) for c in p.spec.configs], "overrides": list(p.spec.overrides),
+            "labels": p.spec.labels.row()}
 
 
 def recorded_spec(bundle: bundles.Bundle, run: str) -> tuple[tuple[Path, ...], tuple[str, ...]] | None:

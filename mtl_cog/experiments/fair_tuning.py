@@ -217,7 +217,7 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
         trained = sum(tuning.epochs_trained(t, spec.epochs) for t in outcome.trials)
         rows.append({"dataset": dataset, "method": method, "draw": draw, "settings": best.user_attrs["overrides"],
                      "val_nll": best.value, "at_edge": " ".join(protocol.range_edges(list(spec.knobs), best.params)),
-                     "ranges": " ".join(f"{k.key}=[{k.low:g},{k.high:g}]" for k in spec.knobs),
+                     "ranges": protocol.ranges_text(list(spec.knobs)),
                      "widened": spec.widening,
                      "trials": len(outcome.trials), "failed": sum(t.state == TrialState.FAIL for t in outcome.trials),
                      "pruned": sum(t.state == TrialState.PRUNED for t in outcome.trials),

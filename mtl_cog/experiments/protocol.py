@@ -39,6 +39,7 @@ So, per data set and method (``scripts/reproduce.py --protocol fair``):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from scipy.stats import qmc
@@ -163,6 +164,29 @@ def as_overrides(setting: dict[str, float]) -> list[str]:
     if setting.get("optim.leader_lr", 0.0) >= setting.get("optim.follower_lr", math.inf):
         overrides.append(f"{ALLOW_EQUAL}=true")
     return overrides
+
+
+def ranges_text(knobs: list[Knob]) -> str:
+    """The searched ranges as trials.csv and chosen_settings.csv record them (``parse_ranges`` reads them back):
+    ``optim.follower_lr=log[0.0003,0.03] method.label_smoothing=linear[0.02,0.2]``."""
+    return " ".join(f"{k.key}={'log' if k.log else 'linear'}[{k.low:g},{k.high:g}]" for k in knobs)
+
+
+RANGE_ITEM = re.compile(r"^(?P<key>[^=\s]+)=(?P<scale>log|linear)\[(?P<low>[^,\]]+),(?P<high>[^\]]+)\]$")
+
+
+def parse_ranges(text: str) -> list[Knob]:
+    """``ranges_text``'s output -> its knobs; raises ValueError on anything else."""
+    knobs = []
+    for item in str(text).split():
+        match = RANGE_ITEM.match(item)
+        if match is None:
+            raise ValueError(f"not a searched range: {item!r}")
+        low, high = float(match["low"]), float(match["high"])
+        if not (math.isfinite(low) and math.isfinite(high) and low < high) or (match["scale"] == "log" and low <= 0):
+            raise ValueError(f"not a searched range: {item!r}")
+        knobs.append(Knob(match["key"], low, high, match["scale"] == "log"))
+    return knobs
 
 
 def range_edges(knobs: list[Knob], values: dict[str, float], share: float = EDGE_SHARE) -> list[str]:

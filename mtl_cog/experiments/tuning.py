@@ -51,7 +51,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from mtl_cog.errors import UserError
-from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, Knob, start_points
+from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, Knob, ranges_text, start_points
 from mtl_cog.experiments.study_storage import check_storage, shown
 
 STUDY_FILE = "optuna.db"
@@ -408,6 +408,7 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
                      "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
                      "epochs_trained": epochs_trained(trial, spec.epochs),
                      "rung_values": rung_values(trial),
+                     "ranges": ranges_text(list(spec.knobs)),  # the study's search space: edges checkable
                      # chosen only once the study holds its whole budget: before, the best so far is no choice
                      "chosen": "*" if outcome.best is not None and not outcome.unfinished
                      and trial.number == outcome.best.number else ""})

@@ -191,9 +191,38 @@ def check_bundle(folder: Path, bundle: Bundle) -> None:
     other = [r for r, d in zip(runs["run"], runs["config_digest"]) if r in specs and specs[r] != d]
     if other:
         problems.append(f"config digests in {RUNS} differ from {CAMPAIGN}'s for {', '.join(other[:3])}")
+    problems += _finished_run_problems(bundle)
     if problems:
         raise UserError(f"{folder}: inconsistent results bundle: {'; '.join(problems)}. Restore it from git, or "
                         "delete the bundle folder to collect it anew from the run folders.")
+
+
+def _finished_run_problems(bundle: Bundle) -> list[str]:
+    """What a finished run's rows must hold for its numbers to be shown: test results, every one finite (a
+    diverged run fails, it does not finish), and the final runs of one method and draw one setting between them."""
+    done = bundle.done()
+    results = bundle.results[bundle.results["run"].isin(set(done["run"]))]
+    problems = []
+    tested = set(results.loc[results["split"] == "test", "run"])
+    untested = [r for r in done["run"] if r not in tested]
+    if untested:
+        problems.append(f"finished run(s) without test results in {RESULTS}: {', '.join(untested[:3])}")
+    values = pd.to_numeric(results["value"], errors="coerce")
+    bad = results[values.isna() | (values.abs() == float("inf"))]
+    if len(bad):
+        first = bad.iloc[0]
+        problems.append(f"{len(bad)} value(s) of finished runs in {RESULTS} are not finite (first: run "
+                        f"{first['run']}, {first['split']} {first['metric']} of task {first['task']})")
+    specs = bundle.campaign.get("specs", {})
+    finals = done[done["role"] == "final"]
+    for (data, method, draw), group in finals.groupby(["data", "method", finals["draw"].fillna("").astype(str)]):
+        settings = {specs[r]["setting"] for r in group["run"] if isinstance(specs.get(r), dict)
+                    and specs[r].get("setting")}
+        if len(settings) > 1:
+            problems.append(f"the final runs of {data}/{method}" + (f" (draw {draw})" if draw else "")
+                            + f" were trained with {len(settings)} different settings ({CAMPAIGN}'s specs): "
+                            "their mean would pool them")
+    return problems
 
 
 def wide_scores(bundle: Bundle, runs: pd.DataFrame | None = None) -> pd.DataFrame:

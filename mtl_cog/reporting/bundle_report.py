@@ -7,13 +7,16 @@ plus ``report.md``; ``markdown_tables`` gives the Markdown that ``docs/`` embeds
 disagrees with its bundle).
 
 - ``summary``: per data set, tuning draw and method, the test metrics' task mean, mean ± std over
-  the final runs' seeds (the COG paper's Table 1 layout), with the seed count; final runs only (role
+  the final runs' seeds (the COG paper's Table 1 layout), with the seed count against the planned one
+  (``planned_finals``) and a ``note`` (incomplete; a calibrator never exercised); final runs only (role
   ``final``): a sweep's or a curve's runs differ in their settings and have their own tables;
 - ``paired``: each COG variant minus its counterpart (``campaign.json``'s ``counterparts``), paired
   by seed, 95 % t interval over seeds (``reporting/paired.py``), per draw;
-- ``verdicts``: the draws' verdicts side by side: ``settled`` when every draw says the same,
-  **depends on the tuning draw** when the draws disagree, ``incomplete`` while a draw lacks the pair;
-- ``chosen``: the chosen trial of every study (``trials.csv``); ``draw_choices``: per method, each draw's
+- ``verdicts``: the planned draws' verdicts side by side: ``settled`` when every draw says the same,
+  **depends on the tuning draw** when the draws disagree, ``incomplete`` while a draw lacks the pair or
+  some of its planned seeds, *not tested at this budget* where the variant's calibrator stayed at the identity;
+- ``chosen``: the chosen trial of every study (``trials.csv``), its searched ranges and the knobs chosen in
+  the outer 5 % of them (``at_edge``, ``protocol.range_edges``); ``draw_choices``: per method, each draw's
   final choice (after any widening) side by side, the largest fold change of a knob between them, and
   ``changed`` where it exceeds ``CHANGED_FOLD`` (a factor of 2: every knob we tune is a positive rate,
   ratio or smoothing weight, searched on a log scale or over one decade);
@@ -41,8 +44,9 @@ import pandas as pd
 
 from mtl_cog.constants import IDENTITY_TOLERANCE, IDENTITY_VALUES
 from mtl_cog.errors import UserError
+from mtl_cog.experiments import protocol
 from mtl_cog.io import atomic_write, atomic_write_text
-from mtl_cog.reporting.bundle import Bundle, read_bundle, wide_scores
+from mtl_cog.reporting.bundle import TRIALS, Bundle, read_bundle, wide_scores
 from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
 from mtl_cog.reporting.html_report import ReportTables, write_html_report
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
@@ -63,26 +67,78 @@ def _final_scores(bundle: Bundle) -> pd.DataFrame:
     return scores[scores["split"] == "test"].assign(draw=lambda f: f["draw"].fillna("").astype(str))
 
 
-def summary(bundle: Bundle) -> pd.DataFrame:
+def _trained(method: str) -> str:
+    """The trained method behind a report method: ``baseline+ts`` is post-hoc TS fitted on ``baseline``'s runs."""
+    return method.split("+", 1)[0]
+
+
+def planned_finals(bundle: Bundle) -> pd.DataFrame:
+    """Every *planned* final run as (data, method, draw, seed): what a complete campaign will have.
+
+    ``campaign.json`` records each planned run's labels; a bundle written before it did (no ``labels``) is read
+    from what exists: per data set, every method with a final run × every draw that has final runs or a tuning
+    study × every seed that some final run has. A table then says ``incomplete`` while a (method, draw) has fewer
+    seeds than planned, instead of reading the finished ones as the whole design.
+    """
+    labelled = [r["labels"] for r in bundle.campaign.get("specs", {}).values()
+                if isinstance(r, dict) and isinstance(r.get("labels"), dict)]
+    if labelled:
+        frame = pd.DataFrame(labelled)
+        frame = frame[frame["role"] == "final"]
+        return (frame.assign(draw=frame["draw"].fillna("").astype(str), seed=frame["seed"].astype(int))
+                [["data", "method", "draw", "seed"]].drop_duplicates().reset_index(drop=True))
+    finals = bundle.runs[bundle.runs["role"] == "final"]
+    draws = set(finals["draw"].fillna("").astype(str))
+    if not bundle.trials.empty and "draw" in bundle.trials:
+        draws |= {str(d) for d in bundle.trials["draw"].dropna()}
+    rows = [{"data": data, "method": method, "draw": draw, "seed": int(seed)}
+            for data, group in finals.groupby("data") for method in sorted(set(group["method"]))
+            for draw in sorted(draws) for seed in sorted(set(group["seed"].astype(int)))]
+    return pd.DataFrame(rows, columns=["data", "method", "draw", "seed"])
+
+
+def _planned_seeds(planned: pd.DataFrame, data: str, method: str, draw: str) -> int:
+    rows = planned[(planned["data"] == data) & (planned["method"] == _trained(method)) & (planned["draw"] == draw)]
+    return int(rows["seed"].nunique())
+
+
+def _planned_draws(planned: pd.DataFrame, data: str) -> list[str]:
+    return sorted(set(planned.loc[planned["data"] == data, "draw"]))
+
+
+def summary(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.DataFrame:
     scores = _final_scores(bundle)
     means = scores[scores["task"] == "mean"]
+    planned = planned_finals(bundle)
+    table = calibrators(bundle) if calibrator_table is None else calibrator_table
     rows = []
     for (data, draw, method), group in means.groupby(["data", "draw", "method"], sort=True):
-        row = {"data": data, "draw": draw, "method": method, "seeds": group["seed"].nunique()}
-        for metric in SUMMARY_METRICS:
+        seeds = group["seed"].nunique()
+        row = {"data": data, "draw": draw, "method": method, "seeds": seeds,
+               "planned_seeds": max(_planned_seeds(planned, data, method, draw), seeds)}
+        for metric in [m for m in SUMMARY_METRICS if m in group]:  # a metric the campaign did not record: no column
             values = group[metric].to_numpy(dtype=float)
             row[metric] = values.mean()
             row[f"{metric}_std"] = values.std(ddof=1) if len(values) > 1 else np.nan
+        notes = []
+        if seeds < row["planned_seeds"]:
+            notes.append(f"incomplete: seeds {' '.join(map(str, sorted(group['seed'])))} of {row['planned_seeds']}")
+        if _idle(table, data, method, draw):
+            notes.append(f"{NOT_TESTED}: its calibrator stayed within {IDENTITY_TOLERANCE:.0%} of the identity")
+        row["note"] = "; ".join(notes)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def summary_cells(table: pd.DataFrame) -> pd.DataFrame:
-    """``summary`` as the paper prints it: "mean ± std" per metric."""
-    out = table[["data", "draw", "method", "seeds"]].copy()
-    for metric in SUMMARY_METRICS:
+    """``summary`` as the paper prints it: "mean ± std" per metric; seeds as "2 of 3" while some are missing."""
+    out = table[["data", "draw", "method"]].copy()
+    out["seeds"] = [str(n) if n >= planned else f"{n} of {planned}"
+                    for n, planned in zip(table["seeds"], table["planned_seeds"])]
+    for metric in [m for m in SUMMARY_METRICS if m in table]:
         out[metric] = [f"{m:.4f}" + ("" if pd.isna(s) else f" ± {s:.4f}") for m, s in
                        zip(table[metric], table[f"{metric}_std"])]
+    out["note"] = table["note"]
     return out
 
 
@@ -99,23 +155,60 @@ def paired(bundle: Bundle) -> pd.DataFrame:
     return table[["dataset", "draw", *[c for c in table.columns if c not in ("dataset", "draw")]]]
 
 
-def verdicts(paired_table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (data set, variant, counterpart, metric): each draw's verdict and whether they agree."""
+def _draw_gap(planned: pd.DataFrame, data: str, variant: str, counterpart: str, draw: str,
+              n_seeds: float | None) -> str:
+    """'' when the draw's pair holds every planned seed of both sides; else what it lacks ("draw 2: 1 of 3
+    seeds", "draw 2 missing")."""
+    want = min(_planned_seeds(planned, data, variant, draw), _planned_seeds(planned, data, counterpart, draw))
+    if n_seeds is None:
+        return f"draw {draw} missing" if draw else "missing"
+    if want and np.isfinite(n_seeds) and int(n_seeds) < want:
+        return f"{'draw ' + draw + ': ' if draw else ''}{int(n_seeds)} of {want} seeds"
+    return ""
+
+
+def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
+             calibrator_table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (data set, variant, counterpart, metric): each planned draw's verdict and whether they agree.
+
+    ``answer`` is a draw's verdict when every planned draw gives the same (``status`` settled), **depends on the
+    tuning draw** when they differ, ``incomplete (...)`` while a draw lacks the pair or some of its planned seeds,
+    and *not tested at this budget* where the variant's learned calibrator stayed at the identity in a draw."""
     if paired_table.empty:
         return pd.DataFrame()
-    wide = paired_table.pivot_table(index=["dataset", "variant", "counterpart", "metric"], columns="draw",
-                                    values="better", aggfunc="first")
-    wide.columns = [f"draw {c}" if c else "verdict" for c in wide.columns]
-    draws = list(wide.columns)
-    if len(draws) > 1:
-        def answer(row: pd.Series) -> str:
-            if row.isna().any():  # a draw without this pair (its finals not finished): nothing to compare yet
-                return "incomplete (" + ", ".join(d for d in draws if pd.isna(row[d])) + " missing)"
-            return row.iloc[0] if row.nunique() == 1 else DEPENDS
-        wide["answer"] = [answer(row) for _, row in wide[draws].iterrows()]
-        wide["status"] = [SETTLED if a not in (DEPENDS,) and not a.startswith("incomplete") else
-                          ("incomplete" if a.startswith("incomplete") else DEPENDS) for a in wide["answer"]]
-    return wide.reset_index()
+    planned = pd.DataFrame(columns=["data", "method", "draw", "seed"]) if planned is None else planned
+    calibrator_table = pd.DataFrame() if calibrator_table is None else calibrator_table
+    rows = []
+    keys = ["dataset", "variant", "counterpart", "metric"]
+    for key, group in paired_table.groupby(keys, sort=True):
+        data, variant, counterpart, _ = key
+        by_draw = {str(r.draw): r for r in group.itertuples()}
+        draws = sorted(set(_planned_draws(planned, data))
+                       | set(paired_table.loc[paired_table["dataset"] == data, "draw"].astype(str)))
+        row, cells, gaps = dict(zip(keys, key)), [], []
+        for draw in draws:
+            found = by_draw.get(draw)
+            seeds = None if found is None else float(getattr(found, "n_seeds", np.inf))
+            gap = _draw_gap(planned, data, variant, counterpart, draw, seeds)
+            cell = "" if found is None else str(found.better)
+            if found is not None and _idle(calibrator_table, data, variant, draw):
+                cell = f"{NOT_TESTED} ({cell})"
+            if gap and found is not None:
+                cell = f"{cell} ({gap})"
+            row[f"draw {draw}" if draw else "verdict"] = cell
+            cells.append(cell)
+            if gap:
+                gaps.append(gap)
+        if gaps:
+            row["answer"], row["status"] = f"incomplete ({', '.join(gaps)})", "incomplete"
+        elif any(c.startswith(NOT_TESTED) for c in cells):
+            row["answer"], row["status"] = NOT_TESTED, NOT_TESTED
+        elif len(set(cells)) == 1:
+            row["answer"], row["status"] = cells[0], SETTLED
+        else:
+            row["answer"], row["status"] = DEPENDS, DEPENDS
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _budget(bundle: Bundle) -> int | None:
@@ -141,10 +234,25 @@ def chosen(bundle: Bundle) -> pd.DataFrame:
     picked = trials[(trials["chosen"] == "*") & trials["study"].isin(complete)].copy()
     keep = ["study", "draw", "trial", "overrides", "val_nll"]
     table = picked[[c for c in keep if c in picked]].copy()
+    table["ranges"], table["at_edge"] = zip(*[_edges(row) for _, row in picked.iterrows()]) if len(picked) else ((), ())
     counts = counted.groupby("study").agg(trials=("trial", "size"),
                                           failed=("state", lambda s: int((s == "fail").sum())),
                                           pruned=("state", lambda s: int((s == "pruned").sum())))
     return table.merge(counts, left_on="study", right_index=True, how="left").sort_values("study")
+
+
+def _edges(trial: pd.Series) -> tuple[str, str]:
+    """(the study's searched ranges, the chosen knobs in the outer 5 % of theirs) from a trials.csv row; a bundle
+    written before trials.csv recorded the ranges says so instead of reporting no edge."""
+    text = trial.get("ranges")
+    if not isinstance(text, str) or not text.strip():
+        return "", "unknown (no ranges recorded)"
+    try:
+        knobs = protocol.parse_ranges(text)
+    except ValueError as err:
+        raise UserError(f"{TRIALS}: study {trial.get('study')}: {err}. Restore the bundle from git.") from None
+    values = {k.key: float(trial[k.key]) for k in knobs if k.key in trial and pd.notna(trial[k.key])}
+    return text, " ".join(protocol.range_edges(knobs, values))
 
 
 CHANGED_FOLD = 2.0
@@ -288,34 +396,43 @@ def _idle(table: pd.DataFrame, data: str, method: str, draw: str) -> bool:
 
 
 def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per (data set, claim, metric): each draw's reading of the paper's claim and the answer."""
+    """One row per (data set, claim, metric): each planned draw's reading of the paper's claim and the answer."""
     scores = _final_scores(bundle)
     if scores.empty:
         return pd.DataFrame()
     table = calibrators(bundle) if calibrator_table is None else calibrator_table
-    draws = sorted(scores["draw"].unique())
+    planned = planned_finals(bundle)
     rows = []
     for data in sorted(scores["data"].unique()):
+        draws = sorted(set(_planned_draws(planned, data)) | set(scores.loc[scores["data"] == data, "draw"]))
         for claim, variant, counterpart, expected in PAPER_CLAIMS:
             readings = {}
             for draw in draws:
                 group = scores[(scores["data"] == data) & (scores["draw"] == draw)]
                 pair = paired_differences(group.rename(columns={"data": "dataset"}), {variant: counterpart},
                                           CLAIM_METRICS)
-                readings[draw] = {r.metric: (_side(r.better, expected), r.mean_difference, r.ci_low, r.ci_high)
-                                  for r in pair.itertuples()}
+                readings[draw] = {r.metric: r for r in pair.itertuples()}
             for metric in CLAIM_METRICS:
                 row = {"data": data, "claim": claim, "pair": f"{variant} − {counterpart}", "metric": metric}
-                sides = []
+                sides, gaps = [], []
                 for draw in draws:
-                    side, mean, low, high = readings[draw].get(metric, ("", np.nan, np.nan, np.nan))
-                    text = f"{side} ({mean:+.4f} [{low:+.4f}, {high:+.4f}])" if side else ""
-                    if side and _idle(table, data, variant, draw):  # its calibrator never left the identity
-                        side, text = NOT_TESTED, f"{NOT_TESTED} ({text})"
+                    r = readings[draw].get(metric)
+                    gap = _draw_gap(planned, data, variant, counterpart, draw, None if r is None else float(r.n_seeds))
+                    side, text = "", ""
+                    if r is not None:
+                        side = _side(r.better, expected)
+                        interval = ("one seed: no interval" if pd.isna(r.ci_low)
+                                    else f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]")
+                        text = f"{side} ({r.mean_difference:+.4f} {interval})"
+                        if _idle(table, data, variant, draw):  # its calibrator never left the identity
+                            side, text = NOT_TESTED, f"{NOT_TESTED} ({text})"
+                    if gap:
+                        gaps.append(gap)
+                        text = f"{text} ({gap})" if text else ""
                     row[f"draw {draw}" if draw else "reading"] = text
                     sides.append(side)
-                if not all(sides):
-                    row["answer"] = "incomplete"
+                if gaps:
+                    row["answer"] = f"incomplete ({', '.join(gaps)})"
                 elif NOT_TESTED in sides:
                     row["answer"] = NOT_TESTED
                 else:
@@ -330,14 +447,15 @@ TABLE_NAMES = ("summary", "summary_values", "paired", "verdicts", "claims", "cho
 
 def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     """Every table of the campaign by name (``TABLE_NAMES``; empty tables left out)."""
-    table = summary(bundle)
+    calibrator_table = calibrators(bundle)
+    table = summary(bundle, calibrator_table)
     pair = paired(bundle)
     conv = convergence(bundle)
     curve, curve_pair = curves(bundle)
-    calibrator_table = calibrators(bundle)
     chosen_table = chosen(bundle)
     tables = {"summary": summary_cells(table) if not table.empty else table, "summary_values": table,
-              "paired": pair, "verdicts": verdicts(pair), "claims": claims(bundle, calibrator_table),
+              "paired": pair, "verdicts": verdicts(pair, planned_finals(bundle), calibrator_table),
+              "claims": claims(bundle, calibrator_table),
               "chosen": chosen_table, "draw_choices": draw_choices(chosen_table),
               "convergence": convergence_counts(conv), "convergence_runs": conv,
               "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair,
@@ -352,6 +470,8 @@ def markdown_of(frame: pd.DataFrame) -> str:
     for column in shown.columns:
         if pd.api.types.is_float_dtype(shown[column]):
             shown[column] = [("" if pd.isna(v) else f"{v:.4f}") for v in shown[column]]
+        else:  # a cell with nothing to say (a draw without that study) is empty, never the word nan
+            shown[column] = ["" if v is None or (isinstance(v, float) and pd.isna(v)) else v for v in shown[column]]
     return markdown_table(shown)
 
 
@@ -384,10 +504,32 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
     curves = curves[curves["role"] == "final"].assign(dataset=lambda f: label(f))
     leader = tables.get("curve", pd.DataFrame())
     leader = leader.rename(columns={"data": "dataset"}) if not leader.empty else leader
-    notes = [f"Computed from the results bundle of campaign {bundle.name} alone ({len(runs)} finished runs); "
-             "per-task reliability diagrams need the run folders (mtl-cog compare)."]
+    roles = runs["role"].value_counts()
+    notes = [f"Computed from the results bundle of campaign {bundle.name} alone ("
+             + ", ".join(f"{n} finished {role} runs" for role, n in roles.sort_index().items())
+             + "); per-task reliability diagrams need the run folders (mtl-cog compare)."]
+    conv = tables.get("convergence_runs", pd.DataFrame())
+    unsettled = conv[conv["converged"] == False] if not conv.empty else conv  # noqa: E712
+    sections = [
+        ("Does each COG variant beat its counterpart? Both tuning draws", "Per draw: which side the 95 % paired t "
+         "interval over seeds favours; answer 'settled' only when every draw agrees, 'depends on the tuning draw' "
+         "otherwise, 'incomplete' while a draw lacks planned seeds.", tables.get("verdicts", pd.DataFrame())),
+        ("The COG paper's claims at this scale", "Each claim as a paired comparison of final runs, per draw: "
+         "supported / contradicted / inconclusive at this scale; 'not tested at this budget' where the learned "
+         "calibrator stayed at the identity.", tables.get("claims", pd.DataFrame())),
+        ("What the tuning chose", "Every study holding its whole budget: the chosen trial, the searched ranges, "
+         "any chosen knob in the outer 5 % of its range (at_edge), failed and pruned trials.",
+         tables.get("chosen", pd.DataFrame())),
+        ("Do the two tuning draws choose alike?", "largest_fold: the largest ratio between the draws' values of "
+         "one knob; changed: a factor above 2.", tables.get("draw_choices", pd.DataFrame())),
+        ("Learned calibrators", "Final values over tasks, the largest distance from the identity, the whole move; "
+         "exercised is false within 1 % of the identity.", tables.get("calibrators", pd.DataFrame())),
+        ("Runs that did not settle", "By the convergence rule (best validation NLL still improving by more than "
+         "1 %, or the calibrator making more than 10 % of its move, in the last 20 % of epochs).", unsettled),
+    ]
     return ReportTables(frame, paired=paired_table, per_task=per_task, curves=curves, leader_curve=leader,
-                        notes=notes, title=f"Campaign {bundle.name}")
+                        notes=notes, notes_title="About this report", sections=sections,
+                        title=f"Campaign {bundle.name}")
 
 
 def write_bundle_report(bundle: Bundle, out: Path) -> Path:
@@ -395,6 +537,12 @@ def write_bundle_report(bundle: Bundle, out: Path) -> Path:
     ``report.html`` (``mtl_cog.reporting.html_report``)."""
     out.mkdir(parents=True, exist_ok=True)
     tables = bundle_tables(bundle)
+    for name in TABLE_NAMES:  # a table this bundle no longer has must not survive from an earlier report here
+        if name not in tables:
+            for suffix in (".csv", ".md"):
+                (out / f"{name}{suffix}").unlink(missing_ok=True)
+    if "summary_values" not in tables:
+        (out / "report.html").unlink(missing_ok=True)
     sections = [f"# Campaign {bundle.name}", "", f"{len(bundle.runs)} runs in the bundle ("
                 + ", ".join(f"{n} {s}" for s, n in bundle.runs["status"].value_counts().sort_index().items())
                 + "); every table below is computed from the bundle alone.", ""]
@@ -453,12 +601,10 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
             if match["table"] not in TABLE_NAMES:
                 raise UserError(f"{page}: bundle-table names no table {match['table']!r} "
                                 f"(a bundle's tables: {', '.join(TABLE_NAMES)}).")
-            if match["table"] in tables:
-                frame = tables[match["table"]]
-                frame = frame.query(match["query"]) if match["query"] else frame
-                body = markdown_of(frame.reset_index(drop=True)) + "\n"
-            else:
-                body = PENDING + "\n"
+            frame = tables.get(match["table"], pd.DataFrame())
+            if not frame.empty and match["query"]:
+                frame = frame.query(match["query"])
+            body = PENDING + "\n" if frame.empty else markdown_of(frame.reset_index(drop=True)) + "\n"
             if body != match["body"]:
                 stale.append(f"{page.relative_to(root)}: {match['table']} of {match['bundle']}")
             head = match.group(0)[: match.start("body") - match.start(0)]

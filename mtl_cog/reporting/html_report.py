@@ -60,8 +60,11 @@ class ReportTables:
       ``shift_report.method_shift_table``); averaged over seeds here.
     - ``subgroups``: dataset, method, [seed], group, value, task, n, metric columns (a run's
       ``group_metrics.csv`` with its dataset, method and seed); averaged over seeds and tasks here.
-    - ``notes``: lines shown at the top (runs set apart and why); ``bins``: the bin count of the
-      summary's binned errors; ``title``, ``subtitle``: the page heading.
+    - ``notes``: lines shown at the top under ``notes_title`` (a comparison: the runs set apart and why);
+      ``bins``: the bin count of the summary's binned errors; ``title``, ``subtitle``: the page heading.
+    - ``sections``: (heading, note, table) shown as they are, before the data sets: a results bundle's
+      answers (verdicts with both tuning draws, the paper's claims, the tuning's choices, calibrators, runs
+      that did not settle), each a plain sortable table.
     """
 
     summary: pd.DataFrame
@@ -75,6 +78,8 @@ class ReportTables:
     shift: pd.DataFrame = field(default_factory=pd.DataFrame)
     subgroups: pd.DataFrame = field(default_factory=pd.DataFrame)
     notes: list[str] = field(default_factory=list)
+    notes_title: str = "Runs set apart"
+    sections: list[tuple[str, str, pd.DataFrame]] = field(default_factory=list)
     bins: int = SUMMARY_BINS
     title: str = "Comparison of methods"
     subtitle: str = ""
@@ -136,6 +141,23 @@ def summary_html(rows: pd.DataFrame, bins: int) -> str:
         body.append(f'<tr{" class=top" if top else ""}>{"".join(cells)}</tr>')
     return (f'<div class="scroll"><table class="sortable summary">{_header(names)}<tbody>{"".join(body)}'
             "</tbody></table></div>")
+
+
+def frame_html(frame: pd.DataFrame) -> str:
+    """Any table as a sortable HTML table: numbers to 4 decimals (sorted as numbers), empty cells empty."""
+    body = []
+    for row in frame.itertuples(index=False):
+        cells = []
+        for value in row:
+            if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+                cells.append(_cell(value) if isinstance(value, (float, np.floating)) else
+                             f'<td data-v="{value}">{value}</td>')
+            else:
+                text = "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+                cells.append(f"<td class=l>{escape(text)}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return (f'<div class="scroll"><table class="sortable">{_header([str(c) for c in frame.columns])}'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
 def paired_html(rows: pd.DataFrame) -> str:
@@ -322,8 +344,9 @@ def dataset_html(dataset: str, tables: ReportTables) -> str:
     anchor = _slug(dataset)
     parts = [f'<section class="dataset" id="ds-{anchor}"><h2>{escape(dataset)}</h2>', "<h3>Summary</h3>",
              '<p class="note">Test-set metrics, mean ± std over distinct seeds (no ± with one seed); task mean for '
-             "multi-task data. Average rank over accuracy, NLL and Brier (1 = best); ★ = top-ranked. Click a "
-             "header to sort.</p>", summary_html(summary, tables.bins), _legend(colors)]
+             "multi-task data." + (" Average rank over accuracy, NLL and Brier (1 = best); ★ = top-ranked."
+                                   if "avg_rank" in summary else "")
+             + " Click a header to sort.</p>", summary_html(summary, tables.bins), _legend(colors)]
     paired = _rows(tables.paired, dataset)
     if not paired.empty:
         parts += ["<h3>COG variants against their counterparts (paired)</h3>",
@@ -373,8 +396,10 @@ def report_html(tables: ReportTables) -> str:
     datasets = list(dict.fromkeys(tables.summary["dataset"]))
     nav = "".join(f'<a href="#ds-{_slug(d)}">{escape(d)}</a><a href="#tasks-{_slug(d)}">{escape(d)}: per task</a>'
                   for d in datasets)
-    notes = "" if not tables.notes else ("<h3>Runs set apart</h3><ul>" +
+    notes = "" if not tables.notes else (f"<h3>{escape(tables.notes_title)}</h3><ul>" +
                                          "".join(f"<li>{escape(n)}</li>" for n in tables.notes) + "</ul>")
+    notes += "".join(f'<section class="campaign"><h2>{escape(heading)}</h2><p class="note">{escape(note)}</p>'
+                     f"{frame_html(frame)}</section>" for heading, note, frame in tables.sections if not frame.empty)
     return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{escape(tables.title)}</title><style>{STYLE}</style></head><body>{SVG_DEFS}"

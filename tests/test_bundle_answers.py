@@ -1,0 +1,143 @@
+"""The answer tables of a results bundle while its campaign is still running, and once it is done: a draw or seed
+that is planned but not finished makes every reading 'incomplete' (never a settled verdict on part of the design);
+a learned calibrator left at the identity is not ranked; chosen knobs at a range edge are flagged from the ranges
+trials.csv records; report.html shows the answers; a rerun into the same folder leaves no stale table."""
+
+import pandas as pd
+import pytest
+
+from mtl_cog.experiments import campaign, protocol
+from mtl_cog.reporting import bundle as bundles
+from mtl_cog.reporting.bundle_report import DEPENDS, NOT_TESTED, SETTLED, bundle_tables, write_bundle_report
+
+SEEDS = (0, 1, 2)
+# (method, draw) -> how much lower the test NLL is than the baseline's (every seed and task)
+NLL_GAIN = {("cog_fc", "1"): 0.02, ("cog_fc", "2"): 0.02, ("cog_ts", "1"): -0.01, ("cog_ts", "2"): -0.01}
+
+
+def make_bundle(finished=lambda method, draw, seed: True, idle_draw: str | None = None) -> bundles.Bundle:
+    """Final runs of baseline, cog_fc, cog_ts (draws 1, 2; seeds 0-2; tasks a, b), each planned in campaign.json
+    with its labels; ``finished`` says which have finished; cog_ts's temperature stays at 1 in ``idle_draw``."""
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {},
+                             "counterparts": {"cog_fc": "baseline", "cog_ts": "baseline+ts"}})
+    for method in ("baseline", "cog_fc", "cog_ts"):
+        for draw in ("1", "2"):
+            for seed in SEEDS:
+                run = campaign.run_name(data="d", method=method, draw=int(draw), seed=seed)
+                labels = campaign.Labels("d", method, "final", seed, draw)
+                bundle.campaign["specs"][run] = {"digest": run, "setting": f"{method}-{draw}", "labels": labels.row()}
+                if not finished(method, draw, seed):
+                    continue
+                row = {c: "" for c in bundles.RUN_COLUMNS} | {**labels.row(), "run": run, "campaign": "c",
+                                                              "status": "done", "config_digest": run}
+                nll = 0.3 - NLL_GAIN.get((method, draw), 0.0) + 0.003 * seed
+                results = [{"run": run, "split": "test", "task": task, "metric": metric, "value": value + 0.01 * i}
+                           for i, task in enumerate(("a", "b"))
+                           for metric, value in (("nll", nll), ("accuracy", 0.9 + 0.001 * seed))]
+                if method == "baseline":  # post-hoc TS on it: NLL 0.004 lower
+                    results += [{**r, "split": "test+ts", "value": r["value"] - 0.004 * (r["metric"] == "nll")}
+                                for r in list(results)]
+                if method == "cog_ts":
+                    results += [{"run": run, "split": "calibrator", "task": task, "metric": "temperature",
+                                 "value": 1.0 if draw == idle_draw else 1.4} for task in ("a", "b")]
+                means = pd.DataFrame(results).query("split != 'calibrator'").groupby(
+                    ["run", "split", "metric"], as_index=False)["value"].mean().assign(task="mean")
+                bundle.add_run(row, pd.concat([pd.DataFrame(results), means]),
+                               pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    return bundle
+
+
+def _verdict(tables, variant, metric="nll"):
+    return tables["verdicts"].set_index(["variant", "metric"]).loc[(variant, metric)]
+
+
+def test_a_complete_campaign_reads_settled_and_an_idle_calibrator_is_not_ranked():
+    tables = bundle_tables(make_bundle(idle_draw="2"))
+    fc = _verdict(tables, "cog_fc")
+    assert fc["draw 1"] == fc["draw 2"] == fc["answer"] == "variant" and fc["status"] == SETTLED
+    ts = _verdict(tables, "cog_ts")  # COG-TS worse than TS in both draws, but draw 2 never left T = 1
+    assert ts["draw 1"] == "counterpart" and ts["draw 2"].startswith(NOT_TESTED) and ts["answer"] == NOT_TESTED
+    summary = tables["summary"].set_index(["draw", "method"])
+    assert summary.loc[("2", "cog_ts"), "note"].startswith(NOT_TESTED) and summary.loc[("1", "cog_ts"), "note"] == ""
+    assert summary.loc[("1", "cog_fc"), "seeds"] == "3"
+
+
+def test_a_draw_with_a_seed_still_running_is_incomplete_everywhere():
+    tables = bundle_tables(make_bundle(finished=lambda m, d, s: not (m == "cog_fc" and d == "2" and s == 2)))
+    fc = _verdict(tables, "cog_fc")
+    assert fc["status"] == "incomplete" and fc["answer"] == "incomplete (draw 2: 2 of 3 seeds)"
+    claim = tables["claims"].set_index(["claim", "metric"]).loc[("COG-FC improves on the baseline", "nll")]
+    assert claim["answer"] == "incomplete (draw 2: 2 of 3 seeds)" and claim["draw 1"].startswith("supported")
+    summary = tables["summary"].set_index(["draw", "method"])
+    assert summary.loc[("2", "cog_fc"), "seeds"] == "2 of 3" and "incomplete" in summary.loc[("2", "cog_fc"), "note"]
+    assert _verdict(tables, "cog_ts")["status"] == SETTLED  # the other pairs are whole
+
+
+def test_a_draw_not_started_is_incomplete_not_an_answer():
+    tables = bundle_tables(make_bundle(finished=lambda m, d, s: d == "1"))
+    for variant in ("cog_fc", "cog_ts"):
+        assert _verdict(tables, variant)["answer"] == "incomplete (draw 2 missing)"
+    claims = tables["claims"].query("metric == 'nll'").set_index("claim")["answer"]
+    assert set(claims[["COG-FC improves on the baseline", "COG-TS is worse than post-hoc TS"]]) == {
+        "incomplete (draw 2 missing)"}
+    assert claims["COG+LS improves on label smoothing"] == "incomplete (draw 1 missing, draw 2 missing)"
+
+
+def test_draws_that_disagree_depend_on_the_tuning_draw():
+    NLL_GAIN[("cog_fc", "2")] = -0.02
+    try:
+        tables = bundle_tables(make_bundle())
+    finally:
+        NLL_GAIN[("cog_fc", "2")] = 0.02
+    assert _verdict(tables, "cog_fc")["answer"] == DEPENDS
+
+
+def _trials(value: float, ranges: str | None) -> pd.DataFrame:
+    rows = [{"trial": i, "run": f"trial_{i:02d}", "state": "complete", "counted": True, "draw": "1",
+             "optim.follower_lr": v, "overrides": f"optim.follower_lr={v:g}", "val_nll": 0.3 - 0.01 * (v == value),
+             "chosen": "*" if v == value else ""} | ({"ranges": ranges} if ranges else {})
+            for i, v in enumerate((value, 1e-3, 3e-3))]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("value, edge", [(2.9e-2, "optim.follower_lr=highest"), (3.1e-4, "optim.follower_lr=lowest"),
+                                         (3e-3, "")])
+def test_a_chosen_knob_at_its_range_edge_is_flagged_from_the_recorded_ranges(value, edge):
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}, "budget": 3})
+    ranges = protocol.ranges_text([protocol.Knob("optim.follower_lr", 3e-4, 3e-2, log=True)])
+    bundle.set_trials("d-baseline", _trials(value, ranges))
+    chosen = bundle_tables(bundle)["chosen"].iloc[0]
+    assert chosen["ranges"] == "optim.follower_lr=log[0.0003,0.03]" and chosen["at_edge"] == edge
+    old = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}, "budget": 3})
+    old.set_trials("d-baseline", _trials(value, None))  # written before trials.csv recorded the ranges
+    assert bundle_tables(old)["chosen"].iloc[0]["at_edge"] == "unknown (no ranges recorded)"
+
+
+def test_searched_ranges_read_back_as_written_and_refuse_anything_else():
+    knobs = [protocol.Knob("optim.follower_lr", 3e-4, 3e-2, log=True),
+             protocol.Knob("method.label_smoothing", 0.02, 0.2, log=False)]
+    back = protocol.parse_ranges(protocol.ranges_text(knobs))
+    assert [(k.key, k.low, k.high, k.log) for k in back] == [(k.key, k.low, k.high, k.log) for k in knobs]
+    for bad in ("optim.follower_lr=[0.1,1]", "x=log[0,1]", "x=linear[2,1]", "x=log[nan,1]"):
+        with pytest.raises(ValueError, match="not a searched range"):
+            protocol.parse_ranges(bad)
+
+
+def test_the_report_shows_the_answers_and_a_rerun_leaves_no_stale_table(tmp_path):
+    write_bundle_report(make_bundle(idle_draw="2"), tmp_path)
+    html = (tmp_path / "report.html").read_text()
+    assert "Both tuning draws" in html and "claims at this scale" in html and NOT_TESTED in html
+    assert (tmp_path / "verdicts.csv").is_file()
+    tuning_only = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}, "budget": 3})
+    tuning_only.set_trials("d-baseline", _trials(3e-3, None))
+    write_bundle_report(tuning_only, tmp_path)
+    assert (tmp_path / "chosen.csv").is_file()
+    for gone in ("verdicts.csv", "summary.md", "claims.csv", "report.html"):
+        assert not (tmp_path / gone).exists(), gone
+
+
+def test_campaign_json_records_what_each_planned_run_is():
+    spec = campaign.RunSpec("d-cog_fc-d2-seed1", (), (), None, campaign.Labels("d", "cog_fc", "final", 1, "2"))
+    record = campaign.spec_record(campaign.Planned(spec, campaign.Config(), "x", campaign.NEW))
+    assert record["labels"] == {"data": "d", "method": "cog_fc", "role": "final", "seed": 1, "draw": "2",
+                                "trial": "", "ratio": ""}
