@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> Path | None:
     if bundle is None:
         raise UserError(f"--bundle {args.bundle}: no results bundle there (no campaign.json). A campaign writes it "
                         "as OUT/bundle.")
+    if args.out is not None:  # refused before any table is computed
+        check_writable(args.out, "--out", folder=True)
     tables = bundle_tables(bundle)
     if args.list:
         print("\n".join(tables))
@@ -50,8 +52,7 @@ def main(argv: list[str] | None = None) -> Path | None:
                             f"{', '.join(tables) or 'none (no finished run)'}.")
         print(markdown_of(tables[args.markdown]))
     if args.out is not None:
-        check_writable(args.out, "--out", folder=True)
-        path = write_bundle_report(bundle, args.out)
+        path = write_bundle_report(bundle, args.out, tables)
         print(path)
         return path
     return None

@@ -532,20 +532,20 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
                         title=f"Campaign {bundle.name}")
 
 
-def write_bundle_report(bundle: Bundle, out: Path) -> Path:
+def write_bundle_report(bundle: Bundle, out: Path, tables: dict[str, pd.DataFrame] | None = None) -> Path:
     """Each table as ``<name>.csv`` and ``<name>.md`` in ``out``, ``report.md`` with all of them, and
     ``report.html`` (``mtl_cog.reporting.html_report``)."""
     out.mkdir(parents=True, exist_ok=True)
-    tables = bundle_tables(bundle)
+    tables = bundle_tables(bundle) if tables is None else tables  # the caller's, when it computed them already
     for name in TABLE_NAMES:  # a table this bundle no longer has must not survive from an earlier report here
         if name not in tables:
             for suffix in (".csv", ".md"):
                 (out / f"{name}{suffix}").unlink(missing_ok=True)
     if "summary_values" not in tables:
         (out / "report.html").unlink(missing_ok=True)
-    sections = [f"# Campaign {bundle.name}", "", f"{len(bundle.runs)} runs in the bundle ("
-                + ", ".join(f"{n} {s}" for s, n in bundle.runs["status"].value_counts().sort_index().items())
-                + "); every table below is computed from the bundle alone.", ""]
+    counts = ", ".join(f"{n} {s}" for s, n in bundle.runs["status"].value_counts().sort_index().items())
+    sections = [f"# Campaign {bundle.name}", "", f"{len(bundle.runs)} runs in the bundle"
+                + (f" ({counts})" if counts else "") + "; every table below is computed from the bundle alone.", ""]
     for name, frame in tables.items():
         atomic_write(out / f"{name}.csv", lambda tmp, frame=frame: frame.to_csv(tmp, index=False))
         text = markdown_of(frame)

@@ -367,10 +367,16 @@ def dataset_html(dataset: str, tables: ReportTables) -> str:
         parts += ["<h3>Learned calibrators</h3>", calibrators_html(calibrators, colors)]
     task_view = tasks_html(dataset, _rows(tables.reliability, dataset), _rows(tables.per_task, dataset), methods,
                            summary, tables.bins)
-    if task_view:
+    per_task = _rows(tables.per_task, dataset)
+    spread = "mean ± std" if any(str(c).endswith("_std") for c in per_task.columns) else "the mean"
+    if task_view and tables.reliability.empty:  # a results bundle: the task metrics, no reliability diagrams
+        parts += [f'<h3 id="tasks-{anchor}">Per task</h3>',
+                  f'<p class="note">Test metrics of every method on the chosen task, {spread} over seeds.</p>',
+                  task_view]
+    elif task_view:
         parts += [f'<h3 id="tasks-{anchor}">Per task</h3>',
                   '<p class="note">Reliability diagrams of every method on the chosen task (test set, every seed\'s '
-                  "predictions pooled, so its ECE is of the pool; the table gives mean ± std over seeds): blue, "
+                  f"predictions pooled, so its ECE is of the pool; the table gives {spread} over seeds): blue, "
                   "observed frequency per bin; hatched red, the gap to the bin's mean confidence; black dots, mean "
                   "true probability where known; grey, predictions per bin (log). "
                   "Hover a bar for its numbers.</p>", task_view]
