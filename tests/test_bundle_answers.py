@@ -6,9 +6,11 @@ trials.csv records; report.html shows the answers; a rerun into the same folder 
 import pandas as pd
 import pytest
 
-from mtl_cog.experiments import campaign, protocol
+from mtl_cog.config import search_ranges
+from mtl_cog.experiments import campaign
 from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.bundle_report import DEPENDS, NOT_TESTED, SETTLED, bundle_tables, write_bundle_report
+from mtl_cog.reporting.bundle_answers import DEPENDS, NOT_TESTED, SETTLED
+from mtl_cog.reporting.bundle_report import bundle_tables, write_bundle_report
 
 SEEDS = (0, 1, 2)
 # (method, draw) -> how much lower the test NLL is than the baseline's (every seed and task)
@@ -104,7 +106,7 @@ def _trials(value: float, ranges: str | None) -> pd.DataFrame:
                                          (3e-3, "")])
 def test_a_chosen_knob_at_its_range_edge_is_flagged_from_the_recorded_ranges(value, edge):
     bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}, "budget": 3})
-    ranges = protocol.ranges_text([protocol.Knob("optim.follower_lr", 3e-4, 3e-2, log=True)])
+    ranges = search_ranges.ranges_text([search_ranges.Knob("optim.follower_lr", 3e-4, 3e-2, log=True)])
     bundle.set_trials("d-baseline", _trials(value, ranges))
     chosen = bundle_tables(bundle)["chosen"].iloc[0]
     assert chosen["ranges"] == "optim.follower_lr=log[0.0003,0.03]" and chosen["at_edge"] == edge
@@ -114,13 +116,13 @@ def test_a_chosen_knob_at_its_range_edge_is_flagged_from_the_recorded_ranges(val
 
 
 def test_searched_ranges_read_back_as_written_and_refuse_anything_else():
-    knobs = [protocol.Knob("optim.follower_lr", 3e-4, 3e-2, log=True),
-             protocol.Knob("method.label_smoothing", 0.02, 0.2, log=False)]
-    back = protocol.parse_ranges(protocol.ranges_text(knobs))
+    knobs = [search_ranges.Knob("optim.follower_lr", 3e-4, 3e-2, log=True),
+             search_ranges.Knob("method.label_smoothing", 0.02, 0.2, log=False)]
+    back = search_ranges.parse_ranges(search_ranges.ranges_text(knobs))
     assert [(k.key, k.low, k.high, k.log) for k in back] == [(k.key, k.low, k.high, k.log) for k in knobs]
     for bad in ("optim.follower_lr=[0.1,1]", "x=log[0,1]", "x=linear[2,1]", "x=log[nan,1]"):
         with pytest.raises(ValueError, match="not a searched range"):
-            protocol.parse_ranges(bad)
+            search_ranges.parse_ranges(bad)
 
 
 def test_the_report_shows_the_answers_and_a_rerun_leaves_no_stale_table(tmp_path):

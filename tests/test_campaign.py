@@ -250,7 +250,7 @@ def test_a_rerun_that_would_pool_another_setting_into_an_arm_is_refused(tmp_path
 
 
 def test_a_missing_draw_is_incomplete_not_a_disagreement():
-    from mtl_cog.reporting.bundle_report import verdicts
+    from mtl_cog.reporting.bundle_answers import verdicts
 
     paired = pd.DataFrame([{"dataset": "d", "draw": "1", "variant": "a", "counterpart": "b", "metric": "nll",
                             "better": "variant"},
@@ -273,7 +273,7 @@ def test_the_papers_claims_are_read_from_both_draws_and_an_idle_calibrator_is_no
     """claims: per draw, the paired verdict read against the paper's side; both draws alike -> that reading,
     unlike -> 'depends on the tuning draw'; a side without final runs -> incomplete; COG-TS whose temperature
     stayed at the identity -> 'not tested at this budget', whatever its interval says."""
-    from mtl_cog.reporting.bundle_report import DEPENDS, NOT_TESTED, claims
+    from mtl_cog.reporting.bundle_answers import DEPENDS, NOT_TESTED, claims
 
     bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}})
     # draw 1: COG-FC's NLL lower than the baseline's by 0.01 on every seed (supported); draw 2: higher (contradicted)

@@ -11,7 +11,7 @@ import pytest
 
 from mtl_cog.cli import lane
 from mtl_cog.errors import UserError
-from mtl_cog.reporting import bundle_report
+from mtl_cog.reporting import docs_tables
 
 # A stand-in campaign: resumes from OUT/bundle/runs.csv when it exists, appends one run per "finish", and checks
 # that it runs from the frozen copy (its own folder is the lane's code/, not the checkout).
@@ -242,7 +242,7 @@ def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(re
     git(repo, "commit", "-q", "-am", "a table the bundle lacks")
     change(published)
     assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
-    assert bundle_report.PENDING in git(repo, "show", "HEAD:docs/r.md")
+    assert docs_tables.PENDING in git(repo, "show", "HEAD:docs/r.md")
     assert git(repo, "status", "--porcelain") == ""
     # a page naming a table no bundle has: the bundle goes alone, the page is as committed
     page.write_text(page.read_text().replace("camp/bundle curve", "camp/bundle nope"))

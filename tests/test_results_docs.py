@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from mtl_cog.reporting.bundle_report import MARKER, regenerate_docs
+from mtl_cog.reporting.docs_tables import MARKER, regenerate_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def test_a_table_whose_runs_have_not_finished_reads_pending_and_an_unknown_one_i
     from test_campaign import write_tiny_bundle
 
     from mtl_cog.errors import UserError
-    from mtl_cog.reporting.bundle_report import PENDING
+    from mtl_cog.reporting.docs_tables import PENDING
 
     write_tiny_bundle(tmp_path / "results" / "c" / "bundle")  # final runs only: no curve, no tuning
     (tmp_path / "docs").mkdir()

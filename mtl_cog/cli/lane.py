@@ -50,7 +50,7 @@ from filelock import FileLock
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.reporting.bundle_report import pages_naming
+from mtl_cog.reporting.docs_tables import pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
 STOP_GRACE_SECONDS = 120  # after SIGINT, how long a campaign may take to record what finished before SIGTERM

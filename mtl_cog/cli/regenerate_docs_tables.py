@@ -17,7 +17,7 @@ from pathlib import Path
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.reporting.bundle_report import regenerate_docs
+from mtl_cog.reporting.docs_tables import regenerate_docs
 
 
 def main(argv: list[str] | None = None) -> list[str]:

@@ -304,15 +304,13 @@ def code_commit() -> str:
 
 
 def spec_record(p: Planned) -> dict:
-    """What ``campaign.json`` keeps of a run: its digest and how to compose its config again (config files
-    relative to the clone where they lie in it, overrides), so a fresh clone can rebuild it from the bundle."""
+    """What ``campaign.json`` keeps of a run: its digest, how to compose its config again on a fresh clone (config
+    files relative to it, overrides), and its labels (reports know every planned run: "incomplete" until done)."""
     def portable(path: Path) -> str:
         try:
             return str(Path(path).resolve().relative_to(Path(PACKAGE_PARENT)))
         except ValueError:
             return str(path)
-    # labels: what the run is (role, data, method, draw, seed), so that a report knows every *planned* run, and can
-    # say "incomplete" while some have not finished rather than read the finished ones as the whole design
     return {"digest": p.digest, "digest_version": DIGEST_VERSION, "setting": setting_digest(p.config),
             "configs": [portable(c) for c in p.spec.configs], "overrides": list(p.spec.overrides),
             "labels": p.spec.labels.row()}

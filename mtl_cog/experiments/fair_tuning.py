@@ -37,7 +37,7 @@ import pandas as pd
 from filelock import FileLock
 from optuna.trial import TrialState
 
-from mtl_cog.config import Config, load_config
+from mtl_cog.config import Config, load_config, search_ranges
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import campaign, gpu_time, protocol, tuning
 from mtl_cog.experiments.launcher import LocalLauncher, RunJob, python_module_command
@@ -217,7 +217,7 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
         trained = sum(tuning.epochs_trained(t, spec.epochs) for t in outcome.trials)
         rows.append({"dataset": dataset, "method": method, "draw": draw, "settings": best.user_attrs["overrides"],
                      "val_nll": best.value, "at_edge": " ".join(protocol.range_edges(list(spec.knobs), best.params)),
-                     "ranges": protocol.ranges_text(list(spec.knobs)),
+                     "ranges": search_ranges.ranges_text(list(spec.knobs)),
                      "widened": spec.widening,
                      "trials": len(outcome.trials), "failed": sum(t.state == TrialState.FAIL for t in outcome.trials),
                      "pruned": sum(t.state == TrialState.PRUNED for t in outcome.trials),

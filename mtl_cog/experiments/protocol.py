@@ -39,12 +39,11 @@ So, per data set and method (``scripts/reproduce.py --protocol fair``):
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 
 from scipy.stats import qmc
 
 from mtl_cog.config import Config
+from mtl_cog.config.search_ranges import EDGE_SHARE, Knob, range_edges  # noqa: F401 (the protocol's words)
 from mtl_cog.errors import UserError
 from mtl_cog.models.calibrators import CALIBRATORS
 
@@ -54,17 +53,6 @@ FOLLOWER_RANGE = (0.1, 10.0)  # x the data set's configured follower rate (the f
 LEADER_RATIO = (1e-3, 1.0)  # leader_lr = ratio x follower_lr; 1 = no hierarchy
 LEADER_RATIO_KEY = "leader_ratio"  # the knob's name in a study (resolved into optim.leader_lr)
 ALLOW_EQUAL = "optim.allow_leader_lr_geq_follower"  # the schema refuses leader >= follower without it
-EDGE_SHARE = 0.05  # a choice in the outer 5 % of a knob's range (in its own scale) is "at the edge"
-
-
-@dataclass(frozen=True)
-class Knob:
-    key: str  # config key the value is written to
-    low: float
-    high: float
-    log: bool  # log-uniform (rates) or uniform (epsilon, gamma)
-    floor: float = 0.0  # what the value can never go below or above, however far the range is widened
-    ceiling: float = math.inf
 
 
 def widened(knob: Knob, side: str) -> Knob | None:
@@ -164,50 +152,6 @@ def as_overrides(setting: dict[str, float]) -> list[str]:
     if setting.get("optim.leader_lr", 0.0) >= setting.get("optim.follower_lr", math.inf):
         overrides.append(f"{ALLOW_EQUAL}=true")
     return overrides
-
-
-def ranges_text(knobs: list[Knob]) -> str:
-    """The searched ranges as trials.csv and chosen_settings.csv record them (``parse_ranges`` reads them back):
-    ``optim.follower_lr=log[0.0003,0.03] method.label_smoothing=linear[0.02,0.2]``."""
-    return " ".join(f"{k.key}={'log' if k.log else 'linear'}[{k.low:g},{k.high:g}]" for k in knobs)
-
-
-RANGE_ITEM = re.compile(r"^(?P<key>[^=\s]+)=(?P<scale>log|linear)\[(?P<low>[^,\]]+),(?P<high>[^\]]+)\]$")
-
-
-def parse_ranges(text: str) -> list[Knob]:
-    """``ranges_text``'s output -> its knobs; raises ValueError on anything else."""
-    knobs = []
-    for item in str(text).split():
-        match = RANGE_ITEM.match(item)
-        if match is None:
-            raise ValueError(f"not a searched range: {item!r}")
-        low, high = float(match["low"]), float(match["high"])
-        if not (math.isfinite(low) and math.isfinite(high) and low < high) or (match["scale"] == "log" and low <= 0):
-            raise ValueError(f"not a searched range: {item!r}")
-        knobs.append(Knob(match["key"], low, high, match["scale"] == "log"))
-    return knobs
-
-
-def range_edges(knobs: list[Knob], values: dict[str, float], share: float = EDGE_SHARE) -> list[str]:
-    """The knobs whose value lies in the outer ``share`` of their range, e.g. ``["optim.follower_lr=highest"]``.
-
-    The optimum may then lie outside the range: a comparison should say so rather than present
-    the choice as tuned (widen the range in ``search_space``). The position is measured in the
-    knob's own scale (log for rates). The leader ratio's top, 1, is no hierarchy: a choice there
-    is flagged too, since it says the method did best without the leader being slower.
-    """
-    edges = []
-    for knob in knobs:
-        if knob.key not in values:
-            continue
-        scale = math.log if knob.log else (lambda v: v)
-        position = (scale(values[knob.key]) - scale(knob.low)) / (scale(knob.high) - scale(knob.low))
-        if position <= share:
-            edges.append(f"{knob.key}=lowest")
-        elif position >= 1 - share:
-            edges.append(f"{knob.key}=highest")
-    return edges
 
 
 def fits_on_validation(cfg: Config) -> bool:

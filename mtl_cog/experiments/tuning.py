@@ -50,8 +50,9 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
+from mtl_cog.config.search_ranges import Knob, ranges_text
 from mtl_cog.errors import UserError
-from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, Knob, ranges_text, start_points
+from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, start_points
 from mtl_cog.experiments.study_storage import check_storage, shown
 
 STUDY_FILE = "optuna.db"
