@@ -79,10 +79,11 @@ def _planned_draws(planned: pd.DataFrame, data: str) -> list[str]:
     return sorted(set(planned.loc[planned["data"] == data, "draw"]))
 
 
-def summary(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.DataFrame:
+def summary(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
+            planned: pd.DataFrame | None = None) -> pd.DataFrame:
     scores = final_scores(bundle)
     means = scores[scores["task"] == "mean"]
-    planned = planned_finals(bundle)
+    planned = planned_finals(bundle) if planned is None else planned
     table = calibrators(bundle) if calibrator_table is None else calibrator_table
     rows = []
     for (data, draw, method), group in means.groupby(["data", "draw", "method"], sort=True):
@@ -172,16 +173,22 @@ def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
             cells.append(cell)
             if gap:
                 gaps.append(gap)
-        if gaps:
-            row["answer"], row["status"] = f"incomplete ({', '.join(gaps)})", "incomplete"
-        elif any(c.startswith(NOT_TESTED) for c in cells):
-            row["answer"], row["status"] = NOT_TESTED, NOT_TESTED
-        elif len(set(cells)) == 1:
-            row["answer"], row["status"] = cells[0], SETTLED
-        else:
-            row["answer"], row["status"] = DEPENDS, DEPENDS
+        row["answer"], row["status"] = _answer(cells, gaps)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _answer(readings: list[str], gaps: list[str]) -> tuple[str, str]:
+    """(answer, status) of one comparison from its draws' readings: incomplete while a draw lacks planned runs,
+    not tested where a draw's calibrator stayed at the identity, the reading when every draw agrees, else it
+    depends on the tuning draw. The one rule of verdicts and claims."""
+    if gaps:
+        return f"incomplete ({', '.join(gaps)})", "incomplete"
+    if any(r.startswith(NOT_TESTED) for r in readings):
+        return NOT_TESTED, NOT_TESTED
+    if len(set(readings)) == 1:
+        return readings[0], SETTLED
+    return DEPENDS, DEPENDS
 
 
 def calibrators(bundle: Bundle) -> pd.DataFrame:
@@ -238,28 +245,29 @@ def _idle(table: pd.DataFrame, data: str, method: str, draw: str) -> bool:
     return not learned.empty and not learned["exercised"].any()
 
 
-def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.DataFrame:
+def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
+           planned: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (data set, claim, metric): each planned draw's reading of the paper's claim and the answer."""
     scores = final_scores(bundle)
     if scores.empty:
         return pd.DataFrame()
     table = calibrators(bundle) if calibrator_table is None else calibrator_table
-    planned = planned_finals(bundle)
+    planned = planned_finals(bundle) if planned is None else planned
+    pairs = {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}  # one counterpart per variant
     rows = []
     for data in sorted(scores["data"].unique()):
         draws = sorted(set(_planned_draws(planned, data)) | set(scores.loc[scores["data"] == data, "draw"]))
+        readings = {}  # draw -> (variant, metric) -> its paired row: every claim's pair in one pass per draw
+        for draw in draws:
+            group = scores[(scores["data"] == data) & (scores["draw"] == draw)]
+            pair = paired_differences(group.rename(columns={"data": "dataset"}), pairs, CLAIM_METRICS)
+            readings[draw] = {(r.variant, r.metric): r for r in pair.itertuples()}
         for claim, variant, counterpart, expected in PAPER_CLAIMS:
-            readings = {}
-            for draw in draws:
-                group = scores[(scores["data"] == data) & (scores["draw"] == draw)]
-                pair = paired_differences(group.rename(columns={"data": "dataset"}), {variant: counterpart},
-                                          CLAIM_METRICS)
-                readings[draw] = {r.metric: r for r in pair.itertuples()}
             for metric in CLAIM_METRICS:
                 row = {"data": data, "claim": claim, "pair": f"{variant} − {counterpart}", "metric": metric}
                 sides, gaps = [], []
                 for draw in draws:
-                    r = readings[draw].get(metric)
+                    r = readings[draw].get((variant, metric))
                     gap = _draw_gap(planned, data, variant, counterpart, draw, None if r is None else float(r.n_seeds))
                     side, text = "", ""
                     if r is not None:
@@ -274,11 +282,6 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None) -> pd.D
                         text = f"{text} ({gap})" if text else ""
                     row[f"draw {draw}" if draw else "reading"] = text
                     sides.append(side)
-                if gaps:
-                    row["answer"] = f"incomplete ({', '.join(gaps)})"
-                elif NOT_TESTED in sides:
-                    row["answer"] = NOT_TESTED
-                else:
-                    row["answer"] = sides[0] if len(set(sides)) == 1 else DEPENDS
+                row["answer"] = _answer(sides, gaps)[0]
                 rows.append(row)
     return pd.DataFrame(rows)

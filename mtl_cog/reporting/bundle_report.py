@@ -184,15 +184,15 @@ TABLE_NAMES = ("summary", "summary_values", "paired", "verdicts", "claims", "cho
 
 def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     """Every table of the campaign by name (``TABLE_NAMES``; empty tables left out)."""
-    calibrator_table = calibrators(bundle)
-    table = summary(bundle, calibrator_table)
+    calibrator_table, planned = calibrators(bundle), planned_finals(bundle)  # each read once, used by three tables
+    table = summary(bundle, calibrator_table, planned)
     pair = paired(bundle)
     conv = convergence(bundle)
     curve, curve_pair = curves(bundle)
     chosen_table = chosen(bundle)
     tables = {"summary": summary_cells(table) if not table.empty else table, "summary_values": table,
-              "paired": pair, "verdicts": verdicts(pair, planned_finals(bundle), calibrator_table),
-              "claims": claims(bundle, calibrator_table),
+              "paired": pair, "verdicts": verdicts(pair, planned, calibrator_table),
+              "claims": claims(bundle, calibrator_table, planned),
               "chosen": chosen_table, "draw_choices": draw_choices(chosen_table),
               "convergence": convergence_counts(conv), "convergence_runs": conv,
               "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair,
