@@ -143,3 +143,29 @@ def test_campaign_json_records_what_each_planned_run_is():
     record = campaign.spec_record(campaign.Planned(spec, campaign.Config(), "x", campaign.NEW))
     assert record["labels"] == {"data": "d", "method": "cog_fc", "role": "final", "seed": 1, "draw": "2",
                                 "trial": "", "ratio": ""}
+
+
+def test_the_scope_table_counts_runs_by_how_they_ended_and_what_they_trained_with():
+    """The headline's scope comes from runs.csv: split sizes and epochs of finished runs, the settled count of
+    those the convergence rule could judge, and the wall hours of finished runs (pruned/failed record none)."""
+    bundle = make_bundle(finished=lambda method, draw, seed: (method, draw, seed) != ("cog_fc", "2", 2))
+    done = bundle.runs["status"] == "done"
+    bundle.runs.loc[done, ["train_size", "val_size", "test_size", "threads"]] = [48000, 12000, 10000, 1]
+    bundle.runs.loc[done, "epochs_run"] = 20
+    bundle.runs.loc[done, "wall_s"] = 360.0
+    first = bundle.runs.index[done][0]
+    bundle.runs.loc[first, "epochs_run"] = 18  # a run that stopped early widens the epochs cell to a range
+    extra = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "d-baseline-trial_00", "campaign": "c", "data": "d",
+                                                    "method": "baseline", "role": "trial", "status": "pruned",
+                                                    "wall_s": ""}
+    bundle.runs = pd.concat([bundle.runs, pd.DataFrame([extra])], ignore_index=True)
+    table = bundle_tables(bundle)["scope"].set_index("role")
+    final = table.loc["final"]
+    assert (final["runs"], final["done"], final["pruned"], final["failed"]) == (17, 17, 0, 0)
+    assert (final["train_size"], final["test_size"], final["epochs"], final["threads"]) == ("48000", "10000",
+                                                                                             "18-20", "1")
+    assert final["converged"] == "0 of 0"  # no curves recorded: the rule cannot judge, nothing is counted settled
+    assert final["wall_hours"] == pytest.approx(17 * 360 / 3600)
+    trial = table.loc["trial"]
+    assert (trial["runs"], trial["done"], trial["pruned"], trial["wall_hours"]) == (1, 0, 1, 0.0)
+    assert trial["train_size"] == "" and trial["converged"] == "0 of 0"

@@ -13,6 +13,8 @@ Markdown plus ``report.md`` and ``report.html``; ``reporting/docs_tables.py`` em
   ratio or smoothing weight, searched on a log scale or over one decade);
 - ``convergence``: per role, data set, draw and method: runs that settled under the convergence
   rule (``trajectories.convergence_of_curves``), and the calibrator's whole move;
+- ``scope``: per role and data set, the runs by status, the split sizes, epochs and threads of the finished
+  ones, how many settled and the wall hours they took: what a headline from the bundle is scoped to;
 - ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs;
 - ``sweep_settings`` / ``sweep_paired``: a sweep's settings over its seeds, each against the grid's first
   (``reporting/sweep_report.py``).
@@ -155,6 +157,41 @@ def convergence_counts(table: pd.DataFrame) -> pd.DataFrame:
                        calibrator_move_max=("calibrator_move", "max")).reset_index()
 
 
+def _values(column: pd.Series) -> str:
+    """The distinct values of a runs.csv column as one cell: ``20``, ``2-20`` for a numeric range."""
+    values = column.dropna()
+    values = values[values.astype(str) != ""]
+    if values.empty:
+        return ""
+    numbers = pd.to_numeric(values, errors="coerce")
+    if numbers.notna().all():
+        low, high = int(numbers.min()), int(numbers.max())
+        return str(low) if low == high else f"{low}-{high}"
+    return " ".join(sorted(set(values.astype(str))))
+
+
+def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
+    """Per role and data set, what a headline drawn from the bundle is scoped to: how many runs ended how, the
+    split sizes and epochs the finished runs trained with, their torch threads, how many settled, and the
+    wall hours they took (``wall_s`` of finished runs, one thread each; pruned and failed runs record none)."""
+    runs = bundle.runs
+    if runs.empty:
+        return pd.DataFrame()
+    rows = []
+    for (role, data), group in runs.groupby(["role", "data"], sort=True):
+        done = group[group["status"] == "done"]
+        settled = conv[(conv["role"] == role) & (conv["data"] == data)] if not conv.empty else conv
+        judged = settled[settled["converged"].notna()] if not settled.empty else settled
+        ended = group["status"].value_counts()
+        rows.append({"role": role, "data": data, "runs": len(group), "done": len(done),
+                     "pruned": int(ended.get("pruned", 0)), "failed": int(ended.get("failed", 0)), "train_size": _values(done["train_size"]),
+                     "val_size": _values(done["val_size"]), "test_size": _values(done["test_size"]),
+                     "epochs": _values(done["epochs_run"]), "threads": _values(done["threads"]),
+                     "converged": f"{int((judged['converged'] == True).sum())} of {len(judged)}",  # noqa: E712
+                     "wall_hours": round(float(pd.to_numeric(done["wall_s"], errors="coerce").sum()) / 3600, 2)})
+    return pd.DataFrame(rows)
+
+
 def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(curve table, paired table) over every (data set, method) with leader-ratio runs in the bundle."""
     runs = bundle.done()
@@ -179,7 +216,7 @@ def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 TABLE_NAMES = ("summary", "summary_values", "paired", "verdicts", "claims", "chosen", "draw_choices", "convergence",
-               "convergence_runs", "calibrators", "curve", "curve_paired", "sweep_settings", "sweep_paired")
+               "convergence_runs", "scope", "calibrators", "curve", "curve_paired", "sweep_settings", "sweep_paired")
 
 
 def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
@@ -194,7 +231,7 @@ def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
               "paired": pair, "verdicts": verdicts(pair, planned, calibrator_table),
               "claims": claims(bundle, calibrator_table, planned),
               "chosen": chosen_table, "draw_choices": draw_choices(chosen_table),
-              "convergence": convergence_counts(conv), "convergence_runs": conv,
+              "convergence": convergence_counts(conv), "convergence_runs": conv, "scope": scope(bundle, conv),
               "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair,
               "sweep_settings": sweep_settings(bundle), "sweep_paired": sweep_paired(bundle)}
     assert tuple(tables) == TABLE_NAMES
