@@ -183,9 +183,9 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
         settled = conv[(conv["role"] == role) & (conv["data"] == data)] if not conv.empty else conv
         judged = settled[settled["converged"].notna()] if not settled.empty else settled
         ended = group["status"].value_counts()
+        sizes = {column: _values(done[column]) for column in ("train_size", "val_size", "test_size")}
         rows.append({"role": role, "data": data, "runs": len(group), "done": len(done),
-                     "pruned": int(ended.get("pruned", 0)), "failed": int(ended.get("failed", 0)), "train_size": _values(done["train_size"]),
-                     "val_size": _values(done["val_size"]), "test_size": _values(done["test_size"]),
+                     "pruned": int(ended.get("pruned", 0)), "failed": int(ended.get("failed", 0)), **sizes,
                      "epochs": _values(done["epochs_run"]), "threads": _values(done["threads"]),
                      "converged": f"{int((judged['converged'] == True).sum())} of {len(judged)}",  # noqa: E712
                      "wall_hours": round(float(pd.to_numeric(done["wall_s"], errors="coerce").sum()) / 3600, 2)})
