@@ -200,3 +200,52 @@ def test_the_curve_through_the_slurm_launcher(tmp_path, monkeypatch, capsys, sub
 def test_without_the_reference_there_is_no_paired_row():
     scores = _scores()
     assert paired_to_reference(scores[scores["arm"] != "baseline"], "cog_fc", "baseline", [0.1, 1.0]).empty
+
+
+@pytest.mark.slow
+def test_a_curve_after_the_protocol_records_its_reference_runs_instead_of_training_them(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """The baseline band of a curve drawn from a fair protocol is the protocol's draw-1 final run (the same config
+    digest): recorded from the protocol's bundle with its numbers, labelled as the curve's, never trained again."""
+    import json
+
+    from mtl_cog.cli import leader_curve, reproduce
+    from mtl_cog.reporting import bundle as bundles
+    from mtl_cog.reporting.bundle_report import bundle_tables
+
+    monkeypatch.chdir(tmp_path)
+    reproduce.main(["--protocol", "fair", "--budget", "1", "--seeds", "0", "--epochs", "2", "--data", "digits",
+                    "--method", "baseline", "cog_fc", "--jobs", "1", "--threads", "1", "--out", "proto"])
+    capsys.readouterr()
+    argv = ["--config", str(REPO / "configs" / "digits" / "cog_fc.yaml"), "--protocol-dir", str(tmp_path / "proto"),
+            "--ratios", "0.1", "--seeds", "0", "--threads", "1", "--out", "curve"]
+    leader_curve.main([*argv, "--dry-run"])
+    dry = capsys.readouterr().out
+    assert "1 reference run(s) are the protocol's final runs" in dry and "would be recorded" in dry
+    assert "1 planned" in dry  # the estimate counts the one run left to train
+    leader_curve.main(argv)
+    out = capsys.readouterr().out
+    assert "are recorded from its bundle, not trained again (digits-baseline-seed0)" in out
+    assert "2 planned (1 in the bundle, 0 finished, 0 to resume, 1 to train)" in out
+    assert not (tmp_path / "curve" / "runs" / "baseline-seed0").exists()
+    curve_bundle = bundles.read_bundle(tmp_path / "curve" / "bundle")
+    proto_bundle = bundles.read_bundle(tmp_path / "proto" / "bundle")
+    assert json.loads((tmp_path / "curve" / "bundle" / "campaign.json").read_text())["reused"] == {
+        "baseline-seed0": {"campaign": proto_bundle.name, "run": "digits-baseline-seed0"}}
+    row = curve_bundle.runs.set_index("run").loc["baseline-seed0"]
+    assert (row["role"], str(row["draw"]), row["campaign"]) == ("curve", "1", curve_bundle.name)
+    assert str(curve_bundle.runs.set_index("run").loc["cog_fc-r0.1-seed0", "draw"]) == "1"
+
+    def values(bundle, run, split):
+        frame = bundle.results[(bundle.results["run"] == run) & (bundle.results["split"] == split)]
+        return frame.drop(columns="run").sort_values(["task", "metric"]).reset_index(drop=True)
+    for split in ("val", "test", "test+ts"):
+        pd.testing.assert_frame_equal(values(curve_bundle, "baseline-seed0", split),
+                                      values(proto_bundle, "digits-baseline-seed0", split))
+    assert set(curve_bundle.results.loc[curve_bundle.results["run"] == "baseline-seed0", "split"]) <= {
+        "val", "test", "test+ts", "calibrator"}  # the protocol's other post-hoc calibrators stay behind
+    scope = bundle_tables(curve_bundle)["scope"].iloc[0]
+    assert (scope["done"], scope["reused"]) == (2, 1)
+    leader_curve.main(argv)  # again: nothing to train, nothing recorded twice
+    assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out
+    assert len(bundles.read_bundle(tmp_path / "curve" / "bundle").runs) == 2

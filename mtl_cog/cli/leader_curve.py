@@ -118,7 +118,7 @@ def build_plan(args: argparse.Namespace) -> tuple[campaign.Campaign, str, str]:
     shared_rate = args.protocol_dir is None and args.follower_lr is not None  # the references share the given rate
     counterpart = cfg.method.counterpart or BASELINE
     specs = curve.plan(method, dataset, source, refs, follower, args.ratios, args.seeds, out / "runs", extra,
-                       shared_rate, counterpart)
+                       shared_rate, counterpart, draw="1" if args.protocol_dir is not None else "")
     return campaign.Campaign(f"leader-curve-{dataset}-{method}", out, specs,
                              counterparts={method: counterpart}), method, dataset
 
@@ -167,6 +167,12 @@ def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: l
     return out / "curve.md"
 
 
+def _say_reused(reused: dict[str, str], verb: str) -> None:
+    if reused:
+        print(f"{len(reused)} reference run(s) are the protocol's final runs (the same settings and seed): they {verb} "
+              f"from its bundle, not trained again ({', '.join(sorted(reused.values()))})", flush=True)
+
+
 def main(argv: list[str] | None = None, executor=None) -> Path:
     """``executor``: a submitit executor to use instead of Slurm's (the tests pass the local one)."""
     args = parse_args(argv)
@@ -180,9 +186,14 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     env = campaign.thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
     if args.dry_run:
         measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
-        campaign.print_estimate(planned, measured, parallel, "leader curve")
+        reused = curve.protocol_matches(planned, args.protocol_dir) if args.protocol_dir is not None else {}
+        _say_reused(reused, "would be recorded")
+        campaign.print_estimate([p for p in planned if p.spec.run not in reused], measured, parallel, "leader curve")
         return plan.out / "curve.md"
     check_writable(plan.out, "--out", folder=True)
+    if args.protocol_dir is not None and not args.report_only:  # its final runs are the curve's reference arms
+        _say_reused(curve.reuse_protocol_runs(planned, args.protocol_dir, campaign.Collector(plan, planned)),
+                    "are recorded")
     if args.report_only:
         campaign.Collector(plan, planned).collect([p.spec.run for p in planned if p.state == DONE])
         failed = []

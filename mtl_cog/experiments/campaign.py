@@ -342,11 +342,11 @@ class Collector:
         specs = dict((old or {}).get("specs", {}))
         specs.update({name: spec_record(p) for name, p in self.planned.items()})
         command = self.campaign.command or (old or {}).get("command", [])  # a tuning worker keeps the driver's
-        budget = self.campaign.budget or (old or {}).get("budget")
+        kept = {key: (old or {}).get(key) for key in ("reused",) if (old or {}).get(key)}  # runs from elsewhere
         return {"format": bundles.FORMAT, "campaign": self.campaign.name, "command": command,
-                **({"budget": budget} if budget else {}),
+                **({"budget": budget} if (budget := self.campaign.budget or (old or {}).get("budget")) else {}),
                 "counterparts": {**(old or {}).get("counterparts", {}), **self.campaign.counterparts},
-                "environment": {**self.env, "commit": self.commit}, "specs": specs}
+                "environment": {**self.env, "commit": self.commit}, "specs": specs, **kept}
 
     def labels_of(self, p: Planned) -> dict:
         return {"run": p.spec.run, "campaign": self.campaign.name, "config_digest": p.digest, **p.spec.labels.row()}

@@ -10,7 +10,10 @@ Adam is elementwise and both groups then share one rate). The curve looks at the
 (``mtl_cog/reporting/leader_curve.py``; ``scripts/leader_curve.py`` runs it).
 
 This module holds the plan: the grid, and each run as a campaign spec (``mtl_cog.experiments.campaign``:
-its folder name, overrides and labels).
+its folder name, overrides and labels). A curve drawn from a fair protocol's settings labels its runs with the
+protocol's first tuning draw, and its reference arms are that draw's final runs: where the protocol's bundle
+holds one with the same settings and seed, it is recorded into the curve's bundle instead of trained again
+(``reuse_protocol_runs``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,18 @@ import math
 from pathlib import Path
 
 from mtl_cog.errors import UserError
-from mtl_cog.experiments.campaign import Labels, RunSpec, recorded_spec, run_name
-from mtl_cog.reporting.bundle import bundle_dir, read_bundle
+from mtl_cog.experiments.campaign import (
+    BUNDLED,
+    Collector,
+    Labels,
+    Planned,
+    RunSpec,
+    recorded_spec,
+    run_name,
+    setting_digest,
+)
+from mtl_cog.reporting.bundle import CURVE_COLUMNS, RESULT_COLUMNS, bundle_dir, read_bundle
+from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
 
 # log grid 1e-3 .. 1 (1, 3 per decade); 1 = no hierarchy, allowed here without the usual refusal
 RATIOS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
@@ -97,25 +110,79 @@ Source = tuple[tuple[Path, ...], tuple[str, ...]]  # (config files, overrides) a
 
 def plan(method: str, dataset: str, source: Source, references: dict[str, Source], follower_lr: float,
          ratios: list[float], seeds: list[int], runs_dir: Path, extra: list[str], shared_rate: bool,
-         counterpart: str = "") -> list[RunSpec]:
+         counterpart: str = "", draw: str = "") -> list[RunSpec]:
     """Every run of the curve: ``method`` at each ratio x seed, each reference method x seed (the baseline's runs
     also fit post-hoc TS, the band ``baseline+ts``).
 
     ``extra``: the user's overrides, applied to every run after its source's and before the curve's own (which
-    win); ``shared_rate``: the references train at ``follower_lr`` too (else at their own, e.g. tuned, rate).
+    win); ``shared_rate``: the references train at ``follower_lr`` too (else at their own, e.g. tuned, rate);
+    ``draw``: the tuning draw the settings come from ("1" from a fair protocol, "" from a config).
     """
     configs, tuned = source
     runs = [RunSpec(run_name(method=method, ratio=ratio, seed=seed), configs,
                     (*tuned, *extra, *curve_overrides(follower_lr, ratio), f"seed={seed}", "tracking=none"),
                     runs_dir / run_name(method=method, ratio=ratio, seed=seed),
-                    Labels(dataset, method, "curve", seed, ratio=ratio))
+                    Labels(dataset, method, "curve", seed, draw, ratio=ratio))
             for ratio in ratios for seed in seeds]
     rate = (f"{FOLLOWER_KEY}={follower_lr:.6g}",) if shared_rate else ()
     # the baseline band's post-hoc TS, and the method's own post-hoc counterpart (COG-VS: baseline+vs)
     baseline_posthoc = tuple(dict.fromkeys(["ts", *([counterpart.split("+", 1)[1]] if "+" in counterpart else [])]))
     runs += [RunSpec(run_name(method=name, seed=seed), paths, (*ref_tuned, *extra, *rate, f"seed={seed}",
                                                                 "tracking=none"),
-                     runs_dir / run_name(method=name, seed=seed), Labels(dataset, name, "curve", seed),
+                     runs_dir / run_name(method=name, seed=seed), Labels(dataset, name, "curve", seed, draw),
                      posthoc=baseline_posthoc if name == "baseline" else ())
              for name, (paths, ref_tuned) in references.items() for seed in seeds]
     return runs
+
+
+def protocol_matches(planned: list[Planned], protocol_dir: Path) -> dict[str, str]:
+    """{curve run: protocol run} for each reference run of the curve that the fair protocol's bundle holds as a
+    finished final run of its first draw with the same settings (``setting_digest``: every setting but the seed
+    and the folder's name) and seed, and with every post-hoc calibrator the curve fits on it: the same run, which
+    the curve need not train again."""
+    bundle = read_bundle(bundle_dir(protocol_dir))
+    if bundle is None:
+        return {}
+    runs = bundle.done()
+    finals = runs[(runs["role"] == "final") & runs["draw"].astype(str).isin(["1", ""])]
+    specs = bundle.campaign.get("specs", {})
+    by_setting = {(specs[run].get("setting"), str(seed)): run for run, seed in zip(finals["run"], finals["seed"])
+                  if isinstance(specs.get(run), dict)}
+    splits = bundle.results.groupby("run")["split"].agg(set).to_dict()
+    matches = {}
+    for p in planned:
+        if p.spec.labels.ratio is not None or p.state == BUNDLED:
+            continue
+        source = by_setting.get((setting_digest(p.config), str(p.spec.labels.seed)))
+        if source is not None and {f"test+{name}" for name in p.spec.posthoc} <= splits.get(source, set()):
+            matches[p.spec.run] = source
+    return matches
+
+
+def reuse_protocol_runs(planned: list[Planned], protocol_dir: Path, collector: Collector) -> dict[str, str]:
+    """Record the protocol's copies of the curve's reference runs (``protocol_matches``) into the curve's bundle:
+    their runs.csv row (its commit, versions, threads and wall time as the protocol ran it) and results (the
+    splits the curve's own run would have), under the curve's run name and labels; ``campaign.json``'s
+    ``reused`` names where each came from. -> {curve run: protocol run}."""
+    matches = protocol_matches(planned, protocol_dir)
+    if not matches:
+        return {}
+    source = read_bundle(bundle_dir(protocol_dir))
+    planned_by_name = {p.spec.run: p for p in planned}
+
+    def change(bundle) -> None:
+        for run, origin in matches.items():
+            p = planned_by_name[run]
+            row = source.runs[source.runs["run"] == origin].iloc[0].to_dict()
+            row.update(collector.labels_of(p))
+            keep = {"val", "test", CALIBRATOR_SPLIT, *(f"test+{name}" for name in p.spec.posthoc)}
+            results = source.results[(source.results["run"] == origin) & source.results["split"].isin(keep)]
+            curves = source.curves[source.curves["run"] == origin]
+            bundle.add_run(row, results.assign(run=run)[RESULT_COLUMNS], curves.assign(run=run)[CURVE_COLUMNS])
+            bundle.campaign.setdefault("reused", {})[run] = {"campaign": source.name, "run": origin}
+
+    collector.update(change)
+    for run in matches:
+        planned_by_name[run].state = BUNDLED
+    return matches
+

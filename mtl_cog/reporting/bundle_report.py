@@ -173,13 +173,17 @@ def _values(column: pd.Series) -> str:
 def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
     """Per role and data set, what a headline drawn from the bundle is scoped to: how many runs ended how, the
     split sizes and epochs the finished runs trained with, their torch threads, how many settled, and the
-    wall hours they took (``wall_s`` of finished runs, one thread each; pruned and failed runs record none)."""
+    wall hours they took (``wall_s`` of finished runs, one thread each; pruned and failed runs record none; a run
+    recorded from another campaign's bundle, ``campaign.json``'s ``reused``, is counted in ``reused``, not in the
+    hours, which its own campaign counts)."""
     runs = bundle.runs
     if runs.empty:
         return pd.DataFrame()
     rows = []
+    reused = set(bundle.campaign.get("reused", {}))
     for (role, data), group in runs.groupby(["role", "data"], sort=True):
         done = group[group["status"] == "done"]
+        trained = done[~done["run"].isin(reused)]
         settled = conv[(conv["role"] == role) & (conv["data"] == data)] if not conv.empty else conv
         judged = settled[settled["converged"].notna()] if not settled.empty else settled
         ended = group["status"].value_counts()
@@ -188,7 +192,8 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
                      "pruned": int(ended.get("pruned", 0)), "failed": int(ended.get("failed", 0)), **sizes,
                      "epochs": _values(done["epochs_run"]), "threads": _values(done["threads"]),
                      "converged": f"{int((judged['converged'] == True).sum())} of {len(judged)}",  # noqa: E712
-                     "wall_hours": round(float(pd.to_numeric(done["wall_s"], errors="coerce").sum()) / 3600, 2)})
+                     "reused": len(done) - len(trained),
+                     "wall_hours": round(float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600, 2)})
     return pd.DataFrame(rows)
 
 
