@@ -147,7 +147,7 @@ def test_campaign_json_records_what_each_planned_run_is():
 
 def test_the_scope_table_counts_runs_by_how_they_ended_and_what_they_trained_with():
     """The headline's scope comes from runs.csv: split sizes and epochs of finished runs, the settled count of
-    those the convergence rule could judge, and the wall hours of finished runs (pruned/failed record none)."""
+    those the convergence rule could judge, and the epoch hours of finished runs (pruned/failed record none)."""
     bundle = make_bundle(finished=lambda method, draw, seed: (method, draw, seed) != ("cog_fc", "2", 2))
     done = bundle.runs["status"] == "done"
     bundle.runs.loc[done, ["train_size", "val_size", "test_size", "threads"]] = [48000, 12000, 10000, 1]
@@ -165,7 +165,21 @@ def test_the_scope_table_counts_runs_by_how_they_ended_and_what_they_trained_wit
     assert (final["train_size"], final["test_size"], final["epochs"], final["threads"]) == ("48000", "10000",
                                                                                              "18-20", "1")
     assert final["converged"] == "0 of 0"  # no curves recorded: the rule cannot judge, nothing is counted settled
-    assert final["wall_hours"] == pytest.approx(17 * 360 / 3600)
+    assert final["epoch_hours"] == pytest.approx(17 * 360 / 3600)
     trial = table.loc["trial"]
-    assert (trial["runs"], trial["done"], trial["pruned"], trial["wall_hours"]) == (1, 0, 1, 0.0)
+    assert (trial["runs"], trial["done"], trial["pruned"], trial["epoch_hours"]) == (1, 0, 1, 0.0)
     assert trial["train_size"] == "" and trial["converged"] == "0 of 0"
+
+
+def test_scope_of_a_bundle_without_a_finished_run_and_of_a_resumed_run():
+    """Early in a pruned tuning every run so far was pruned: the table says so instead of failing the report."""
+    rows = [{c: "" for c in bundles.RUN_COLUMNS} | {"run": f"t{i}", "campaign": "c", "data": "d", "method": "m",
+                                                    "role": "trial", "status": "pruned"} for i in range(2)]
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}})
+    for row in rows:
+        bundle.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS), pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    table = bundle_tables(bundle)["scope"].iloc[0]
+    assert (table["runs"], table["done"], table["pruned"], table["converged"], table["epoch_hours"]) == (
+        2, 0, 2, "0 of 0", 0.0)
+    from mtl_cog.reporting.bundle_report import _values
+    assert _values(pd.Series(["1", "1 2", "", None])) == "1-2"  # a run resumed under another thread count

@@ -227,6 +227,17 @@ def test_a_fair_protocol_resumes_its_tuning_from_the_bundle_on_a_fresh_clone(tmp
     assert not list((tmp_path / "fresh").glob("tuning/*/trial_*"))  # nothing trained
 
 
+def record_as_done(planned_campaign: campaign.Campaign) -> None:
+    """Record the campaign's first run as finished in its bundle (test NLL 0.3), as if it had trained."""
+    planned = campaign.plan(planned_campaign)
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {**planned[0].spec.labels.row(), "run": planned[0].spec.run,
+                                                   "campaign": planned_campaign.name, "status": "done",
+                                                   "config_digest": planned[0].digest}
+    results = pd.DataFrame([{"run": row["run"], "split": "test", "task": "mean", "metric": "nll", "value": 0.3}])
+    campaign.Collector(planned_campaign, planned).update(
+        lambda b: b.add_run(row, results, pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
+
+
 def test_a_rerun_that_would_pool_another_setting_into_an_arm_is_refused(tmp_path):
     """Other seeds under other settings get new run names; the digest check alone would let them in."""
     config = REPO / "configs" / "synthetic" / "cog_ts.yaml"
@@ -235,14 +246,7 @@ def test_a_rerun_that_would_pool_another_setting_into_an_arm_is_refused(tmp_path
         name = campaign.run_name(data="synthetic", method="cog_ts", seed=seed)
         return campaign.RunSpec(name, (config,), (*TINY, f"seed={seed}", f"train.epochs={epochs}"), tmp_path / name,
                                 campaign.Labels("synthetic", "cog_ts", "final", seed, "1"))
-    first = campaign.Campaign("c", tmp_path, [spec(0, 2)], command=["x"])
-    planned = campaign.plan(first)
-    row = {c: "" for c in bundles.RUN_COLUMNS} | {**planned[0].spec.labels.row(), "run": planned[0].spec.run,
-                                                   "campaign": "c", "status": "done",
-                                                   "config_digest": planned[0].digest}
-    results = pd.DataFrame([{"run": row["run"], "split": "test", "task": "mean", "metric": "nll", "value": 0.3}])
-    campaign.Collector(first, planned).update(lambda b: b.add_run(row, results,
-                                                                  pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
+    record_as_done(campaign.Campaign("c", tmp_path, [spec(0, 2)], command=["x"]))
     assert [p.state for p in campaign.plan(campaign.Campaign("c", tmp_path, [spec(0, 2), spec(1, 2)]))] == [
         campaign.BUNDLED, "new"]  # another seed of the same setting: fine
     with pytest.raises(UserError, match="another setting"):

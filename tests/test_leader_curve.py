@@ -222,7 +222,7 @@ def test_a_curve_after_the_protocol_records_its_reference_runs_instead_of_traini
     leader_curve.main([*argv, "--dry-run"])
     dry = capsys.readouterr().out
     assert "1 reference run(s) are the protocol's final runs" in dry and "would be recorded" in dry
-    assert "1 planned" in dry  # the estimate counts the one run left to train
+    assert "2 planned (1 in the bundle, 0 finished, 0 to resume, 1 to train)" in dry  # one left to train
     leader_curve.main(argv)
     out = capsys.readouterr().out
     assert "are recorded from its bundle, not trained again (digits-baseline-seed0)" in out
@@ -249,3 +249,73 @@ def test_a_curve_after_the_protocol_records_its_reference_runs_instead_of_traini
     leader_curve.main(argv)  # again: nothing to train, nothing recorded twice
     assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out
     assert len(bundles.read_bundle(tmp_path / "curve" / "bundle").runs) == 2
+
+
+def _reference_plan(tmp_path, seed=0):
+    """A planned (not started) baseline reference run of a digits curve, and a protocol bundle whose draw-1 final
+    run is its twin (same settings and seed, 1 thread, this environment's versions)."""
+    from mtl_cog.experiments import campaign
+    from mtl_cog.reporting import bundle as bundles
+    from mtl_cog.reporting.bundle_rows import environment, versions_text
+
+    config = REPO / "configs" / "digits" / "baseline.yaml"
+    spec = campaign.RunSpec(f"baseline-seed{seed}", (config,), (f"seed={seed}", "tracking=none"),
+                            tmp_path / "curve" / "runs" / f"baseline-seed{seed}",
+                            campaign.Labels("digits", "baseline", "curve", seed, "1"), posthoc=("ts",))
+    planned = campaign.plan(campaign.Campaign("leader-curve-digits-cog_fc", tmp_path / "curve", [spec]))
+    twin = f"digits-baseline-seed{seed}"
+    protocol = bundles.Bundle({"format": bundles.FORMAT, "campaign": "reproduce-fair-cpu", "counterparts": {},
+                               "specs": {twin: {"setting": campaign.setting_digest(planned[0].config)}}})
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {
+        "run": twin, "campaign": "reproduce-fair-cpu", "data": "digits", "method": "baseline", "role": "final",
+        "draw": "1", "seed": seed, "status": "done", "config_digest": "x", "threads": "1",
+        "versions": versions_text(environment())}
+    results = pd.DataFrame([{"run": twin, "split": split, "task": "mean", "metric": "nll", "value": 0.3}
+                            for split in ("val", "test", "test+ts", "test+vs")])
+    protocol.add_run(row, results, pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    return planned, protocol
+
+
+def test_a_reference_run_is_reused_only_from_its_true_twin(tmp_path):
+    """Same data set, settings, seed, threads and versions, a draw-1 final with the post-hoc splits the band needs,
+    and a curve run not started yet: anything else is trained by the curve itself."""
+    planned, protocol = _reference_plan(tmp_path)
+    assert curve.protocol_matches(planned, protocol, threads=1) == {"baseline-seed0": "digits-baseline-seed0"}
+    assert curve.protocol_matches(planned, protocol, threads=2) == {}  # another thread count: other numbers
+    assert curve.protocol_matches(planned, None, threads=1) == {}
+    for column, value in (("draw", "2"), ("data", "synthetic"), ("seed", 1), ("versions", "torch=0"),
+                          ("status", "failed"), ("role", "trial")):
+        other = _reference_plan(tmp_path)[1]
+        other.runs.loc[0, column] = value
+        assert curve.protocol_matches(planned, other, threads=1) == {}, column
+    no_ts = _reference_plan(tmp_path)[1]
+    no_ts.results = no_ts.results[no_ts.results["split"] != "test+ts"]
+    assert curve.protocol_matches(planned, no_ts, threads=1) == {}  # the baseline+ts band would be missing
+    planned[0].state = "done"  # finished in its folder already: its own numbers are collected, never replaced
+    assert curve.protocol_matches(planned, protocol, threads=1) == {}
+
+
+def test_a_damaged_protocol_bundle_means_training_not_a_crash(tmp_path, capsys):
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "campaign.json").write_text("{not json")
+    assert curve.read_protocol_bundle(tmp_path) is None
+    assert "the reference runs are trained here instead" in capsys.readouterr().err
+
+
+def test_a_curve_bundle_from_before_draw_labels_still_refuses_another_setting(tmp_path):
+    """Curve runs now carry their source's draw ("1"); rows recorded before with draw "" are the same arm, so a
+    rerun under other settings is still refused instead of averaged with them."""
+    from test_campaign import record_as_done
+
+    from mtl_cog.experiments import campaign
+
+    config = REPO / "configs" / "digits" / "cog_fc.yaml"
+
+    def spec(seed, draw, epochs):
+        name = f"cog_fc-r0.1-seed{seed}"
+        return campaign.RunSpec(name, (config,), (f"seed={seed}", f"train.epochs={epochs}"), tmp_path / name,
+                                campaign.Labels("digits", "cog_fc", "curve", seed, draw, ratio=0.1))
+    record_as_done(campaign.Campaign("c", tmp_path, [spec(0, "", 1)], command=["x"]))  # recorded before labels
+    with pytest.raises(UserError, match="another setting"):
+        campaign.plan(campaign.Campaign("c", tmp_path, [spec(1, "1", 2)]))
+    assert campaign.plan(campaign.Campaign("c", tmp_path, [spec(1, "1", 1)]))[0].state == "new"

@@ -14,7 +14,9 @@ final run of this data set and method: its tuned settings, scale and epochs), el
 (tuned, from the protocol folder, else the config's sibling ``baseline.yaml`` with the same
 overrides and follower rate), post-hoc TS fitted on its validation predictions (``baseline+ts``),
 and the method's own counterpart when it is another trained method (``method.counterpart``,
-e.g. LS for COG+LS).
+e.g. LS for COG+LS). With ``--protocol-dir``, a reference run whose twin the protocol's bundle holds (a draw-1
+final run with the same settings, seed, threads and versions: ``experiments/leader_curve.protocol_matches``) is
+recorded from there instead of trained again (``--retrain-references`` trains it anyway).
 
 Written to ``--out`` (default ``runs/leader-curve-<dataset>-<method>``): ``runs/`` (one folder per
 run), ``curve.csv`` (arm, ratio, metric: mean over seeds of the task mean, 95 % t interval over
@@ -26,6 +28,7 @@ command again reuses finished runs and resumes unfinished ones (``train --resume
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -39,7 +42,13 @@ from mtl_cog.config.schema import MAX_LEARNING_RATE, MAX_SEED
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.experiments import campaign, gpu_time
 from mtl_cog.experiments import leader_curve as curve
-from mtl_cog.experiments.launcher import add_launcher_arguments, make_launcher, processes_per_run
+from mtl_cog.experiments.launcher import (
+    add_launcher_arguments,
+    make_launcher,
+    processes_per_run,
+    thread_env,
+    threads_of,
+)
 from mtl_cog.experiments.sweep import DONE
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable
 from mtl_cog.reporting import plots
@@ -63,7 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=None, help="the fixed follower rate (default: the "
                         "protocol's tuned one with --protocol-dir, else the config's)")
     parser.add_argument("--protocol-dir", type=Path, default=None,
-                        help="a fair-protocol folder (reproduce --protocol fair --out DIR): tuned settings from there")
+                        help="a fair-protocol folder (reproduce --protocol fair --out DIR): tuned settings from there, "
+                        "and the reference arms from its bundle's draw-1 final runs where they are the same runs")
+    parser.add_argument("--retrain-references", action="store_true",
+                        help="with --protocol-dir: train the reference arms here even where its bundle holds them")
     parser.add_argument("--out", type=Path, default=None, help="default runs/leader-curve-<dataset>-<method>")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their estimated time; run nothing")
     parser.add_argument("--report-only", action="store_true",
@@ -118,7 +130,7 @@ def build_plan(args: argparse.Namespace) -> tuple[campaign.Campaign, str, str]:
     shared_rate = args.protocol_dir is None and args.follower_lr is not None  # the references share the given rate
     counterpart = cfg.method.counterpart or BASELINE
     specs = curve.plan(method, dataset, source, refs, follower, args.ratios, args.seeds, out / "runs", extra,
-                       shared_rate, counterpart, draw="1" if args.protocol_dir is not None else "")
+                       shared_rate, counterpart, draw=curve.PROTOCOL_DRAW if args.protocol_dir is not None else "")
     return campaign.Campaign(f"leader-curve-{dataset}-{method}", out, specs,
                              counterparts={method: counterpart}), method, dataset
 
@@ -183,17 +195,20 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
           f"{len(args.seeds)} seeds, plus {', '.join(arms)}; "
           f"follower rate {planned[0].config.optim.follower_lr:g}; in {plan.out}", flush=True)
     parallel = args.parallel or 1
-    env = campaign.thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
+    env = thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
+    reuse = args.protocol_dir is not None and not args.retrain_references and not args.report_only
+    protocol = curve.read_protocol_bundle(args.protocol_dir) if reuse else None
+    twins = curve.protocol_matches(planned, protocol, threads_of(env))
     if args.dry_run:
         measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
-        reused = curve.protocol_matches(planned, args.protocol_dir) if args.protocol_dir is not None else {}
-        _say_reused(reused, "would be recorded")
-        campaign.print_estimate([p for p in planned if p.spec.run not in reused], measured, parallel, "leader curve")
+        _say_reused(twins, "would be recorded")
+        left = [dataclasses.replace(p, state=campaign.BUNDLED) if p.spec.run in twins else p for p in planned]
+        campaign.print_estimate(left, measured, parallel, "leader curve")
         return plan.out / "curve.md"
     check_writable(plan.out, "--out", folder=True)
-    if args.protocol_dir is not None and not args.report_only:  # its final runs are the curve's reference arms
-        _say_reused(curve.reuse_protocol_runs(planned, args.protocol_dir, campaign.Collector(plan, planned)),
-                    "are recorded")
+    if twins:
+        curve.reuse_protocol_runs(planned, protocol, twins, campaign.Collector(plan, planned))
+        _say_reused(twins, "are recorded")
     if args.report_only:
         campaign.Collector(plan, planned).collect([p.spec.run for p in planned if p.state == DONE])
         failed = []
@@ -206,7 +221,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         raise UserError(f"no run of the curve finished; see the .log files in {plan.out / 'runs'}.")
     counterpart = plan.counterparts[method]
     edges = curve.chosen_edges(args.protocol_dir, dataset, args.config.stem) if args.protocol_dir else ""
-    finished = len(scores.loc[scores["split"] == "val", ["arm", "ratio", "seed"]].drop_duplicates())
+    done = set(read_bundle(bundle_dir(plan.out)).done()["run"])
+    finished = sum(p.spec.run in done for p in planned)  # of this plan's runs (the bundle may hold others)
     partial = "" if finished == len(planned) else f"**Partial: {finished} of {len(planned)} runs finished.**"
     path = write_results(scores, method, counterpart, args.ratios, dataset, plan.out, edges, partial)
     if failed:

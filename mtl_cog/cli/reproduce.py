@@ -56,7 +56,13 @@ from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.errors import ConfigError, UserError, run_cli
 from mtl_cog.experiments import campaign, fair_tuning, gpu_time, protocol, tuning
-from mtl_cog.experiments.launcher import add_launcher_arguments, check_launcher, make_launcher, processes_per_run
+from mtl_cog.experiments.launcher import (
+    add_launcher_arguments,
+    check_launcher,
+    make_launcher,
+    processes_per_run,
+    thread_env,
+)
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable
 from mtl_cog.reporting.bundle import bundle_dir, read_bundle
 from mtl_cog.reporting.bundle_report import write_bundle_report
@@ -262,7 +268,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     if studies:
         tuning.check_processes(processes_per_run(args))
     parallel = args.parallel or 2 if args.launcher == "local" else 1
-    env = campaign.thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
+    env = thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
     draft = campaign.Campaign(name, args.out, final_specs(args, None), counterparts=counterparts(args),
                               budget=args.budget if args.protocol == "fair" else None)
     print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.data)} × "

@@ -41,7 +41,13 @@ from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import ConfigError, UserError, run_cli
 from mtl_cog.experiments import campaign, gpu_time
-from mtl_cog.experiments.launcher import add_launcher_arguments, check_launcher, make_launcher, processes_per_run
+from mtl_cog.experiments.launcher import (
+    add_launcher_arguments,
+    check_launcher,
+    make_launcher,
+    processes_per_run,
+    thread_env,
+)
 from mtl_cog.experiments.sweep import best_index, combinations, parse_grid
 from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, check_writable, make_folder
 from mtl_cog.reporting.bundle import bundle_dir, read_bundle
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     print(f"sweep of {len(planned)} runs in {out}", flush=True)
     check_launcher(args, executor)
     parallel = args.parallel or 1
-    env = campaign.thread_env(parallel, args.threads, gpus=torch_gpus())
+    env = thread_env(parallel, args.threads, gpus=torch_gpus())
     if args.dry_run:
         measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
         for p, combo in zip(planned, combos):

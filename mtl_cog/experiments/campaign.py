@@ -16,7 +16,7 @@ Hydra's sweeper, which makes the specs, and launcher, which runs them):
    digests, and a bundle of another campaign is refused whole: two campaigns never mix (``plan``);
 3. **estimate** what is still to run, in device-hours and, on CPUs, core-hours (``estimate``);
 4. **launch** what is left through the local or submitit launcher with one thread policy
-   (``thread_env``) and one interrupt message, **collecting** each run into the bundle as it
+   (``launcher.thread_env``) and one interrupt message, **collecting** each run into the bundle as it
    finishes (``collect``), so that a lost machine loses only the runs in flight.
 
 The bundle (``mtl_cog.reporting.bundle``) lives in ``<out>/bundle`` and is what a user commits;
@@ -153,8 +153,10 @@ def _arm(labels: dict) -> tuple:
     table pools their seeds."""
     ratio = labels.get("ratio")
     ratio = "" if ratio in ("", None) or (isinstance(ratio, float) and ratio != ratio) else f"{float(ratio):.6g}"
-    return (str(labels.get("data", "")), str(labels.get("method", "")), str(labels.get("role", "")),
-            str(labels.get("draw", "")), str(labels.get("trial", "")), ratio)
+    role = str(labels.get("role", ""))
+    draw = "" if role == "curve" else str(labels.get("draw", ""))  # a curve's draw names its source, not an arm
+    return (str(labels.get("data", "")), str(labels.get("method", "")), role, draw, str(labels.get("trial", "")),
+            ratio)
 
 
 def check_same_settings(bundle: bundles.Bundle | None, planned: list[Planned], where: Path) -> None:
@@ -262,20 +264,6 @@ def print_counts(planned: list[Planned], what: str) -> None:
           f"{counts[UNFINISHED]} to resume, {counts[NEW]} to train)", flush=True)
 
 
-def thread_env(parallel: int, threads: int | None = None, gpus: bool = False) -> tuple[tuple[str, str], ...]:
-    """The one thread policy of every campaign: a CPU run gets ``threads`` torch threads (default: this
-    machine's cores shared by the runs at a time, at least 1), so parallel runs do not oversubscribe the
-    cores; GPU runs keep torch's default. The count each run used is recorded (``timing.jsonl``)."""
-    if gpus and threads is None:
-        return ()
-    count = threads or max(1, (os.cpu_count() or 1) // max(1, parallel))
-    return (("OMP_NUM_THREADS", str(count)), ("MKL_NUM_THREADS", str(count)))
-
-
-def threads_of(env: tuple[tuple[str, str], ...]) -> int:
-    return int(dict(env).get("OMP_NUM_THREADS", os.cpu_count() or 1))
-
-
 def interrupted(resume: str) -> SystemExit:
     """The one interrupt message: what to type to continue."""
     print(f"interrupted: finished runs are kept (and recorded in the bundle); {resume} continues where it stopped.",
@@ -342,11 +330,12 @@ class Collector:
         specs = dict((old or {}).get("specs", {}))
         specs.update({name: spec_record(p) for name, p in self.planned.items()})
         command = self.campaign.command or (old or {}).get("command", [])  # a tuning worker keeps the driver's
-        kept = {key: (old or {}).get(key) for key in ("reused",) if (old or {}).get(key)}  # runs from elsewhere
-        return {"format": bundles.FORMAT, "campaign": self.campaign.name, "command": command,
-                **({"budget": budget} if (budget := self.campaign.budget or (old or {}).get("budget")) else {}),
-                "counterparts": {**(old or {}).get("counterparts", {}), **self.campaign.counterparts},
-                "environment": {**self.env, "commit": self.commit}, "specs": specs, **kept}
+        budget = self.campaign.budget or (old or {}).get("budget")
+        record = {"format": bundles.FORMAT, "campaign": self.campaign.name, "command": command,
+                  **({"budget": budget} if budget else {}),
+                  "counterparts": {**(old or {}).get("counterparts", {}), **self.campaign.counterparts},
+                  "environment": {**self.env, "commit": self.commit}, "specs": specs}
+        return {**(old or {}), **record}  # keys others keep there (a curve's ``reused``) stay
 
     def labels_of(self, p: Planned) -> dict:
         return {"run": p.spec.run, "campaign": self.campaign.name, "config_digest": p.digest, **p.spec.labels.row()}
@@ -397,6 +386,7 @@ class Collector:
                                        pd.DataFrame(columns=bundles.CURVE_COLUMNS))
                 for row, results, curves in rows:
                     bundle.add_run(row, results, curves)
+                    bundle.campaign.get("reused", {}).pop(row["run"], None)  # trained here after all
             self.update(change)
             for row, _, _ in rows:
                 self.planned[row["run"]].state = BUNDLED

@@ -296,3 +296,17 @@ def slurm_executor(args: argparse.Namespace, log_folder: Path):
         **({"slurm_additional_parameters": extra} if extra else {}),
     )
     return executor
+
+
+def thread_env(parallel: int, threads: int | None = None, gpus: bool = False) -> tuple[tuple[str, str], ...]:
+    """The one thread policy of every campaign: a CPU run gets ``threads`` torch threads (default: this
+    machine's cores shared by the runs at a time, at least 1), so parallel runs do not oversubscribe the
+    cores; GPU runs keep torch's default. The count each run used is recorded (``timing.jsonl``)."""
+    if gpus and threads is None:
+        return ()
+    count = threads or max(1, (os.cpu_count() or 1) // max(1, parallel))
+    return (("OMP_NUM_THREADS", str(count)), ("MKL_NUM_THREADS", str(count)))
+
+
+def threads_of(env: tuple[tuple[str, str], ...]) -> int:
+    return int(dict(env).get("OMP_NUM_THREADS", os.cpu_count() or 1))

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 from pathlib import Path
+
+from filelock import FileLock
 
 from mtl_cog.errors import UserError
 from mtl_cog.experiments.campaign import (
     BUNDLED,
+    NEW,
     Collector,
     Labels,
     Planned,
@@ -33,12 +37,14 @@ from mtl_cog.experiments.campaign import (
     run_name,
     setting_digest,
 )
-from mtl_cog.reporting.bundle import CURVE_COLUMNS, RESULT_COLUMNS, bundle_dir, read_bundle
-from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
+from mtl_cog.reporting.bundle import CURVE_COLUMNS, RESULT_COLUMNS, Bundle, bundle_dir, read_bundle
+from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT, environment, result_splits, versions_text
 
 # log grid 1e-3 .. 1 (1, 3 per decade); 1 = no hierarchy, allowed here without the usual refusal
 RATIOS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 LEADER_KEY, FOLLOWER_KEY = "optim.leader_lr", "optim.follower_lr"
+PROTOCOL_DRAW = "1"  # a curve takes the fair protocol's first tuning draw (labelled "" by a one-draw campaign)
+FIRST_DRAWS = (PROTOCOL_DRAW, "")
 ALLOW_EQUAL = "optim.allow_leader_lr_geq_follower=true"  # the schema refuses leader >= follower otherwise
 
 
@@ -81,7 +87,7 @@ def protocol_run_source(protocol_dir: Path, dataset: str, method: str) -> tuple[
     bundle = read_bundle(bundle_dir(protocol_dir))
     if bundle is not None:
         rows = bundle.runs[(bundle.runs["role"] == "final") & (bundle.runs["data"] == dataset)
-                           & (bundle.runs["method"] == method) & (bundle.runs["draw"].astype(str).isin(["1", ""]))]
+                           & (bundle.runs["method"] == method) & (bundle.runs["draw"].astype(str).isin(FIRST_DRAWS))]
         for run in sorted(rows["run"]):
             source = recorded_spec(bundle, run)
             if source is not None:
@@ -135,54 +141,66 @@ def plan(method: str, dataset: str, source: Source, references: dict[str, Source
     return runs
 
 
-def protocol_matches(planned: list[Planned], protocol_dir: Path) -> dict[str, str]:
-    """{curve run: protocol run} for each reference run of the curve that the fair protocol's bundle holds as a
-    finished final run of its first draw with the same settings (``setting_digest``: every setting but the seed
-    and the folder's name) and seed, and with every post-hoc calibrator the curve fits on it: the same run, which
-    the curve need not train again."""
-    bundle = read_bundle(bundle_dir(protocol_dir))
-    if bundle is None:
+def read_protocol_bundle(protocol_dir: Path) -> Bundle | None:
+    """The protocol's results bundle, read under its lock where it has one; None (with a warning) when it is
+    missing or damaged: the curve then trains its reference arms itself."""
+    lock = Path(protocol_dir) / "bundle.lock"
+    try:
+        if lock.is_file():
+            with FileLock(str(lock)):
+                return read_bundle(bundle_dir(protocol_dir))
+        return read_bundle(bundle_dir(protocol_dir))
+    except UserError as err:
+        print(f"warning: --protocol-dir {protocol_dir}: its bundle cannot be read ({err}); the reference runs are "
+              "trained here instead.", file=sys.stderr)
+        return None
+
+
+def protocol_matches(planned: list[Planned], protocol: Bundle | None, threads: int) -> dict[str, str]:
+    """{curve run: protocol run} for each reference run of the curve not started yet whose twin the protocol's
+    bundle holds: a finished final run of its first draw, of the same data set, with the same settings
+    (``setting_digest``: every setting but the seed and the folder's name) and seed, trained with the same torch
+    threads and library versions as this curve's runs, and holding every post-hoc calibrator the curve fits on
+    it. That is the same run (training is deterministic at a fixed thread count), so the curve need not train it
+    again; anything else (another thread count, torch version, a draw-2 run) is trained here."""
+    if protocol is None:
         return {}
-    runs = bundle.done()
-    finals = runs[(runs["role"] == "final") & runs["draw"].astype(str).isin(["1", ""])]
-    specs = bundle.campaign.get("specs", {})
-    by_setting = {(specs[run].get("setting"), str(seed)): run for run, seed in zip(finals["run"], finals["seed"])
-                  if isinstance(specs.get(run), dict)}
-    splits = bundle.results.groupby("run")["split"].agg(set).to_dict()
+    runs = protocol.done()
+    finals = runs[(runs["role"] == "final") & runs["draw"].astype(str).isin(FIRST_DRAWS)
+                  & (runs["threads"].astype(str) == str(threads))
+                  & (runs["versions"].astype(str) == versions_text(environment()))]
+    specs = protocol.campaign.get("specs", {})
+    twins = {(str(data), specs[run].get("setting"), str(seed)): run
+             for run, data, seed in zip(finals["run"], finals["data"], finals["seed"])
+             if isinstance(specs.get(run), dict)}
+    splits = protocol.results.groupby("run")["split"].agg(set).to_dict()
     matches = {}
     for p in planned:
-        if p.spec.labels.ratio is not None or p.state == BUNDLED:
+        if p.spec.labels.ratio is not None or p.state != NEW:
             continue
-        source = by_setting.get((setting_digest(p.config), str(p.spec.labels.seed)))
-        if source is not None and {f"test+{name}" for name in p.spec.posthoc} <= splits.get(source, set()):
-            matches[p.spec.run] = source
+        twin = twins.get((p.spec.labels.data, setting_digest(p.config), str(p.spec.labels.seed)))
+        if twin is not None and set(result_splits(p.spec.posthoc)) <= splits.get(twin, set()):
+            matches[p.spec.run] = twin
     return matches
 
 
-def reuse_protocol_runs(planned: list[Planned], protocol_dir: Path, collector: Collector) -> dict[str, str]:
-    """Record the protocol's copies of the curve's reference runs (``protocol_matches``) into the curve's bundle:
-    their runs.csv row (its commit, versions, threads and wall time as the protocol ran it) and results (the
-    splits the curve's own run would have), under the curve's run name and labels; ``campaign.json``'s
-    ``reused`` names where each came from. -> {curve run: protocol run}."""
-    matches = protocol_matches(planned, protocol_dir)
-    if not matches:
-        return {}
-    source = read_bundle(bundle_dir(protocol_dir))
-    planned_by_name = {p.spec.run: p for p in planned}
+def reuse_protocol_runs(planned: list[Planned], protocol: Bundle, matches: dict[str, str],
+                        collector: Collector) -> None:
+    """Record the protocol's twins of the curve's reference runs (``protocol_matches``) into the curve's bundle:
+    their runs.csv row (commit, versions, threads and wall time as the protocol ran them) and results (the
+    splits the curve's own run would have), under the curve's run names and labels; ``campaign.json``'s
+    ``reused`` names where each came from (a run trained here later leaves it)."""
+    by_name = {p.spec.run: p for p in planned}
 
-    def change(bundle) -> None:
-        for run, origin in matches.items():
-            p = planned_by_name[run]
-            row = source.runs[source.runs["run"] == origin].iloc[0].to_dict()
-            row.update(collector.labels_of(p))
-            keep = {"val", "test", CALIBRATOR_SPLIT, *(f"test+{name}" for name in p.spec.posthoc)}
-            results = source.results[(source.results["run"] == origin) & source.results["split"].isin(keep)]
-            curves = source.curves[source.curves["run"] == origin]
+    def change(bundle: Bundle) -> None:
+        for run, twin in matches.items():
+            row = {**protocol.runs[protocol.runs["run"] == twin].iloc[0].to_dict(), **collector.labels_of(by_name[run])}
+            keep = {*result_splits(by_name[run].spec.posthoc), CALIBRATOR_SPLIT}
+            results = protocol.results[(protocol.results["run"] == twin) & protocol.results["split"].isin(keep)]
+            curves = protocol.curves[protocol.curves["run"] == twin]
             bundle.add_run(row, results.assign(run=run)[RESULT_COLUMNS], curves.assign(run=run)[CURVE_COLUMNS])
-            bundle.campaign.setdefault("reused", {})[run] = {"campaign": source.name, "run": origin}
+            bundle.campaign.setdefault("reused", {})[run] = {"campaign": protocol.name, "run": twin}
 
     collector.update(change)
     for run in matches:
-        planned_by_name[run].state = BUNDLED
-    return matches
-
+        by_name[run].state = BUNDLED

@@ -14,7 +14,7 @@ Markdown plus ``report.md`` and ``report.html``; ``reporting/docs_tables.py`` em
 - ``convergence``: per role, data set, draw and method: runs that settled under the convergence
   rule (``trajectories.convergence_of_curves``), and the calibrator's whole move;
 - ``scope``: per role and data set, the runs by status, the split sizes, epochs and threads of the finished
-  ones, how many settled and the wall hours they took: what a headline from the bundle is scoped to;
+  ones, how many settled and the hours their epochs took: what a headline from the bundle is scoped to;
 - ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs;
 - ``sweep_settings`` / ``sweep_paired``: a sweep's settings over its seeds, each against the grid's first
   (``reporting/sweep_report.py``).
@@ -159,23 +159,23 @@ def convergence_counts(table: pd.DataFrame) -> pd.DataFrame:
 
 def _values(column: pd.Series) -> str:
     """The distinct values of a runs.csv column as one cell: ``20``, ``2-20`` for a numeric range."""
-    values = column.dropna()
-    values = values[values.astype(str) != ""]
+    values = pd.Series([v for cell in column.dropna().astype(str) for v in cell.split()])  # "1 2": a resumed run
     if values.empty:
         return ""
     numbers = pd.to_numeric(values, errors="coerce")
     if numbers.notna().all():
         low, high = int(numbers.min()), int(numbers.max())
         return str(low) if low == high else f"{low}-{high}"
-    return " ".join(sorted(set(values.astype(str))))
+    return " ".join(sorted(set(values)))
 
 
 def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
     """Per role and data set, what a headline drawn from the bundle is scoped to: how many runs ended how, the
-    split sizes and epochs the finished runs trained with, their torch threads, how many settled, and the
-    wall hours they took (``wall_s`` of finished runs, one thread each; pruned and failed runs record none; a run
-    recorded from another campaign's bundle, ``campaign.json``'s ``reused``, is counted in ``reused``, not in the
-    hours, which its own campaign counts)."""
+    split sizes and epochs the finished runs trained with, their torch threads, how many settled, and the hours
+    their epochs took (``epoch_hours``: runs.csv's ``wall_s``, the training and validation time of every epoch
+    from ``timing.jsonl``, without start-up, test scoring or post-hoc fits; times ``threads`` for core-hours;
+    pruned and failed runs record none; a run recorded from another campaign's bundle, ``campaign.json``'s
+    ``reused``, is counted in ``reused``, not in the hours, which its own campaign counts)."""
     runs = bundle.runs
     if runs.empty:
         return pd.DataFrame()
@@ -184,8 +184,8 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
     for (role, data), group in runs.groupby(["role", "data"], sort=True):
         done = group[group["status"] == "done"]
         trained = done[~done["run"].isin(reused)]
-        settled = conv[(conv["role"] == role) & (conv["data"] == data)] if not conv.empty else conv
-        judged = settled[settled["converged"].notna()] if not settled.empty else settled
+        judged = conv[(conv["role"] == role) & (conv["data"] == data) & conv["converged"].notna()] \
+            if "converged" in conv else pd.DataFrame(columns=["converged"])  # no finished run: nothing to judge
         ended = group["status"].value_counts()
         sizes = {column: _values(done[column]) for column in ("train_size", "val_size", "test_size")}
         rows.append({"role": role, "data": data, "runs": len(group), "done": len(done),
@@ -193,7 +193,7 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
                      "epochs": _values(done["epochs_run"]), "threads": _values(done["threads"]),
                      "converged": f"{int((judged['converged'] == True).sum())} of {len(judged)}",  # noqa: E712
                      "reused": len(done) - len(trained),
-                     "wall_hours": round(float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600, 2)})
+                     "epoch_hours": round(float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600, 2)})
     return pd.DataFrame(rows)
 
 

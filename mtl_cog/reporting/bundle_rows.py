@@ -36,12 +36,18 @@ def _score_rows(predictions: Predictions, split: str) -> list[tuple[str, str, st
     return rows + [(split, "mean", m, float(scores["mean"][m])) for m in RESULT_METRICS if m in scores["mean"]]
 
 
+def result_splits(posthoc: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The splits of the scores ``results_rows`` records for a run fitted with the ``posthoc`` calibrators."""
+    return ("val", "test", *(f"test+{name}" for name in posthoc))
+
+
 def results_rows(run_dir: Path, posthoc: tuple[str, ...] = ()) -> pd.DataFrame:
-    """``split, task, metric, value`` of the selected checkpoint (the run's one check first)."""
+    """``split, task, metric, value`` of the selected checkpoint (the run's one check first), one split of
+    ``result_splits(posthoc)`` each."""
     val, test = finished_predictions(run_dir, ("val", "test")).values()
     rows = _score_rows(val, "val") + _score_rows(test, "test")
-    for name in posthoc:
-        rows += _score_rows(calibrate(name, val, test), f"test+{name}")
+    for name, split in zip(posthoc, result_splits(posthoc)[2:]):
+        rows += _score_rows(calibrate(name, val, test), split)
     frame = pd.DataFrame(rows, columns=["split", "task", "metric", "value"])
     frame.attrs["sizes"] = {"val": len(val.labels[0]), "test": len(test.labels[0])}
     return frame
