@@ -320,3 +320,15 @@ def test_rung_values_round_trip_and_an_old_bundle_without_them_restores_none():
     assert tuning.rung_attrs("") == tuning.rung_attrs(float("nan")) == tuning.rung_attrs(None) == {}
     # a trials.csv whose rung_values cells all hold one value is read back by pandas as numbers
     assert tuning.rung_attrs(0.75) == {"completed_rung_0": 0.75}
+
+
+def test_two_draws_never_share_a_tpe_stream():
+    """A worker re-seeds TPE with the draw's seed + the trials so far (``tuning.reseed``): draws whose seeds were
+    one apart gave draw 2 after n trials the stream of draw 1 after n + 1, and so the same candidates. Every
+    seed a draw's studies can reach (its budget's trials, a retry of each, two widened re-tunings) is its own."""
+    reach = 3 * 2 * protocol.MAX_BUDGET
+    seeds = [set(range(protocol.sampler_seed(d), protocol.sampler_seed(d) + reach)) for d in range(1, 11)]
+    assert protocol.sampler_seed(1) == protocol.SAMPLER_SEED  # the first draw's proposals are what they were
+    assert all(not (a & b) for i, a in enumerate(seeds) for b in seeds[i + 1:])
+    assert protocol.start_points(KNOBS, 3, protocol.sampler_seed(1)) != protocol.start_points(
+        KNOBS, 3, protocol.sampler_seed(2))  # another Halton scramble

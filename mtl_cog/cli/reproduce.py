@@ -212,7 +212,7 @@ def study_specs(args: argparse.Namespace) -> fair_tuning.Studies:
                 cfg = load_config(list(files), list(overrides))
                 studies[(dataset, config.stem, str(draw))] = tuning.StudySpec(
                     dataset, config.stem, files, overrides, base_rate, tuple(protocol.search_space(cfg, base_rate)),
-                    cfg.train.epochs, folder, seeds, str(draw), protocol.SAMPLER_SEED + draw - 1)
+                    cfg.train.epochs, folder, seeds, str(draw), protocol.sampler_seed(draw))
     return studies
 
 

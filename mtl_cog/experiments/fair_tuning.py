@@ -11,8 +11,9 @@ every trial, failed and pruned ones included.
 
 **Draws.** ``--draws N`` tunes every method N times, independently: draw ``d`` trains its trials
 with the tuning seeds shifted by ``DRAW_SEED_STEP x (d - 1)`` and samples with sampler seed
-``SAMPLER_SEED + d - 1`` (another Halton scramble, another TPE stream). A verdict that two draws
-disagree on depends on the tuning draw, not on the method (``mtl_cog/reporting/bundle_report.py``).
+``protocol.sampler_seed(d)`` (another Halton scramble, a TPE stream that never meets another draw's).
+A verdict that two draws disagree on depends on the tuning draw, not on the method
+(``mtl_cog/reporting/bundle_report.py``).
 
 **Resume from a bundle.** The studies live in ``OUT/tuning/optuna.db``; on a fresh clone that file
 is gone but the bundle's ``trials.csv`` is not: ``restore_study`` re-adds every recorded trial

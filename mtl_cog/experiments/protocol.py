@@ -111,6 +111,17 @@ def round_significant(value: float, digits: int = 2) -> float:
 # Tuning runs per (data set, method): each is a whole training run, so thousands are already
 # weeks of compute; the bound keeps a typo (1e9) from allocating the points before anything says so.
 MAX_BUDGET = 10_000
+# Tuning draw d samples with SAMPLER_SEED + SAMPLER_DRAW_STEP x (d - 1). A worker re-seeds TPE before every trial
+# with seed + <trials so far> (tuning.reseed), so seeds one apart (the rule until 2026-12-03) gave draw 2 after
+# n trials draw 1's random stream after n + 1: the draws shared TPE's candidates drawn from the prior, and on
+# full Fashion-MNIST COG+LS's draw 2 proposed draw 1's sixth trial to 16 digits. A step far above any study's
+# trial count (retries and widened re-tunings included) keeps the draws' streams apart.
+SAMPLER_DRAW_STEP = 1_000_000
+
+
+def sampler_seed(draw: int) -> int:
+    """The sampler seed of tuning draw ``draw`` (1, 2, ...): its Halton scramble and its TPE stream."""
+    return SAMPLER_SEED + SAMPLER_DRAW_STEP * (draw - 1)
 
 
 def trial_settings(knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> list[dict[str, float]]:
