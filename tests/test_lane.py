@@ -29,7 +29,8 @@ import os
 (out / "commit.txt").write_text(os.environ.get("MTL_COG_CODE_COMMIT", ""))
 for i in range(int(args[0])):
     before += f"{args[1]}-{i}\\n"
-    runs.write_text(before)
+    (runs.parent / "runs.tmp").write_text(before)
+    os.replace(runs.parent / "runs.tmp", runs)  # atomic, as write_bundle's files: a lane never reads half of it
     time.sleep(0.3)
 sys.exit(int(args[2]))
 '''

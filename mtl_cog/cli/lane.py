@@ -85,7 +85,8 @@ def run_states(bundle: Path) -> dict[str, str]:
 def check_not_older(out: Path, published: Path, repo: Path) -> None:
     """Refuse to let ``out/bundle`` replace a published bundle that records runs it lacks, or a run finished
     (``done``) that it has in another state (failed or pruned here, finished on another machine)."""
-    mine = run_states(out / "bundle")
+    with FileLock(str(out / "bundle.lock")):  # the Collector writes the bundle under this lock
+        mine = run_states(out / "bundle")
     lacking = {run for run, status in run_states(published).items()
                if run not in mine or (status == "done" and mine[run] != "done")}
     if lacking:
