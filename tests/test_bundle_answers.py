@@ -147,7 +147,7 @@ def test_campaign_json_records_what_each_planned_run_is():
 
 def test_the_scope_table_counts_runs_by_how_they_ended_and_what_they_trained_with():
     """The headline's scope comes from runs.csv: split sizes and epochs of finished runs, the settled count of
-    those the convergence rule could judge, and the epoch hours of finished runs (pruned/failed record none)."""
+    those the convergence rule could judge, and the epoch hours of the runs that recorded them."""
     bundle = make_bundle(finished=lambda method, draw, seed: (method, draw, seed) != ("cog_fc", "2", 2))
     done = bundle.runs["status"] == "done"
     bundle.runs.loc[done, ["train_size", "val_size", "test_size", "threads"]] = [48000, 12000, 10000, 1]

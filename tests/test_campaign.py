@@ -1,6 +1,7 @@
 """The campaign engine and its results bundle: plan, resume from the bundle alone, refuse mixed or damaged bundles,
 and a campaign killed at a random point finishing with the results of an uninterrupted one."""
 
+import dataclasses
 import gzip
 import os
 import random
@@ -335,3 +336,33 @@ def test_draw_choices_set_each_draws_final_choice_side_by_side():
     assert table.loc["d-a", "largest_fold"] == pytest.approx(2.5) and table.loc["d-a", "changed"]
     assert table.loc["d-b", "largest_fold"] == pytest.approx(1.5) and not table.loc["d-b", "changed"]
     assert pd.isna(table.loc["d-c", "draw 2"]) and pd.isna(table.loc["d-c", "changed"])
+
+
+def test_a_pruned_run_records_what_it_trained_so_its_cost_is_counted(tmp_path):
+    """A tuning trial stopped after 2 epochs cost 2 epochs: its runs.csv row says so (and scope counts it)."""
+    import json
+
+    from mtl_cog.reporting.bundle_report import bundle_tables
+    from mtl_cog.runs import rundir
+
+    config = REPO / "configs" / "synthetic" / "cog_ts.yaml"
+    run_dir = tmp_path / "trial_00"
+    spec = campaign.RunSpec("s-trial_00", (config,), (*TINY, "seed=0"), run_dir,
+                            campaign.Labels("synthetic", "cog_ts", "trial", 0, "1", "00"))
+    trial = campaign.Campaign("c", tmp_path, [spec], command=["x"])
+    planned = campaign.plan(trial)
+    run_dir.mkdir()
+    (run_dir / rundir.TIMING).write_text("".join(
+        json.dumps({"stage": "train", "epoch": e, "seconds": 30.0, "threads": 1, "train_images": 200}) + "\n"
+        for e in (1, 2)))
+    (run_dir / rundir.METRICS).write_text("".join(json.dumps({"epoch": e, "val": {"nll": 0.5}}) + "\n" for e in (1, 2)))
+    collector = campaign.Collector(trial, planned)
+    row = collector.unfinished_row(planned[0], "pruned", "pruned after epoch 2")
+    assert (row["status"], row["epochs_run"], row["threads"], row["wall_s"]) == ("pruned", 2, "1", 60.0)
+    collector.update(lambda b: b.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
+                                         pd.DataFrame(columns=bundles.CURVE_COLUMNS)))
+    scope = bundle_tables(bundles.read_bundle(tmp_path / "bundle"))["scope"].iloc[0]
+    assert (scope["pruned"], scope["epoch_hours"]) == (1, round(60 / 3600, 2))
+    gone = collector.unfinished_row(dataclasses.replace(planned[0], spec=dataclasses.replace(
+        spec, run_dir=tmp_path / "never_started")), "failed", "exit 1")
+    assert gone["wall_s"] == "" and gone["epochs_run"] == ""  # nothing trained, nothing counted

@@ -45,7 +45,7 @@ from mtl_cog.experiments.launcher import PACKAGE_PARENT, RunJob, train_command
 from mtl_cog.experiments.sweep import DONE, LOCATION_KEYS, NEW, TRACKING_KEYS, UNFINISHED, run_state
 from mtl_cog.io import output_folder
 from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.bundle_rows import environment, failed_row, run_rows, versions_text
+from mtl_cog.reporting.bundle_rows import environment, failed_row, run_facts, run_rows, versions_text
 from mtl_cog.runs import rundir
 from mtl_cog.training.resume_settings import flatten_settings
 
@@ -341,9 +341,11 @@ class Collector:
         return {"run": p.spec.run, "campaign": self.campaign.name, "config_digest": p.digest, **p.spec.labels.row()}
 
     def unfinished_row(self, p: Planned, status: str, reason: str) -> dict:
-        """The runs.csv row of a run that failed or was pruned, with the versions and commit that ran it."""
+        """The runs.csv row of a run that failed or was pruned, with the versions and commit that ran it and what
+        it trained before it stopped (epochs, threads, epoch seconds: a pruned trial's cost is counted too)."""
+        facts = run_facts(p.spec.run_dir) if p.spec.run_dir.is_dir() else {}
         return {**failed_row(self.labels_of(p), status, reason), "versions": versions_text(self.env),
-                "commit": self.commit}
+                "commit": self.commit, **{k: facts[k] for k in ("epochs_run", "threads", "wall_s") if k in facts}}
 
     def update(self, change) -> None:
         """Apply ``change(bundle)`` to the bundle on disk and write it back (under the lock)."""

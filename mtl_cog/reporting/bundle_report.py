@@ -173,9 +173,10 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
     """Per role and data set, what a headline drawn from the bundle is scoped to: how many runs ended how, the
     split sizes and epochs the finished runs trained with, their torch threads, how many settled, and the hours
     their epochs took (``epoch_hours``: runs.csv's ``wall_s``, the training and validation time of every epoch
-    from ``timing.jsonl``, without start-up, test scoring or post-hoc fits; times ``threads`` for core-hours;
-    pruned and failed runs record none; a run recorded from another campaign's bundle, ``campaign.json``'s
-    ``reused``, is counted in ``reused``, not in the hours, which its own campaign counts)."""
+    from ``timing.jsonl``, without start-up, test scoring or post-hoc fits; times ``threads`` for core-hours; of
+    every run, pruned and failed ones included where they recorded it, which rows collected before 2026-12-03 did
+    not; a run recorded from another campaign's bundle, ``campaign.json``'s ``reused``, is counted in ``reused``,
+    not in the hours, which its own campaign counts)."""
     runs = bundle.runs
     if runs.empty:
         return pd.DataFrame()
@@ -183,7 +184,7 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
     reused = set(bundle.campaign.get("reused", {}))
     for (role, data), group in runs.groupby(["role", "data"], sort=True):
         done = group[group["status"] == "done"]
-        trained = done[~done["run"].isin(reused)]
+        trained = group[~group["run"].isin(reused)]
         judged = conv[(conv["role"] == role) & (conv["data"] == data) & conv["converged"].notna()] \
             if "converged" in conv else pd.DataFrame(columns=["converged"])  # no finished run: nothing to judge
         ended = group["status"].value_counts()
@@ -192,7 +193,7 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
                      "pruned": int(ended.get("pruned", 0)), "failed": int(ended.get("failed", 0)), **sizes,
                      "epochs": _values(done["epochs_run"]), "threads": _values(done["threads"]),
                      "converged": f"{int((judged['converged'] == True).sum())} of {len(judged)}",  # noqa: E712
-                     "reused": len(done) - len(trained),
+                     "reused": int(done["run"].isin(reused).sum()),
                      "epoch_hours": round(float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600, 2)})
     return pd.DataFrame(rows)
 
