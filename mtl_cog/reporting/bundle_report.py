@@ -174,8 +174,8 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
     split sizes and epochs the finished runs trained with, their torch threads, how many settled, and the hours
     their epochs took (``epoch_hours``: runs.csv's ``wall_s``, the training and validation time of every epoch
     from ``timing.jsonl``, without start-up, test scoring or post-hoc fits; times ``threads`` for core-hours; of
-    every run, pruned and failed ones included where they recorded it, which rows collected before 2026-12-03 did
-    not; a run recorded from another campaign's bundle, ``campaign.json``'s ``reused``, is counted in ``reused``,
+    every run, pruned and failed ones included where they recorded it (rows collected by code older than cc43bb9
+    did not); a run recorded from another campaign's bundle, ``campaign.json``'s ``reused``, is counted in ``reused``,
     not in the hours, which its own campaign counts)."""
     runs = bundle.runs
     if runs.empty:
