@@ -36,9 +36,14 @@ def _score_rows(predictions: Predictions, split: str) -> list[tuple[str, str, st
     return rows + [(split, "mean", m, float(scores["mean"][m])) for m in RESULT_METRICS if m in scores["mean"]]
 
 
+def posthoc_split(name: str) -> str:
+    """The results split of the test scores after post-hoc calibrator ``name``: ``test+ts``."""
+    return f"test+{name}"
+
+
 def result_splits(posthoc: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The splits of the scores ``results_rows`` records for a run fitted with the ``posthoc`` calibrators."""
-    return ("val", "test", *(f"test+{name}" for name in posthoc))
+    return ("val", "test", *map(posthoc_split, posthoc))
 
 
 def results_rows(run_dir: Path, posthoc: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -46,8 +51,8 @@ def results_rows(run_dir: Path, posthoc: tuple[str, ...] = ()) -> pd.DataFrame:
     ``result_splits(posthoc)`` each."""
     val, test = finished_predictions(run_dir, ("val", "test")).values()
     rows = _score_rows(val, "val") + _score_rows(test, "test")
-    for name, split in zip(posthoc, result_splits(posthoc)[2:]):
-        rows += _score_rows(calibrate(name, val, test), split)
+    for name in posthoc:
+        rows += _score_rows(calibrate(name, val, test), posthoc_split(name))
     frame = pd.DataFrame(rows, columns=["split", "task", "metric", "value"])
     frame.attrs["sizes"] = {"val": len(val.labels[0]), "test": len(test.labels[0])}
     return frame
