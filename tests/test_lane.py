@@ -265,3 +265,27 @@ def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(re
     assert "mtl_cog/ has uncommitted changes" in capsys.readouterr().err
     assert "| cog_ts |" not in git(repo, "show", "HEAD:docs/r.md")
     assert git(repo, "status", "--porcelain") == " M mtl_cog/x.py\n"
+
+
+def test_a_lane_commit_carries_the_figures_of_its_bundle(repo, tmp_path):
+    """A bundle-figure's SVG is committed with the page that links it: a checkout never has a page whose figure
+    file is missing or drawn from other runs."""
+    from test_results_docs import FIGURE_BLOCK, write_curve_bundle
+
+    published = repo / "results" / "k" / "bundle"
+    (repo / "docs").mkdir()
+    page = repo / "docs" / "r.md"
+    page.write_text(FIGURE_BLOCK.format(body="old\n"))
+    git(repo, "add", "docs")
+    git(repo, "commit", "-q", "-m", "docs")
+    write_curve_bundle(published, ratios=(1.0,))
+    assert lane.commit_bundle(repo, published, "k") == lane.COMMITTED
+    assert git(repo, "status", "--porcelain") == ""
+    first = git(repo, "show", "HEAD:docs/figures/k_nll.svg")
+    assert "cog_fc: 0.304 at 1" in first
+    write_curve_bundle(published, ratios=(0.01, 1.0))  # more runs: the figure is drawn again, in the same commit
+    assert lane.commit_bundle(repo, published, "k") == lane.COMMITTED
+    assert git(repo, "status", "--porcelain") == ""
+    assert "cog_fc: 0.2842 at 0.01" in git(repo, "show", "HEAD:docs/figures/k_nll.svg")
+    names = set(git(repo, "show", "--name-only", "--format=", "HEAD").split())
+    assert "docs/figures/k_nll.svg" in names and all(n.startswith(("results/k/bundle/", "docs/")) for n in names)

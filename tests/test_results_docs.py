@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from mtl_cog.reporting.docs_tables import MARKER, regenerate_docs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,3 +53,100 @@ def test_a_table_whose_runs_have_not_finished_reads_pending_and_an_unknown_one_i
     page.write_text("<!-- bundle-table: results/c/bundle sumary -->\nold\n<!-- /bundle-table -->\n")
     with pytest.raises(UserError, match="names no table 'sumary'"):
         regenerate_docs(tmp_path)
+
+
+def write_curve_bundle(folder: Path, ratios=(0.01, 1.0)) -> None:
+    """A curve bundle: cog_fc at ``ratios`` and the baseline reference (no ratio), seeds 0-2, two tasks."""
+    import pandas as pd
+
+    from mtl_cog.reporting import bundle as bundles
+
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "k", "specs": {},
+                             "counterparts": {"cog_fc": "baseline"}})
+    for method, ratio in [("baseline", None), *(("cog_fc", r) for r in ratios)]:
+        for seed in (0, 1, 2):
+            run = f"synthetic-{method}" + ("" if ratio is None else f"-r{ratio:g}") + f"-seed{seed}"
+            row = {c: "" for c in bundles.RUN_COLUMNS} | {
+                "run": run, "campaign": "k", "data": "synthetic", "method": method, "role": "curve", "draw": "1",
+                "ratio": "" if ratio is None else ratio, "seed": seed, "status": "done", "config_digest": "x"}
+            shift = 0.0 if ratio is None else -0.02 * (1 - ratio)
+            results = pd.DataFrame([{"run": run, "split": split, "task": task, "metric": metric,
+                                     "value": base + shift + 0.003 * seed + 0.002 * i}
+                                    for split in ("val", "test") for i, task in enumerate(["a", "b", "mean"])
+                                    for metric, base in (("accuracy", 0.9), ("nll", 0.3), ("brier", 0.1),
+                                                         ("ece@15", 0.02), ("smece", 0.02))])
+            bundle.add_run(row, results, pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    bundles.write_bundle(folder, bundle)
+
+
+FIGURE_BLOCK = ("<!-- bundle-figure: results/k/bundle curve figures/k_nll.svg where metric == 'nll' -->\n{body}"
+                "<!-- /bundle-figure -->\n")
+
+
+def test_a_figure_is_drawn_from_its_bundle_and_a_drifted_one_is_found(tmp_path):
+    import xml.etree.ElementTree as ElementTree
+
+    write_curve_bundle(tmp_path / "results" / "k" / "bundle")
+    (tmp_path / "docs").mkdir()
+    page, svg = tmp_path / "docs" / "r.md", tmp_path / "docs" / "figures" / "k_nll.svg"
+    page.write_text("x\n" + FIGURE_BLOCK.format(body="old\n"))
+    assert regenerate_docs(tmp_path, check=True) == ["docs/r.md: figure figures/k_nll.svg of results/k/bundle"]
+    assert not svg.exists()  # check mode writes nothing
+    regenerate_docs(tmp_path)
+    assert "](figures/k_nll.svg)\n<!-- /bundle-figure -->" in page.read_text()
+    root = ElementTree.fromstring(svg.read_text())  # one well-formed SVG with its own style: shown as an image
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "synthetic: test NLL, mean over 3 seeds, 95 % interval (dashed: references)" in texts  # title
+    assert "cog_fc" in texts and "baseline" in texts  # the legend
+    assert root.find("{http://www.w3.org/2000/svg}style") is not None
+    circles = root.findall(".//{http://www.w3.org/2000/svg}circle")
+    tips = sorted(c.find("{http://www.w3.org/2000/svg}title").text for c in circles)
+    # the plotted means are the curve table's: cog_fc at 0.01 = 0.3 - 0.0198 + seed mean 0.003 + task mean 0.001
+    assert tips == ["cog_fc: 0.2842 at 0.01", "cog_fc: 0.304 at 1"]
+    assert regenerate_docs(tmp_path, check=True) == []
+    first = svg.read_text()
+    regenerate_docs(tmp_path)
+    assert svg.read_text() == first  # the same bundle makes the same bytes
+    svg.write_text(first.replace("cog_fc", "cog_xx"))
+    assert regenerate_docs(tmp_path, check=True) == ["docs/r.md: figure figures/k_nll.svg of results/k/bundle"]
+    regenerate_docs(tmp_path)
+    assert svg.read_text() == first
+
+
+def test_a_figure_whose_runs_are_gone_reads_pending_and_its_file_is_removed(tmp_path):
+    from test_campaign import write_tiny_bundle
+
+    from mtl_cog.reporting.docs_tables import PENDING_FIGURE, figures_naming, pages_naming
+
+    write_tiny_bundle(tmp_path / "results" / "k" / "bundle")  # final runs only: no curve yet
+    (tmp_path / "docs" / "figures").mkdir(parents=True)
+    page, svg = tmp_path / "docs" / "r.md", tmp_path / "docs" / "figures" / "k_nll.svg"
+    page.write_text(FIGURE_BLOCK.format(body="![old](figures/k_nll.svg)\n"))
+    svg.write_text("<svg/>")
+    assert pages_naming(tmp_path, "results/k/bundle") == [page]
+    assert figures_naming(tmp_path, "results/k/bundle") == [svg.resolve()]
+    regenerate_docs(tmp_path)
+    assert page.read_text() == FIGURE_BLOCK.format(body=PENDING_FIGURE + "\n") and not svg.exists()
+    assert regenerate_docs(tmp_path, check=True) == []
+
+
+@pytest.mark.parametrize("head, message", [
+    ("results/k/bundle curve ../../outside.svg where metric == 'nll'", "must be an .svg under docs/"),
+    ("results/k/bundle curve /tmp/abs.svg where metric == 'nll'", "must be an .svg under docs/"),
+    ("results/k/bundle curve figures/k.png where metric == 'nll'", "must be an .svg under docs/"),
+    ("results/k/bundle curve figures/k.svg", "selects 5 values of metric"),
+    ("results/k/bundle summary figures/k.svg", "bundle-figure names no table 'summary'"),
+    ("results/nope/bundle curve figures/k.svg", "bundle-figure names results/nope/bundle, which holds no"),
+])
+def test_a_figure_block_that_cannot_be_drawn_is_one_error_and_nothing_is_written(tmp_path, head, message):
+    from mtl_cog.errors import UserError
+
+    write_curve_bundle(tmp_path / "results" / "k" / "bundle")
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "r.md"
+    text = f"<!-- bundle-figure: {head} -->\nold\n<!-- /bundle-figure -->\n"
+    page.write_text(text)
+    with pytest.raises(UserError, match=re.escape(message)):
+        regenerate_docs(tmp_path)
+    assert page.read_text() == text
+    assert sorted(p.name for p in tmp_path.rglob("*.svg")) == []

@@ -50,7 +50,7 @@ from filelock import FileLock
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.reporting.docs_tables import pages_naming
+from mtl_cog.reporting.docs_tables import figures_naming, pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
 STOP_GRACE_SECONDS = 120  # after SIGINT, how long a campaign may take to record what finished before SIGTERM
@@ -144,7 +144,10 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
         print(f"lane {name}: docs tables not regenerated: {said}", file=sys.stderr)
         git(repo, "checkout", "--", *pages, check=False)  # a half-written page must not be committed
         return []
-    return pages
+    # its figures' SVG files go with it: those drawn now, and a tracked one the regeneration removed
+    figures = [str(f.relative_to(repo.resolve())) for f in figures_naming(repo, bundle)]
+    tracked = set(git(repo, "ls-files", "--", *figures).stdout.split()) if figures else set()
+    return pages + [f for f in figures if (repo / f).is_file() or f in tracked]
 
 
 def commit_bundle(repo: Path, published: Path, name: str) -> str:

@@ -5,8 +5,10 @@
     python scripts/regenerate_docs_tables.py --only results/fashion_mnist_full/bundle   # that bundle's blocks
 
 A results table sits between ``<!-- bundle-table: results/<campaign>/bundle <table> [where <query>] -->``
-and ``<!-- /bundle-table -->`` (``mtl_cog/reporting/bundle_report.py``); ``tests/test_results_docs.py`` runs
-the check.
+and ``<!-- /bundle-table -->`` (``mtl_cog/reporting/bundle_report.py``), a leader-rate figure (an SVG file
+next to the page) between ``<!-- bundle-figure: results/<campaign>/bundle curve figures/<name>.svg [where
+<query>] -->`` and ``<!-- /bundle-figure -->`` (``mtl_cog/reporting/docs_tables.py``);
+``tests/test_results_docs.py`` runs the check.
 """
 
 from __future__ import annotations

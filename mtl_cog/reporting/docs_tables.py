@@ -6,6 +6,16 @@ A results table in docs/ sits between these markers and is generated from a comm
     ... the table, as bundle_report.markdown_of writes it ...
     <!-- /bundle-table -->
 
+A figure (a leader-rate curve: one metric of one data set against the ratio) is an SVG file next to the page,
+drawn from the same table, and linked between markers of its own::
+
+    <!-- bundle-figure: results/<campaign>/bundle curve figures/<name>.svg where metric == 'nll' -->
+    ![...](figures/<name>.svg)
+    <!-- /bundle-figure -->
+
+The SVG is text written by ``svg_charts`` (no timestamp, no matplotlib version in it), so the same bundle makes
+the same bytes and a stale figure is found like a stale table.
+
 ``scripts/regenerate_docs_tables.py`` rewrites them (``regenerate_docs``), a lane does so for its bundle with
 every commit, and ``tests/test_results_docs.py`` fails when a page disagrees with its bundle.
 """
@@ -16,11 +26,15 @@ import re
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.colors import to_hex
 
 from mtl_cog.errors import UserError
 from mtl_cog.io import atomic_write_text
 from mtl_cog.reporting.bundle import read_bundle
 from mtl_cog.reporting.bundle_report import TABLE_NAMES, bundle_tables, markdown_of
+from mtl_cog.reporting.leader_curve import curve_charts
+from mtl_cog.reporting.plots import method_colors
+from mtl_cog.reporting.svg_charts import line_chart_svg
 
 # A block may name a table its bundle does not have *yet* (one of TABLE_NAMES whose runs have not finished: the
 # summary before any final run, a curve before its lane ran): it reads PENDING until they exist, so a page can be
@@ -28,48 +42,105 @@ from mtl_cog.reporting.bundle_report import TABLE_NAMES, bundle_tables, markdown
 PENDING = "*Not in the bundle yet: the runs this table is made of have not finished.*"
 MARKER = re.compile(r"<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: where (?P<query>.+?))? -->\n"
                     r"(?P<body>.*?)<!-- /bundle-table -->", re.DOTALL)
+FIGURE = re.compile(r"<!-- bundle-figure: (?P<bundle>\S+) (?P<table>\w+) (?P<file>\S+)(?: where (?P<query>.+?))? -->\n"
+                    r"(?P<body>.*?)<!-- /bundle-figure -->", re.DOTALL)
+FIGURE_TABLES = ("curve",)  # the tables a figure can be drawn of
+PENDING_FIGURE = "*Not in the bundle yet: the runs this figure is drawn from have not finished.*"
 
 
 def _docs_pages(root: Path) -> list[Path]:
     return [p for p in sorted([*(root / "docs").rglob("*.md"), root / "README.md"]) if p.is_file()]
 
 
+def _blocks(text: str):
+    return [*MARKER.finditer(text), *FIGURE.finditer(text)]
+
+
 def pages_naming(root: Path, bundle: str) -> list[Path]:
-    """The docs pages (and README) with a bundle-table block of ``bundle`` (as the markers name it)."""
-    return [p for p in _docs_pages(root) if any(m["bundle"] == bundle for m in MARKER.finditer(p.read_text()))]
+    """The docs pages (and README) with a bundle-table or bundle-figure block of ``bundle`` (as markers name it)."""
+    return [p for p in _docs_pages(root) if any(m["bundle"] == bundle for m in _blocks(p.read_text()))]
+
+
+def figures_naming(root: Path, bundle: str) -> list[Path]:
+    """The SVG files of ``bundle``'s figures (they exist once its runs have finished)."""
+    return [figure_path(root, page, m["file"]) for page in _docs_pages(root)
+            for m in FIGURE.finditer(page.read_text()) if m["bundle"] == bundle]
+
+
+def figure_path(root: Path, page: Path, name: str) -> Path:
+    """A figure's file, relative to its page; it must stay under docs/ and be an .svg (the check reads it back)."""
+    path = (page.parent / name).resolve()
+    if Path(name).is_absolute() or not name.endswith(".svg") or not path.is_relative_to((root / "docs").resolve()):
+        raise UserError(f"{page}: bundle-figure file {name!r} must be an .svg under docs/, relative to the page.")
+    return path
+
+
+def figure_svg(frame: pd.DataFrame, page: Path, table: str) -> str:
+    """The SVG of one metric of one data set: the curve of each COG arm, bands for the references."""
+    for column in ("data", "metric"):
+        if column in frame and frame[column].nunique() > 1:
+            raise UserError(f"{page}: a bundle-figure of {table} shows one data set and one metric; it selects "
+                            f"{frame[column].nunique()} values of {column} (narrow it: where {column} == '...').")
+    colors = {arm: to_hex(c) for arm, c in method_colors(list(frame["arm"])).items()}
+    chart = curve_charts(frame, colors)[0]
+    seeds = "/".join(str(n) for n in sorted(set(frame["n_seeds"])))
+    chart.title = (f"{frame['data'].iloc[0]}: " if "data" in frame else "") + \
+        f"{chart.title}, mean over {seeds} seeds, 95 % interval (dashed: references)"
+    return line_chart_svg(chart, width=560, height=300, standalone=True) + "\n"
 
 
 def regenerate_docs(root: Path, check: bool = False, only: str | None = None) -> list[str]:
-    """Rewrite every bundle-table block under ``root/docs`` (and the README) from its bundle; with ``check``,
-    write nothing; with ``only`` (a bundle as the markers name it), the blocks of that bundle alone.
-    -> the blocks that disagreed with their bundle (``file: table``)."""
+    """Rewrite every bundle-table block under ``root/docs`` (and the README) from its bundle, and every
+    bundle-figure with its SVG file; with ``check``, write nothing; with ``only`` (a bundle as the markers name
+    it), the blocks of that bundle alone. -> the blocks that disagreed with their bundle (``file: table``)."""
     stale, cache = [], {}
+
+    def frame_of(match: re.Match, page: Path, names: tuple[str, ...]) -> pd.DataFrame:
+        path, block = root / match["bundle"], "bundle-table" if names == TABLE_NAMES else "bundle-figure"
+        if path not in cache:
+            bundle = read_bundle(path)
+            if bundle is None:
+                raise UserError(f"{page}: {block} names {match['bundle']}, which holds no results bundle.")
+            cache[path] = bundle_tables(bundle)
+        if match["table"] not in names:
+            raise UserError(f"{page}: {block} names no table {match['table']!r} "
+                            f"(those it can name: {', '.join(names)}).")
+        frame = cache[path].get(match["table"], pd.DataFrame())
+        return frame.query(match["query"]).reset_index(drop=True) if not frame.empty and match["query"] else frame
+
     for page in _docs_pages(root):
         text = page.read_text()
 
         def table_for(match: re.Match, page: Path = page) -> str:
             if only is not None and match["bundle"] != only:
                 return match.group(0)
-            path = root / match["bundle"]
-            if path not in cache:
-                bundle = read_bundle(path)
-                if bundle is None:
-                    raise UserError(f"{page}: bundle-table names {match['bundle']}, which holds no results bundle.")
-                cache[path] = bundle_tables(bundle)
-            tables = cache[path]
-            if match["table"] not in TABLE_NAMES:
-                raise UserError(f"{page}: bundle-table names no table {match['table']!r} "
-                                f"(a bundle's tables: {', '.join(TABLE_NAMES)}).")
-            frame = tables.get(match["table"], pd.DataFrame())
-            if not frame.empty and match["query"]:
-                frame = frame.query(match["query"])
-            body = PENDING + "\n" if frame.empty else markdown_of(frame.reset_index(drop=True)) + "\n"
+            frame = frame_of(match, page, TABLE_NAMES)
+            body = PENDING + "\n" if frame.empty else markdown_of(frame) + "\n"
             if body != match["body"]:
                 stale.append(f"{page.relative_to(root)}: {match['table']} of {match['bundle']}")
             head = match.group(0)[: match.start("body") - match.start(0)]
             return f"{head}{body}<!-- /bundle-table -->"
 
-        new = MARKER.sub(table_for, text)
+        def figure_for(match: re.Match, page: Path = page) -> str:
+            if only is not None and match["bundle"] != only:
+                return match.group(0)
+            path, frame = figure_path(root, page, match["file"]), frame_of(match, page, FIGURE_TABLES)
+            svg = None if frame.empty else figure_svg(frame, page, match["table"])
+            body = PENDING_FIGURE + "\n" if svg is None else (
+                f"![{match['table']} of {match['bundle']}"
+                + (f" where {match['query']}" if match["query"] else "") + f"]({match['file']})\n")
+            on_disk = path.read_text() if path.is_file() else None
+            if body != match["body"] or on_disk != svg:
+                stale.append(f"{page.relative_to(root)}: figure {match['file']} of {match['bundle']}")
+                if not check and svg is None:
+                    path.unlink(missing_ok=True)  # a figure of runs no longer in the bundle must not survive
+                elif not check:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write_text(path, svg)
+            head = match.group(0)[: match.start("body") - match.start(0)]
+            return f"{head}{body}<!-- /bundle-figure -->"
+
+        new = FIGURE.sub(figure_for, MARKER.sub(table_for, text))
         if new != text and not check:
             atomic_write_text(page, new)
     return stale

@@ -25,8 +25,9 @@ from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.evaluation.metrics import lower_is_better
 from mtl_cog.io import atomic_write_text
 from mtl_cog.reporting.html_assets import SCRIPT, STYLE, SVG_DEFS
+from mtl_cog.reporting.leader_curve import curve_charts
 from mtl_cog.reporting.plots import method_colors
-from mtl_cog.reporting.svg_charts import Band, Chart, Series, dot_strip_svg, line_chart_svg, reliability_svg
+from mtl_cog.reporting.svg_charts import Chart, Series, dot_strip_svg, line_chart_svg, reliability_svg
 
 ALL_TASKS = "all tasks pooled"  # the reliability table's task for every task of a data set pooled
 
@@ -180,22 +181,7 @@ def _legend(colors: dict[str, str]) -> str:
 
 
 def leader_html(rows: pd.DataFrame, colors: dict[str, str]) -> str:
-    charts = []
-    for metric, group in rows.groupby("metric", sort=False):
-        chart = Chart(f"test {metric}", "leader / follower learning-rate ratio", metric, log_x=True)
-        for arm, points in group.groupby("arm", sort=False):
-            color = colors.get(arm, "#555")
-            points = points.sort_values("ratio")
-            if points["ratio"].isna().all():
-                first = points.iloc[0]
-                chart.bands.append(Band(str(arm), color, float(first["mean"]), float(first["ci_low"]),
-                                        float(first["ci_high"])))
-                continue
-            points = points[points["ratio"].notna()]
-            chart.series.append(Series(str(arm), color, points["ratio"].tolist(), points["mean"].tolist(),
-                                       points["ci_low"].tolist(), points["ci_high"].tolist()))
-        charts.append(line_chart_svg(chart))
-    return f'<div class="charts">{"".join(charts)}</div>'
+    return f'<div class="charts">{"".join(line_chart_svg(c) for c in curve_charts(rows, colors))}</div>'
 
 
 def convergence_html(curves: pd.DataFrame, table: pd.DataFrame, colors: dict[str, str]) -> str:

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from mtl_cog.evaluation.metrics import lower_is_better
 from mtl_cog.reporting.paired import seed_t_interval, verdict
+from mtl_cog.reporting.svg_charts import Band, Chart, Series
 
 CURVE_METRICS = ("nll", "brier", "ece@15", "smece", "accuracy")
 METRIC_TITLES = {"nll": "test NLL", "brier": "test Brier", "ece@15": "test ECE (15 bins)", "smece": "test smooth ECE",
@@ -97,6 +98,28 @@ def best_ratio(scores: pd.DataFrame, method: str) -> tuple[float | None, pd.Seri
     per_seed = rows.groupby(["ratio", "seed"])["nll"].mean()  # the task mean of each run
     per_ratio = per_seed.groupby(level="ratio").mean()
     return float(per_ratio.idxmin()), per_ratio
+
+
+def curve_charts(table: pd.DataFrame, colors: dict[str, str]) -> list[Chart]:
+    """One chart per metric of a ``curve_table``: each COG arm a line over the ratios with its interval, each
+    reference arm (no ratio) a horizontal band; ``colors`` by arm (grey for one it lacks)."""
+    charts = []
+    for metric, group in table.groupby("metric", sort=False):
+        chart = Chart(METRIC_TITLES.get(metric, f"test {metric}"), "leader / follower learning-rate ratio", metric,
+                      log_x=True)
+        for arm, points in group.groupby("arm", sort=False):
+            color = colors.get(arm, "#555")
+            points = points.sort_values("ratio")
+            if points["ratio"].isna().all():
+                first = points.iloc[0]
+                chart.bands.append(Band(str(arm), color, float(first["mean"]), float(first["ci_low"]),
+                                        float(first["ci_high"])))
+                continue
+            points = points[points["ratio"].notna()]
+            chart.series.append(Series(str(arm), color, points["ratio"].tolist(), points["mean"].tolist(),
+                                       points["ci_low"].tolist(), points["ci_high"].tolist()))
+        charts.append(chart)
+    return charts
 
 
 def curve_figure(table: pd.DataFrame, method: str, title: str, metrics: tuple[str, ...] = CURVE_METRICS) -> Figure:

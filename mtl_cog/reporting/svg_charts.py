@@ -121,11 +121,35 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return [round(first + i * step, 12) for i in range(int((high - first) / step + 1e-9) + 1)]
 
 
-def line_chart_svg(chart: Chart, width: int = 360, height: int = 240) -> str:
+# What a chart needs of report.html's style sheet (html_assets.STYLE), for an SVG file shown on its own (a docs
+# figure: GitHub shows it as an image, which sees no page style and no script).
+STANDALONE_STYLE = ("text{font:10px system-ui,sans-serif;fill:#333}text.t{font-size:12px;font-weight:600}"
+                    ".frame{fill:none;stroke:#bbb}.grid{stroke:#eee}")
+LEGEND_ROW = 16
+
+
+def _legend_rows(chart: Chart, width: int, left: int) -> list[list[tuple[str, str, bool]]]:
+    """The chart's series and bands as (label, colour, is_band), in rows that fit the width."""
+    entries = [(s.label, s.color, False) for s in chart.series] + [(b.label, b.color, True) for b in chart.bands]
+    rows, used = [[]], 0
+    for entry in entries:
+        need = 26 + 6 * len(entry[0])  # swatch + ~6 px a character at 10 px
+        if rows[-1] and left + used + need > width:
+            rows.append([])
+            used = 0
+        rows[-1].append(entry)
+        used += need
+    return [row for row in rows if row]
+
+
+def line_chart_svg(chart: Chart, width: int = 360, height: int = 240, standalone: bool = False) -> str:
     """Lines (with optional bands) against x, horizontal reference bands, axes with round ticks; ``log_x`` for
-    ratios spanning decades."""
+    ratios spanning decades. ``standalone``: an SVG file of its own (a docs figure): its own style, a white
+    background and a legend under the axes (inline in report.html the page's style and legend serve)."""
     left, right, top, bottom = 58, 10, 24, 38
-    plot_w, plot_h = width - left - right, height - top - bottom
+    legend = _legend_rows(chart, width, left) if standalone else []
+    height += LEGEND_ROW * len(legend)
+    plot_w, plot_h = width - left - right, height - top - bottom - LEGEND_ROW * len(legend)
     xs = [v for s in chart.series for v in s.x if np.isfinite(v) and (v > 0 or not chart.log_x)]
     ys = [v for s in chart.series for v in [*s.y, *(s.low or []), *(s.high or [])] if np.isfinite(v)]
     ys += [v for b in chart.bands for v in (b.y, b.low, b.high) if v is not None and np.isfinite(v)]
@@ -143,6 +167,15 @@ def line_chart_svg(chart: Chart, width: int = 360, height: int = 240) -> str:
              f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(chart.title)}">',
              f'<text x="{left}" y="14" class="t">{escape(chart.title)}</text>',
              f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
+    if standalone:
+        parts[1:1] = [f"<style>{STANDALONE_STYLE}</style>", f'<rect width="{width}" height="{height}" fill="#fff"/>']
+    for row_index, row in enumerate(legend):
+        y, x = top + plot_h + 48 + LEGEND_ROW * row_index, left
+        for label, color, is_band in row:
+            dash = ' stroke-dasharray="5 3"' if is_band else ""
+            parts.append(f'<line x1="{x}" x2="{x + 18}" y1="{y - 3}" y2="{y - 3}" stroke="{color}" stroke-width="2"'
+                         f'{dash}/><text x="{x + 22}" y="{y}">{escape(label)}</text>')
+            x += 26 + 6 * len(label)
     for tick in nice_ticks(y_low, y_high):
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{_n(py(tick))}" y2="{_n(py(tick))}" class="grid"/>'
                      f'<text x="{left - 4}" y="{_n(py(tick) + 3)}" class="k" text-anchor="end">{tick:.4g}</text>')
@@ -152,7 +185,7 @@ def line_chart_svg(chart: Chart, width: int = 360, height: int = 240) -> str:
         x_ticks = nice_ticks(x_low, x_high, 6)
     for tick in x_ticks:
         parts.append(f'<text x="{_n(px(tick))}" y="{top + plot_h + 13}" class="k" text-anchor="middle">{tick:g}</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" class="k" text-anchor="middle">'
+    parts.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h + 32}" class="k" text-anchor="middle">'
                  f'{escape(chart.x_label)}</text>'
                  f'<text x="12" y="{top + plot_h / 2}" class="k" text-anchor="middle" '
                  f'transform="rotate(-90 12 {top + plot_h / 2})">{escape(chart.y_label)}</text>')
