@@ -114,11 +114,11 @@ def test_a_figure_is_drawn_from_its_bundle_and_a_drifted_one_is_found(tmp_path):
 
 
 def test_a_figure_whose_runs_are_gone_reads_pending_and_its_file_is_removed(tmp_path):
-    from test_campaign import write_tiny_bundle
-
+    from mtl_cog.reporting.bundle import read_bundle
+    from mtl_cog.reporting.bundle_report import bundle_tables
     from mtl_cog.reporting.docs_tables import PENDING_FIGURE, figures_naming, pages_naming
 
-    write_tiny_bundle(tmp_path / "results" / "k" / "bundle")  # final runs only: no curve yet
+    write_curve_bundle(tmp_path / "results" / "k" / "bundle", ratios=())  # the references alone: no curve yet
     (tmp_path / "docs" / "figures").mkdir(parents=True)
     page, svg = tmp_path / "docs" / "r.md", tmp_path / "docs" / "figures" / "k_nll.svg"
     page.write_text(FIGURE_BLOCK.format(body="![old](figures/k_nll.svg)\n"))
@@ -128,6 +128,9 @@ def test_a_figure_whose_runs_are_gone_reads_pending_and_its_file_is_removed(tmp_
     regenerate_docs(tmp_path)
     assert page.read_text() == FIGURE_BLOCK.format(body=PENDING_FIGURE + "\n") and not svg.exists()
     assert regenerate_docs(tmp_path, check=True) == []
+    # the report of such a bundle (a curve lane records its reused references first) has the curve, no pairs yet
+    tables = bundle_tables(read_bundle(tmp_path / "results" / "k" / "bundle"))
+    assert set(tables["curve"]["arm"]) == {"baseline"} and "curve_paired" not in tables
 
 
 @pytest.mark.parametrize("head, message", [

@@ -218,7 +218,8 @@ def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
             below = [r for r in ratios if r < 1]
             pairs.append(paired_to_reference(group, method, method, below, reference_ratio=1.0)
                          .assign(data=data, method=method))
-    return pd.concat(tables, ignore_index=True), pd.concat(pairs, ignore_index=True)
+    # the reference runs alone (a curve lane records them first, reused from the protocol): no ratio to pair yet
+    return pd.concat(tables, ignore_index=True), pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame()
 
 
 TABLE_NAMES = ("summary", "summary_values", "paired", "verdicts", "claims", "chosen", "draw_choices", "convergence",

@@ -75,8 +75,9 @@ def figure_path(root: Path, page: Path, name: str) -> Path:
     return path
 
 
-def figure_svg(frame: pd.DataFrame, page: Path, table: str) -> str:
-    """The SVG of one metric of one data set: the curve of each COG arm, bands for the references."""
+def figure_svg(frame: pd.DataFrame, page: Path, table: str) -> str | None:
+    """The SVG of one metric of one data set: the curve of each COG arm, bands for the references; None while
+    no COG arm has a finished ratio (references alone draw no curve)."""
     for column in ("data", "metric"):
         if column in frame and frame[column].nunique() > 1:
             raise UserError(f"{page}: a bundle-figure of {table} shows one data set and one metric; it selects "
@@ -86,7 +87,8 @@ def figure_svg(frame: pd.DataFrame, page: Path, table: str) -> str:
     seeds = "/".join(str(n) for n in sorted(set(frame["n_seeds"])))
     chart.title = (f"{frame['data'].iloc[0]}: " if "data" in frame else "") + \
         f"{chart.title}, mean over {seeds} seeds, 95 % interval (dashed: references)"
-    return line_chart_svg(chart, width=560, height=300, standalone=True) + "\n"
+    svg = line_chart_svg(chart, width=560, height=300, standalone=True)
+    return svg + "\n" if chart.series else None
 
 
 def regenerate_docs(root: Path, check: bool = False, only: str | None = None) -> list[str]:
