@@ -332,3 +332,55 @@ def test_two_draws_never_share_a_tpe_stream():
     assert all(not (a & b) for i, a in enumerate(seeds) for b in seeds[i + 1:])
     assert protocol.start_points(KNOBS, 3, protocol.sampler_seed(1)) != protocol.start_points(
         KNOBS, 3, protocol.sampler_seed(2))  # another Halton scramble
+
+
+def test_an_interrupted_trial_keeps_the_rungs_it_reached_and_is_judged_once(tmp_path):
+    """A trial stopped after epoch 4 and asked again continues from epoch 5. Its retry holds the values its run
+    had at the rungs it passed (epochs 1 and 3), not the epoch-5 value at every earlier rung; and the attempt it
+    replaces is no competitor any more, so one run is counted once. Without both, the next trial, the best at
+    epoch 1 (0.57), was pruned against the retry's epoch-5 value 0.30 standing at the 1-epoch rung."""
+    from mtl_cog.experiments import halving
+
+    study = _study(tmp_path, budget=6, prune=True)  # 9 epochs: rungs at 1, 3, 9
+    space = {k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in KNOBS}
+
+    def report(trial, curve, first_epoch=1):
+        for epoch, value in enumerate(curve, start=first_epoch):
+            trial.report(value, epoch)
+            if trial.should_prune():
+                return "pruned"
+        return "alive"
+
+    first = study.ask(space)
+    assert report(first, [0.60, 0.55, 0.50, 0.49, 0.48, 0.47, 0.46, 0.45, 0.44]) == "alive"
+    study.tell(first, 0.44)
+    stopped = study.ask(space)
+    assert report(stopped, [0.58, 0.52, 0.45, 0.44]) == "alive"  # the best at rungs 1 and 3, then stopped
+    tuning.retry_lost(stopped)
+    study.tell(stopped, state=TrialState.FAIL)
+    retry = study.ask(space)
+    assert retry.params == stopped.params and tuning.first_attempt(retry) == 1
+    assert report(retry, [0.30, 0.29], first_epoch=5) == "alive"
+    retried = study.get_trials()[retry.number]
+    assert tuning.rung_values(retried) == "0.58 0.45"  # its run's own values at epochs 1 and 3
+    assert halving.superseded(study.get_trials()) == {stopped.number}
+    assert [t.number for t in halving._Competitors(study).get_trials()] == [0, retry.number]
+    study.tell(retry, 0.29)
+    nxt = study.ask(space)
+    assert report(nxt, [0.57]) == "alive"  # the best at the 1-epoch rung: promoted
+
+
+def test_a_dead_trial_and_its_heartbeat_retry_are_one_competitor(tmp_path):
+    from mtl_cog.experiments import halving
+
+    study = _study(tmp_path, budget=4, prune=True)
+    dead = study.ask({k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in KNOBS})
+    dead.report(0.5, 1)
+    assert not dead.should_prune()  # records its 1-epoch rung
+    study.tell(dead, state=TrialState.FAIL)
+    frozen = study.get_trials()[0]
+    optuna.storages.RetryHeartbeatStaleTrialCallback(3)(study, frozen)  # what the heartbeat does for a dead one
+    retry = study.get_trials()[1]
+    assert tuning.rung_values(retry) == "0.5" and halving.superseded(study.get_trials()) == {0}
+    assert [t.number for t in halving._Competitors(study).get_trials()] == [1]
+    assert [t.number for t in tuning.counted_trials(study, 4)[0]] == [1]

@@ -131,13 +131,9 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
         retry_of = row.get(tuning.RETRY_OF)
         retry_attrs = {} if retry_of is None or pd.isna(retry_of) or retry_of == "" else {
             tuning.RETRY_OF: int(retry_of)}
-        if row["state"] in ("running", "waiting"):  # asked, not finished: asked again
-            study.enqueue_trial(params, user_attrs=retry_attrs or {tuning.RETRY_OF: int(row["trial"])}
-                                if row["state"] == "running" else retry_attrs)
-            # the rungs it passed before (a heartbeat retry inherits its dead trial's): not judged there again
-            enqueued = study.get_trials(deepcopy=False)[-1]
-            for key, value in tuning.rung_attrs(row.get("rung_values")).items():
-                study._storage.set_trial_system_attr(enqueued._trial_id, key, value)
+        if row["state"] in ("running", "waiting"):  # asked, not finished: asked again, with the rungs it passed
+            first = retry_attrs.get(tuning.RETRY_OF, int(row["trial"]) if row["state"] == "running" else None)
+            tuning.enqueue_retry(study, params, first, tuning.rung_attrs(row.get("rung_values")))
             continue
         reason = row.get("reason")
         attrs = {"overrides": row["overrides"], "run": row["run"],

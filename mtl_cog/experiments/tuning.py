@@ -52,6 +52,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from mtl_cog.config.search_ranges import Knob, ranges_text
 from mtl_cog.errors import UserError
+from mtl_cog.experiments.halving import LOST, RUNG_KEY, RetryAwareHalving, rung_attrs_of, superseded
 from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, start_points
 from mtl_cog.experiments.study_storage import check_storage, shown
 
@@ -82,7 +83,7 @@ def min_resource(epochs: int) -> int:
 def pruner(prune: bool, epochs: int) -> optuna.pruners.BasePruner:
     if not prune:
         return optuna.pruners.NopPruner()
-    return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_resource(epochs), reduction_factor=REDUCTION)
+    return RetryAwareHalving(min_resource=min_resource(epochs), reduction_factor=REDUCTION)
 
 
 def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob],
@@ -195,12 +196,19 @@ RETRY_OF = "retry_of"
 def retry_lost(trial: optuna.Trial) -> None:
     """The worker running ``trial`` is being stopped (Ctrl-C, a campaign interrupted): Optuna will mark the trial
     failed, which must not count against the method. Mark it ``LOST`` and ask for it again with the same
-    parameters; the retry continues the same run folder (``first_attempt``)."""
+    parameters; the retry continues the same run folder (``first_attempt``) and the rungs it completed."""
     trial.set_user_attr(LOST, True)
-    trial.study.enqueue_trial(trial.params, user_attrs={RETRY_OF: first_attempt(trial)})
+    frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+    enqueue_retry(trial.study, trial.params, first_attempt(frozen), rung_attrs_of(frozen))
 
 
-LOST = "lost"  # user attribute of a trial whose worker died (retried with the same parameters): not counted
+def enqueue_retry(study: optuna.Study, params: dict[str, float], retry_of: int | None,
+                  rungs: dict[str, float]) -> None:
+    """Ask for a trial with ``params`` (Optuna's ``enqueue_trial``), retrying ``retry_of`` (None: a first
+    attempt) and holding the ``rungs`` its run has completed: it continues that run, and successive halving must
+    not judge it there again on a later epoch's value (``mtl_cog.experiments.halving``)."""
+    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"fixed_params": params, **rungs},
+                                              user_attrs={} if retry_of is None else {RETRY_OF: retry_of}))
 
 
 # How a study numbers its trial_NN folders (a user attribute set when the study is created). Studies
@@ -242,9 +250,8 @@ def counted_trials(study: optuna.Study, budget: int) -> tuple[list[FrozenTrial],
     results bundle re-enqueues it (``LOST``); the retry stands in its place.
     """
     trials = study.get_trials(deepcopy=False)
-    retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
-    alive = [t for t in trials if t.state in COUNTED or (t.state == TrialState.FAIL and t.number not in retried
-                                                         and not t.user_attrs.get(LOST))]
+    retried = superseded(trials)
+    alive = [t for t in trials if t.state in COUNTED or (t.state == TrialState.FAIL and t.number not in retried)]
     return alive[:budget], alive[budget:]
 
 
@@ -320,7 +327,6 @@ def epochs_trained(trial: FrozenTrial, epochs: int) -> int:
 # them (``rung_values``: one float per rung reached, in rung order) so that a study restored from a results
 # bundle on another machine prunes its remaining trials against the same competitors as an uninterrupted one.
 EPOCHS_ATTR = "epochs_trained"
-RUNG_KEY = "completed_rung_{}"
 
 
 def rung_values(trial: FrozenTrial) -> str:
