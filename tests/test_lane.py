@@ -289,3 +289,27 @@ def test_a_lane_commit_carries_the_figures_of_its_bundle(repo, tmp_path):
     assert "cog_fc: 0.2842 at 0.01" in git(repo, "show", "HEAD:docs/figures/k_nll.svg")
     names = set(git(repo, "show", "--name-only", "--format=", "HEAD").split())
     assert "docs/figures/k_nll.svg" in names and all(n.startswith(("results/k/bundle/", "docs/")) for n in names)
+
+
+def test_a_figure_list_the_lane_cannot_read_leaves_the_docs_out_and_commits_the_bundle(repo, monkeypatch, capsys):
+    """The lane lists a bundle's figure files with the code it started with; a page changed since (a rule that
+    code does not know) must not stop the campaign: the bundle is committed alone, the pages as they were."""
+    from test_results_docs import FIGURE_BLOCK, write_curve_bundle
+
+    published = repo / "results" / "k" / "bundle"
+    (repo / "docs").mkdir()
+    (repo / "docs" / "r.md").write_text(FIGURE_BLOCK.format(body="old\n"))
+    git(repo, "add", "docs")
+    git(repo, "commit", "-q", "-m", "docs")
+    write_curve_bundle(published, ratios=(1.0,))
+
+    def unreadable(*_):
+        raise UserError("docs/r.md: bundle-figure file 'x' must be an .svg under docs/, relative to the page.")
+
+    monkeypatch.setattr(lane, "figures_naming", unreadable)
+    assert lane.commit_bundle(repo, published, "k") == lane.COMMITTED
+    assert "docs tables not committed" in capsys.readouterr().err
+    assert set(git(repo, "show", "--name-only", "--format=", "HEAD").split()) <= {
+        f"results/k/bundle/{f}" for f in ("runs.csv", "results.csv.gz", "curves.csv.gz", "trials.csv", "campaign.json")}
+    assert git(repo, "show", "HEAD:docs/r.md") == FIGURE_BLOCK.format(body="old\n")
+    assert "docs/r.md" not in git(repo, "status", "--porcelain")  # restored

@@ -146,10 +146,40 @@ def test_a_figure_block_that_cannot_be_drawn_is_one_error_and_nothing_is_written
 
     write_curve_bundle(tmp_path / "results" / "k" / "bundle")
     (tmp_path / "docs").mkdir()
-    page = tmp_path / "docs" / "r.md"
+    page, earlier = tmp_path / "docs" / "r.md", tmp_path / "docs" / "a.md"
+    earlier.write_text(FIGURE_BLOCK.format(body="old\n"))  # a good block on a page read first: not drawn either
     text = f"<!-- bundle-figure: {head} -->\nold\n<!-- /bundle-figure -->\n"
     page.write_text(text)
     with pytest.raises(UserError, match=re.escape(message)):
         regenerate_docs(tmp_path)
-    assert page.read_text() == text
+    assert page.read_text() == text and earlier.read_text() == FIGURE_BLOCK.format(body="old\n")
     assert sorted(p.name for p in tmp_path.rglob("*.svg")) == []
+
+
+def test_a_figure_file_drawn_by_two_blocks_or_leading_elsewhere_is_refused(tmp_path):
+    from mtl_cog.errors import UserError
+
+    write_curve_bundle(tmp_path / "results" / "k" / "bundle")
+    (tmp_path / "docs" / "figures").mkdir(parents=True)
+    page = tmp_path / "docs" / "r.md"
+    page.write_text(FIGURE_BLOCK.format(body="x\n") + FIGURE_BLOCK.replace("'nll'", "'brier'").format(body="x\n"))
+    with pytest.raises(UserError, match="is drawn by two blocks"):
+        regenerate_docs(tmp_path)
+    victim = tmp_path / "docs" / "victim.md"
+    victim.write_text("a page\n")
+    (tmp_path / "docs" / "figures" / "k_nll.svg").symlink_to(victim)
+    page.write_text(FIGURE_BLOCK.format(body="x\n"))
+    with pytest.raises(UserError, match="must be an .svg under docs/"):
+        regenerate_docs(tmp_path)
+    assert victim.read_text() == "a page\n"
+
+
+def test_a_figure_of_one_seed_says_it_has_no_interval(tmp_path):
+    import pandas as pd
+
+    from mtl_cog.reporting.docs_tables import figure_svg
+
+    frame = pd.DataFrame([{"arm": "cog_fc", "ratio": r, "metric": "nll", "mean": 0.3, "ci_low": float("nan"),
+                           "ci_high": float("nan"), "n_seeds": 1, "n_tasks": 2, "data": "d"} for r in (0.1, 1.0)])
+    assert "d: test NLL, one seed, no interval (dashed: references)" in figure_svg(frame, Path("p.md"), "curve")
+    assert figure_svg(frame.assign(mean=float("nan")), Path("p.md"), "curve") is None  # nothing finite to draw

@@ -384,3 +384,40 @@ def test_a_dead_trial_and_its_heartbeat_retry_are_one_competitor(tmp_path):
     assert tuning.rung_values(retry) == "0.5" and halving.superseded(study.get_trials()) == {0}
     assert [t.number for t in halving._Competitors(study).get_trials()] == [1]
     assert [t.number for t in tuning.counted_trials(study, 4)[0]] == [1]
+
+
+def test_a_trial_whose_worker_asked_for_its_retry_gets_no_second_one_from_the_heartbeat(tmp_path):
+    """Ctrl-C asks for the retry (retry_lost); a worker then killed before Optuna stored the trial's end leaves it
+    running, and its heartbeat goes stale: Optuna's heartbeat retry would ask again, two live attempts of one run
+    folder both counted and both competing."""
+    from mtl_cog.experiments import halving
+
+    study = _study(tmp_path, budget=4, prune=True)
+    stopped = study.ask({k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in KNOBS})
+    tuning.retry_lost(stopped)  # ... and the worker is killed before the tell: the trial stays running
+    study.tell(stopped, state=TrialState.FAIL)  # what the stale heartbeat then does
+    halving.HeartbeatRetry(3)(study, study.get_trials()[0])
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.WAITING]  # one retry, not two
+    assert [t.number for t in tuning.counted_trials(study, 4)[0]] == [1]
+
+
+def test_a_restored_failed_extra_stays_a_failure_and_only_a_lost_trial_is_superseded(tmp_path):
+    import pandas as pd
+
+    from mtl_cog.experiments import fair_tuning, halving
+    from mtl_cog.reporting import bundle as bundles
+
+    spec = tuning.StudySpec("ds", "cog_fc", (Path("c.yaml"),), (), 1e-3, tuple(KNOBS), 9, tmp_path / "ds-cog_fc",
+                            (1000,))
+    row = {"optim.follower_lr": 1e-3, "leader_ratio": 0.1, "overrides": "x", "retry_of": "", "val_nll": float("nan"),
+           "epochs_trained": 1, "rung_values": "0.3", "study": spec.name, "draw": "1"}
+    table = pd.DataFrame([
+        {**row, "trial": 0, "run": "trial_00", "state": "complete", "counted": True, "reason": "", "val_nll": 0.2},
+        {**row, "trial": 1, "run": "trial_01", "state": "fail", "counted": False, "reason": "FloatingPointError: x"},
+        {**row, "trial": 2, "run": "trial_02", "state": "fail", "counted": False, "reason": tuning.LOST_REASON}])
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c"})
+    bundle.set_trials(spec.name, table)
+    bundles.write_bundle(tmp_path / "b", bundle)
+    fresh = _study(tmp_path, budget=1, prune=True)
+    assert fair_tuning.restore_study(fresh, spec, bundles.read_bundle(tmp_path / "b")) == 3
+    assert halving.superseded(fresh.get_trials()) == {2}  # the extra that diverged still competed at its rung

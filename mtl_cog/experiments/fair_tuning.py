@@ -139,7 +139,9 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
         attrs = {"overrides": row["overrides"], "run": row["run"],
                  "reason": "" if reason is None or pd.isna(reason) else str(reason), **retry_attrs}
         state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(row["state"], TrialState.FAIL)
-        lost = str(row.get("counted", True)) == "False"  # its worker died: retried in its place, not counted
+        # its worker died: retried in its place, not counted (an extra trial of parallel workers, also not counted,
+        # has a reason of its own and stays what it was: a failed extra is no lost one)
+        lost = str(row.get("counted", True)) == "False" and attrs["reason"] in ("", tuning.LOST_REASON)
         value = float(row["val_nll"]) if state == TrialState.COMPLETE else None
         epochs = row.get("epochs_trained")
         if epochs is not None and not pd.isna(epochs):

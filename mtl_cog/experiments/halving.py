@@ -1,4 +1,4 @@
-"""Successive halving that judges a trial interrupted mid-run once, at the rungs it really reached.
+"""Successive halving that judges a trial interrupted mid-run once, at the rungs it really reached; one retry each.
 
 Optuna's ``SuccessiveHalvingPruner`` records, at each rung a trial reaches, its latest reported value
 (``completed_rung_<k>``) and compares it with every trial's value at that rung. A trial whose worker is
@@ -15,7 +15,10 @@ stopped is asked again with the same parameters and continues its run folder fro
   at each rung. ``RetryAwareHalving`` leaves the attempts retried in their place (``superseded``) out of
   the competitors.
 
-With both, an interrupted tuning prunes as an uninterrupted one would.
+With both, an interrupted tuning prunes as an uninterrupted one would. And a trial gets one retry: a worker
+stopped by Ctrl-C asks for it itself (``retry_lost``, marking the trial ``LOST``); if the worker is then killed
+before Optuna stores the trial's end, its heartbeat stops too, and Optuna's heartbeat retry must not ask a second
+time (two live attempts of one run folder). ``HeartbeatRetry`` skips a trial marked ``LOST``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 LOST = "lost"  # user attribute of a trial whose worker died (retried with the same parameters): not counted
@@ -72,3 +76,11 @@ class RetryAwareHalving(optuna.pruners.SuccessiveHalvingPruner):
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         return super().prune(_Competitors(study), trial)  # type: ignore[arg-type]
+
+
+class HeartbeatRetry(RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry of a trial whose worker died, except for one whose worker already asked for its retry."""
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if not trial.user_attrs.get(LOST):
+            super().__call__(study, trial)

@@ -46,13 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from mtl_cog.config.search_ranges import Knob, ranges_text
 from mtl_cog.errors import UserError
-from mtl_cog.experiments.halving import LOST, RUNG_KEY, RetryAwareHalving, rung_attrs_of, superseded
+from mtl_cog.experiments.halving import LOST, RUNG_KEY, HeartbeatRetry, RetryAwareHalving, rung_attrs_of, superseded
 from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, start_points
 from mtl_cog.experiments.study_storage import check_storage, shown
 
@@ -98,7 +98,7 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
     try:
         with warnings.catch_warnings():  # the heartbeat is "experimental" in Optuna since 2.x; we rely on it knowingly
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
+            retry = HeartbeatRetry(max_retry=MAX_RETRIES, inherit_intermediate_values=True)
             storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
                                  heartbeat_stale_trial_callback=retry)
         study = optuna.create_study(storage=storage, study_name=name, direction="minimize",
@@ -200,6 +200,9 @@ def retry_lost(trial: optuna.Trial) -> None:
     trial.set_user_attr(LOST, True)
     frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
     enqueue_retry(trial.study, trial.params, first_attempt(frozen), rung_attrs_of(frozen))
+
+
+LOST_REASON = "its worker stopped; asked again with the same parameters"  # trials.csv's reason of a LOST trial
 
 
 def enqueue_retry(study: optuna.Study, params: dict[str, float], retry_of: int | None,
@@ -410,7 +413,7 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
                      RETRY_OF: trial.user_attrs.get(RETRY_OF, trial.system_attrs.get("failed_trial", "")),
                      "overrides": trial.user_attrs.get("overrides", ""),
                      "reason": trial.user_attrs.get("reason", "") or (
-                         "its worker stopped; asked again with the same parameters" if trial in outcome.uncounted
+                         LOST_REASON if trial in outcome.uncounted
                          else ""),
                      "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
                      "epochs_trained": epochs_trained(trial, spec.epochs),

@@ -68,9 +68,11 @@ def figures_naming(root: Path, bundle: str) -> list[Path]:
 
 
 def figure_path(root: Path, page: Path, name: str) -> Path:
-    """A figure's file, relative to its page; it must stay under docs/ and be an .svg (the check reads it back)."""
+    """A figure's file, relative to its page; it must stay under docs/ and be an .svg (the check reads it back),
+    where it leads as well as by its name (a symbolic link to a page would have the page overwritten)."""
     path = (page.parent / name).resolve()
-    if Path(name).is_absolute() or not name.endswith(".svg") or not path.is_relative_to((root / "docs").resolve()):
+    if (Path(name).is_absolute() or not name.endswith(".svg") or path.suffix != ".svg"
+            or not path.is_relative_to((root / "docs").resolve())):
         raise UserError(f"{page}: bundle-figure file {name!r} must be an .svg under docs/, relative to the page.")
     return path
 
@@ -84,11 +86,13 @@ def figure_svg(frame: pd.DataFrame, page: Path, table: str) -> str | None:
                             f"{frame[column].nunique()} values of {column} (narrow it: where {column} == '...').")
     colors = {arm: to_hex(c) for arm, c in method_colors(list(frame["arm"])).items()}
     chart = curve_charts(frame, colors)[0]
-    seeds = "/".join(str(n) for n in sorted(set(frame["n_seeds"])))
+    seeds = sorted(set(frame["n_seeds"]))
+    spread = ("one seed, no interval" if seeds == [1] else
+              f"mean over {'/'.join(map(str, seeds))} seeds, 95 % interval")
     chart.title = (f"{frame['data'].iloc[0]}: " if "data" in frame else "") + \
-        f"{chart.title}, mean over {seeds} seeds, 95 % interval (dashed: references)"
+        f"{chart.title}, {spread} (dashed: references)"
     svg = line_chart_svg(chart, width=560, height=300, standalone=True)
-    return svg + "\n" if chart.series else None
+    return svg + "\n" if chart.series and svg else None  # no finite point (every mean NaN): nothing to draw
 
 
 def regenerate_docs(root: Path, check: bool = False, only: str | None = None) -> list[str]:
@@ -96,6 +100,9 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
     bundle-figure with its SVG file; with ``check``, write nothing; with ``only`` (a bundle as the markers name
     it), the blocks of that bundle alone. -> the blocks that disagreed with their bundle (``file: table``)."""
     stale, cache = [], {}
+    # Every page and figure is computed before any is written: a bad block anywhere leaves every file as it was.
+    pages: dict[Path, str] = {}
+    figures: dict[Path, tuple[str, str | None]] = {}  # file -> (the block that draws it, its SVG or None: removed)
 
     def frame_of(match: re.Match, page: Path, names: tuple[str, ...]) -> pd.DataFrame:
         path, block = root / match["bundle"], "bundle-table" if names == TABLE_NAMES else "bundle-figure"
@@ -131,18 +138,26 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
             body = PENDING_FIGURE + "\n" if svg is None else (
                 f"![{match['table']} of {match['bundle']}"
                 + (f" where {match['query']}" if match["query"] else "") + f"]({match['file']})\n")
+            head = match.group(0)[: match.start("body") - match.start(0)]
+            if path in figures and figures[path][0] != head:
+                raise UserError(f"{page}: bundle-figure file {match['file']!r} is drawn by two blocks; give each "
+                                "its own file.")
+            figures[path] = (head, svg)
             on_disk = path.read_text() if path.is_file() else None
             if body != match["body"] or on_disk != svg:
                 stale.append(f"{page.relative_to(root)}: figure {match['file']} of {match['bundle']}")
-                if not check and svg is None:
-                    path.unlink(missing_ok=True)  # a figure of runs no longer in the bundle must not survive
-                elif not check:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_write_text(path, svg)
-            head = match.group(0)[: match.start("body") - match.start(0)]
             return f"{head}{body}<!-- /bundle-figure -->"
 
         new = FIGURE.sub(figure_for, MARKER.sub(table_for, text))
-        if new != text and not check:
+        if new != text:
+            pages[page] = new
+    if not check:
+        for path, (_, svg) in figures.items():
+            if svg is None:
+                path.unlink(missing_ok=True)  # a figure of runs no longer in the bundle must not survive
+            elif not path.is_file() or path.read_text() != svg:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, svg)
+        for page, new in pages.items():
             atomic_write_text(page, new)
     return stale
