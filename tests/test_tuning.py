@@ -421,3 +421,14 @@ def test_a_restored_failed_extra_stays_a_failure_and_only_a_lost_trial_is_supers
     fresh = _study(tmp_path, budget=1, prune=True)
     assert fair_tuning.restore_study(fresh, spec, bundles.read_bundle(tmp_path / "b")) == 3
     assert halving.superseded(fresh.get_trials()) == {2}  # the extra that diverged still competed at its rung
+
+
+def test_a_study_whose_start_points_were_drawn_with_another_seed_is_refused(tmp_path):
+    """Every study of a draw starts from the same follower rates. A study created before the draws' seeds changed
+    (its start points enqueued, not yet asked) must not run its old points under the new seed."""
+    study = _study(tmp_path, budget=6)
+    tuning.enqueue_start(study, KNOBS, 6, protocol.sampler_seed(1))  # created: points enqueued, none asked
+    tuning.enqueue_start(study, KNOBS, 6, protocol.sampler_seed(1))  # resumed with the same seed: fine
+    assert len(study.get_trials()) == tuning.start_count(6)
+    with pytest.raises(UserError, match="created under another seed"):
+        tuning.enqueue_start(study, KNOBS, 6, protocol.sampler_seed(2))

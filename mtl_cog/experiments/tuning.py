@@ -169,11 +169,21 @@ def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
 
 def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> None:
     """Enqueue the Halton start points (scrambled with ``seed``), once: a resumed or shared study keeps the
-    ones it has."""
-    if study.trials:
+    ones it has, and is refused when they are not these (enqueued with another seed: the draws' seeds changed
+    after it was created), since every study of a draw must start from the same follower rates."""
+    points = start_points(knobs, start_count(budget), seed)
+    trials = study.get_trials(deepcopy=False)
+    if not trials:
+        for point in points:
+            study.enqueue_trial(point, skip_if_exists=True)
         return
-    for point in start_points(knobs, start_count(budget), seed):
-        study.enqueue_trial(point, skip_if_exists=True)
+    for trial, point in zip(sorted(trials, key=lambda t: t.number), points):  # the start points are asked first
+        held = trial.params or trial.system_attrs.get("fixed_params", {})
+        if any(not math.isclose(float(held.get(key, math.nan)), value, rel_tol=1e-9) for key, value in point.items()):
+            raise UserError(f"study {study.study_name!r} starts from {held} as trial {trial.number}, but its sampler "
+                            f"seed {seed} starts from {point}: it was created under another seed. Delete the study "
+                            "(optuna.delete_study) and its trial_NN folders, and drop its trials from the results "
+                            "bundle, to tune it again.")
 
 
 def suggest(trial: optuna.Trial, knobs: list[Knob]) -> dict[str, float]:
