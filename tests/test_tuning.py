@@ -432,3 +432,27 @@ def test_a_study_whose_start_points_were_drawn_with_another_seed_is_refused(tmp_
     assert len(study.get_trials()) == tuning.start_count(6)
     with pytest.raises(UserError, match="created under another seed"):
         tuning.enqueue_start(study, KNOBS, 6, protocol.sampler_seed(2))
+
+
+def test_after_a_stopped_trial_the_next_proposal_is_the_uninterrupted_ones(tmp_path):
+    """The sampler is seeded with the trials so far; an attempt a retry replaced adds one to Optuna's count and
+    nothing to TPE's history, so it must not shift the seed of the proposals after it."""
+    def tune(folder, interrupt):
+        folder.mkdir()
+        study = _study(folder, budget=6)
+        tuning.enqueue_start(study, KNOBS, 6)
+        space = {k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in KNOBS}
+        proposals = []
+        for n in range(5):
+            tuning.reseed(study, 7, 6)
+            trial = study.ask(space)
+            if interrupt and n == 3:  # a TPE proposal (3 start points first): its retry is asked next
+                tuning.retry_lost(trial)
+                study.tell(trial, state=TrialState.FAIL)
+                tuning.reseed(study, 7, 6)
+                trial = study.ask(space)  # the retry: same parameters, asked first
+            proposals.append(dict(trial.params))
+            study.tell(trial, 0.5 + 0.01 * n)
+        return proposals
+
+    assert tune(tmp_path / "a", interrupt=False) == tune(tmp_path / "b", interrupt=True)

@@ -119,13 +119,19 @@ def sampler(seed: int, budget: int) -> optuna.samplers.TPESampler:
     A worker re-seeds it before every trial with ``seed + <trials so far>`` (``reseed``), so a proposal
     depends only on the study's history and the seed, not on what the worker's sampler drew before:
     a tuning killed and resumed (or restored from a results bundle) proposes what an uninterrupted one would.
+    "Trials so far" leaves out the attempts a retry replaced: each adds a trial to Optuna's count and nothing
+    to TPE's history (a failed trial is no observation), and counting them would shift every later seed.
+    (Until 2026-12-03 they were counted: a study's proposals after a retry were drawn one seed further per
+    attempt lost.) An interrupted start point's retry waits behind the start points still to run, so only the
+    order in which successive halving sees them changes.
     """
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=start_count(budget), multivariate=True,
                                       constant_liar=True)
 
 
 def reseed(study: optuna.Study, seed: int, budget: int) -> None:
-    study.sampler = sampler(seed + len(study.get_trials(deepcopy=False)), budget)
+    trials = study.get_trials(deepcopy=False)
+    study.sampler = sampler(seed + len(trials) - len(superseded(trials)), budget)
 
 
 SEARCH_ATTR = "search"  # the study's user attribute that records what its trials searched
