@@ -8,9 +8,10 @@ stopped is asked again with the same parameters and continues its run folder fro
 - The retry is a new trial with no rung of its own. Its first report comes at the epoch it resumes at, so
   the pruner records *that* value at every earlier rung: a value reached at epoch 8 stands at the 2-epoch
   rung among the others' 2-epoch values. It is better than anything there, and the trials asked after it
-  are pruned against a value no trial earned at that rung (measured: ``fashion_mnist``'s widened LS study,
-  where this pruned every later trial at epoch 2). The retry must *inherit* the rungs its first attempt
-  completed (``rung_attrs``), as the heartbeat retry does when it copies the trial's system attributes.
+  are pruned against a value no trial earned at that rung (measured: in ``fashion_mnist``'s widened draw-2
+  LS study, the trial with the best value any trial earned at 2 epochs was pruned there against a retry's
+  epoch-19 value). The retry must *inherit* the rungs its first attempt completed (``rung_attrs_of``), as the
+  heartbeat retry does when it copies the trial's system attributes.
 - The interrupted attempt keeps its rung values, and the retry holds the same ones: one run counted twice
   at each rung. ``RetryAwareHalving`` leaves the attempts retried in their place (``superseded``) out of
   the competitors.
