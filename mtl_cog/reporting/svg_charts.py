@@ -128,12 +128,16 @@ STANDALONE_STYLE = ("text{font:10px system-ui,sans-serif;fill:#333}text.t{font-s
 LEGEND_ROW = 16
 
 
+def _legend_width(label: str) -> int:
+    return 26 + 6 * len(label)  # an 18 px swatch, a gap, ~6 px a character at 10 px
+
+
 def _legend_rows(chart: Chart, width: int, left: int) -> list[list[tuple[str, str, bool]]]:
     """The chart's series and bands as (label, colour, is_band), in rows that fit the width."""
     entries = [(s.label, s.color, False) for s in chart.series] + [(b.label, b.color, True) for b in chart.bands]
     rows, used = [[]], 0
     for entry in entries:
-        need = 26 + 6 * len(entry[0])  # swatch + ~6 px a character at 10 px
+        need = _legend_width(entry[0])
         if rows[-1] and left + used + need > width:
             rows.append([])
             used = 0
@@ -175,7 +179,7 @@ def line_chart_svg(chart: Chart, width: int = 360, height: int = 240, standalone
             dash = ' stroke-dasharray="5 3"' if is_band else ""
             parts.append(f'<line x1="{x}" x2="{x + 18}" y1="{y - 3}" y2="{y - 3}" stroke="{color}" stroke-width="2"'
                          f'{dash}/><text x="{x + 22}" y="{y}">{escape(label)}</text>')
-            x += 26 + 6 * len(label)
+            x += _legend_width(label)
     for tick in nice_ticks(y_low, y_high):
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{_n(py(tick))}" y2="{_n(py(tick))}" class="grid"/>'
                      f'<text x="{left - 4}" y="{_n(py(tick) + 3)}" class="k" text-anchor="end">{tick:.4g}</text>')
