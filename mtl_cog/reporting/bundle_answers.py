@@ -9,7 +9,8 @@
 - ``verdicts``: the planned draws' verdicts side by side: ``settled`` when every draw says the same, **depends on
   the tuning draw** when the draws disagree, ``incomplete`` while a draw lacks the pair or some of its planned
   seeds, *not tested at this budget* where the variant's calibrator stayed at the identity;
-- ``calibrators``: every learned calibrator's final values, distance from the identity and whole move;
+- ``calibrators``: every learned calibrator's final values, distance from the identity (where it started) and its
+  move after epoch 1;
   ``exercised`` is false where it stayed within 1 % of the identity (then the method was not tested at this
   budget, and the summary, verdicts and claims say so instead of ranking it);
 - ``claims``: the COG paper's qualitative claims (``PAPER_CLAIMS``), each a paired comparison of final runs,
@@ -193,7 +194,9 @@ def _answer(readings: list[str], gaps: list[str]) -> tuple[str, str]:
 
 def calibrators(bundle: Bundle) -> pd.DataFrame:
     """Per run with a learned calibrator: its final values (min / median / max), the largest distance from the
-    identity, the whole move over training, and whether it was exercised at all (moved >= 1 % from identity)."""
+    identity (where COG starts it: its move from the start), its move after epoch 1 (from the first state the run
+    records, the end of epoch 1, to the last: the part the convergence rule judges), and whether it was exercised
+    at all (moved >= 1 % from identity)."""
     runs = bundle.done()
     rows = bundle.results[(bundle.results["split"] == CALIBRATOR_SPLIT) & bundle.results["run"].isin(set(runs["run"]))]
     out = []
@@ -209,7 +212,7 @@ def calibrators(bundle: Bundle) -> pd.DataFrame:
                     "method": row["method"], "role": row["role"], "ratio": row["ratio"], "seed": row["seed"],
                     "parameter": parameter, "min": values.min(), "median": float(np.median(values)),
                     "max": values.max(), "from_identity": distance,
-                    "whole_move": float(move.iloc[0]) if len(move) else np.nan,
+                    "move_after_epoch_1": float(move.iloc[0]) if len(move) else np.nan,
                     "exercised": bool(distance >= IDENTITY_TOLERANCE) if identity is not None else True})
     return pd.DataFrame(out)
 

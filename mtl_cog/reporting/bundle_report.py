@@ -12,7 +12,7 @@ Markdown plus ``report.md`` and ``report.html``; ``reporting/docs_tables.py`` em
   ``changed`` where it exceeds ``CHANGED_FOLD`` (a factor of 2: every knob we tune is a positive rate,
   ratio or smoothing weight, searched on a log scale or over one decade);
 - ``convergence``: per role, data set, draw and method: runs that settled under the convergence
-  rule (``trajectories.convergence_of_curves``), and the calibrator's whole move;
+  rule (``trajectories.convergence_of_curves``), and the calibrator's move after epoch 1;
 - ``scope``: per role and data set, the runs by status, the split sizes, epochs and threads of the finished
   ones, how many settled and the hours their epochs took: what a headline from the bundle is scoped to;
 - ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs;
@@ -303,7 +303,8 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
          tables.get("chosen", pd.DataFrame())),
         ("Do the two tuning draws choose alike?", "largest_fold: the largest ratio between the draws' values of "
          "one knob; changed: a factor above 2.", tables.get("draw_choices", pd.DataFrame())),
-        ("Learned calibrators", "Final values over tasks, the largest distance from the identity, the whole move; "
+        ("Learned calibrators", "Final values over tasks, the largest distance from the identity (where COG "
+         "starts them), the move after epoch 1; "
          "exercised is false within 1 % of the identity.", tables.get("calibrators", pd.DataFrame())),
         ("Runs that did not settle", "By the convergence rule (best validation NLL still improving by more than "
          "1 %, or the calibrator making more than 10 % of its move, in the last 20 % of epochs).", unsettled),

@@ -139,7 +139,7 @@ class Convergence:
     nll_gain_last: float  # relative improvement of the best validation NLL in the final part of training
     calibrator_move_last: float | None  # calibrator change in the final part / its change over the run
     stage_two_nll_gain_last: float | None = None  # the same NLL gain for a second stage; None: one stage
-    calibrator_move: float | None = None  # the calibrator's whole move (largest parameter change, first to last)
+    calibrator_move: float | None = None  # its move over the recorded epochs (largest parameter change, first to last)
 
     @property
     def converged(self) -> bool:
