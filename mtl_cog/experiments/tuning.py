@@ -350,10 +350,7 @@ EPOCHS_ATTR = "epochs_trained"
 
 def rung_values(trial: FrozenTrial) -> str:
     """The trial's values at the rungs it completed, ``repr`` floats separated by spaces ('' when none)."""
-    values = []
-    while RUNG_KEY.format(len(values)) in trial.system_attrs:
-        values.append(repr(float(trial.system_attrs[RUNG_KEY.format(len(values))])))
-    return " ".join(values)
+    return " ".join(repr(float(value)) for value in rung_attrs_of(trial).values())
 
 
 def rung_attrs(text: object) -> dict[str, float]:
