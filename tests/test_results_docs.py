@@ -96,7 +96,14 @@ def test_a_figure_is_drawn_from_its_bundle_and_a_drifted_one_is_found(tmp_path):
     assert "](figures/k_nll.svg)\n<!-- /bundle-figure -->" in page.read_text()
     root = ElementTree.fromstring(svg.read_text())  # one well-formed SVG with its own style: shown as an image
     texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
-    assert "synthetic: test NLL, mean over 3 seeds, 95 % interval (dashed: references)" in texts  # title
+    # the title is longer than the 560 px figure holds on one line (~7 px a character): it wraps, all of it shown,
+    # and the axes start below its last line
+    title = [t for t in root.iter("{http://www.w3.org/2000/svg}text") if t.get("class") == "t"]
+    full = "synthetic: test NLL, mean over 3 seeds, 95 % interval (dashed: references)"
+    assert " ".join(t.text for t in title) == full
+    assert len(title) == 2 and all(58 + 7 * len(t.text) <= 560 for t in title)
+    frame_top = float(root.find("{http://www.w3.org/2000/svg}rect[@class='frame']").get("y"))
+    assert frame_top > float(title[-1].get("y")) + 5
     assert "cog_fc" in texts and "baseline" in texts  # the legend
     assert root.find("{http://www.w3.org/2000/svg}style") is not None
     circles = root.findall(".//{http://www.w3.org/2000/svg}circle")

@@ -9,6 +9,7 @@ numbers, so a reader can check a bar without a table. No script is needed to dis
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from html import escape
 
@@ -126,6 +127,7 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
 STANDALONE_STYLE = ("text{font:10px system-ui,sans-serif;fill:#333}text.t{font-size:12px;font-weight:600}"
                     ".frame{fill:none;stroke:#bbb}.grid{stroke:#eee}")
 LEGEND_ROW = 16
+TITLE_ROW, TITLE_CHAR = 15, 7  # a 12 px bold title: its line height, ~7 px a character
 
 
 def _legend_width(label: str) -> int:
@@ -152,7 +154,10 @@ def line_chart_svg(chart: Chart, width: int = 360, height: int = 240, standalone
     background and a legend under the axes (inline in report.html the page's style and legend serve)."""
     left, right, top, bottom = 58, 10, 24, 38
     legend = _legend_rows(chart, width, left) if standalone else []
-    height += LEGEND_ROW * len(legend)
+    # a title longer than the chart is wide wraps (an SVG text never does), the axes moving down to make room
+    title = textwrap.wrap(chart.title, max(20, (width - left - right) // TITLE_CHAR)) or [""]
+    top += TITLE_ROW * (len(title) - 1)
+    height += LEGEND_ROW * len(legend) + TITLE_ROW * (len(title) - 1)
     plot_w, plot_h = width - left - right, height - top - bottom - LEGEND_ROW * len(legend)
     xs = [v for s in chart.series for v in s.x if np.isfinite(v) and (v > 0 or not chart.log_x)]
     ys = [v for s in chart.series for v in [*s.y, *(s.low or []), *(s.high or [])] if np.isfinite(v)]
@@ -169,7 +174,8 @@ def line_chart_svg(chart: Chart, width: int = 360, height: int = 240, standalone
     py = lambda v: top + (1 - (v - y_low) / (y_high - y_low)) * plot_h  # noqa: E731
     parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(chart.title)}">',
-             f'<text x="{left}" y="14" class="t">{escape(chart.title)}</text>',
+             *(f'<text x="{left}" y="{14 + TITLE_ROW * i}" class="t">{escape(line)}</text>'
+               for i, line in enumerate(title)),
              f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
     if standalone:
         parts[1:1] = [f"<style>{STANDALONE_STYLE}</style>", f'<rect width="{width}" height="{height}" fill="#fff"/>']
