@@ -366,3 +366,32 @@ def test_a_pruned_run_records_what_it_trained_so_its_cost_is_counted(tmp_path):
     gone = collector.unfinished_row(dataclasses.replace(planned[0], spec=dataclasses.replace(
         spec, run_dir=tmp_path / "never_started")), "failed", "exit 1")
     assert gone["wall_s"] == "" and gone["epochs_run"] == ""  # nothing trained, nothing counted
+
+
+def test_a_run_that_ended_as_the_stop_came_is_recorded_before_the_campaign_exits(tmp_path, monkeypatch):
+    """SIGINT between a run's end and its recording (its post-hoc fits take seconds): the interrupt records it, so
+    the bundle a lane commits at its stop holds every run that finished and a fresh machine trains none again."""
+    from mtl_cog.runs import rundir
+
+    config = REPO / "configs" / "synthetic" / "cog_ts.yaml"
+    specs = [campaign.RunSpec(f"r{seed}", (config,), (*TINY, f"seed={seed}"), tmp_path / f"r{seed}",
+                              campaign.Labels("synthetic", "cog_ts", "final", seed, "1")) for seed in (0, 1)]
+    stopped = campaign.Campaign("c", tmp_path, specs, command=["x"])
+
+    def recorded(run_dir, labels, posthoc):  # what run_rows reads of a finished folder, without training one
+        results = pd.DataFrame([{"run": labels["run"], "split": "test", "task": "mean", "metric": "nll",
+                                 "value": 0.3}])
+        return ({c: "" for c in bundles.RUN_COLUMNS} | labels | {"status": "done"}, results,
+                pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    monkeypatch.setattr(campaign, "run_rows", recorded)
+
+    class StoppedAsTheFirstRunEnded:
+        def run(self, jobs, on_done):
+            specs[0].run_dir.mkdir(parents=True)
+            (specs[0].run_dir / rundir.DONE).write_text("")
+            raise KeyboardInterrupt  # before on_done(0, 0) recorded it
+
+    with pytest.raises(SystemExit) as stop:
+        campaign.run(stopped, campaign.plan(stopped), StoppedAsTheFirstRunEnded(), (), "the same command")
+    assert stop.value.code == 130
+    assert pd.read_csv(tmp_path / "bundle" / bundles.RUNS)["run"].tolist() == ["r0"]  # r1 never finished

@@ -26,6 +26,7 @@ The bundle (``mtl_cog.reporting.bundle``) lives in ``<out>/bundle`` and is what 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -432,6 +433,10 @@ def run(campaign: Campaign, planned: list[Planned], runner, env: tuple[tuple[str
     try:
         runner.run([job for _, job in todo], on_done=finished)
     except KeyboardInterrupt:
+        # a run that ended as the stop came had its recording (post-hoc fits included) cut short: record it now,
+        # in the lane's grace, so a fresh machine does not train it again (a second Ctrl-C: the next start does)
+        with contextlib.suppress(KeyboardInterrupt):
+            collector.collect([p.spec.run for p, _ in todo if (p.spec.run_dir / rundir.DONE).is_file()])
         raise interrupted(resume) from None
     return [p for p in planned if p.spec.run in failed_names]
 
