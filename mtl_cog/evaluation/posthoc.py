@@ -22,7 +22,9 @@ One calibrator per task (tasks never share calibration parameters). Four familie
   (kept, with a warning; see ``GuoTemperatureScaling`` and tests/test_posthoc.py). It is a weaker baseline
   than ``ts``; reports name the two apart (``baseline+ts`` vs ``baseline+ts_guo``), see
   docs/explanation/baselines.md.
-- ``svs``, ``sms`` (regularised vector / matrix scaling; Berta et al., 2025), ``isotonic``
+- ``svs``, ``sms`` (structured vector / matrix scaling, Berta, Holzmüller, Jordan & Bach, AISTATS 2026:
+  a temperature first, then a ridge-penalised scaling of the log-probabilities, not of the logits; on a
+  binary task that is beta calibration's family, one parameter more than VS/MS's a*z + b), ``isotonic``
   (Zadrozny & Elkan, 2002) and ``histogram`` binning (Zadrozny & Elkan, 2001) come from
   probmetrics (``probmetrics.calibrators``), fitted per task. Multi-class histogram binning is
   one-vs-rest. Binary tasks enter probmetrics (and ``ts_guo``) as two-column logits [0, z].
@@ -31,7 +33,7 @@ One calibrator per task (tasks never share calibration parameters). Four familie
   images (``needs_network``): it is built with the network and gets each split's images.
 
 Unregularised matrix scaling overfits with many classes (the COG paper sees it on CIFAR-100);
-it is reported as is, ``sms`` is its regularised counterpart.
+it is reported as is; ``sms`` is the penalised alternative (on log-probabilities, see above).
 """
 
 from __future__ import annotations
