@@ -219,6 +219,11 @@ def test_a_fair_protocol_resumes_its_tuning_from_the_bundle_on_a_fresh_clone(tmp
     chosen = pd.read_csv(tmp_path / "first" / "report" / "chosen_settings.csv")
     shutil.copytree(tmp_path / "first" / "bundle", tmp_path / "fresh" / "bundle")
     capsys.readouterr()
+    # the dry run sizes what is left before anything is chosen: the final run the bundle records is done, not
+    # refused for lacking the tuned settings the dry run cannot know yet
+    reproduce.main([*argv, "--out", "fresh", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "0 still to run" in out and "final runs: 1 planned (1 in the bundle" in out and "0 to train" in out
     reproduce.main([*argv, "--out", "fresh"])
     out = capsys.readouterr().out
     assert "1 already complete, 0 worker(s) to run" in out

@@ -325,7 +325,7 @@ def print_plan(args: argparse.Namespace, studies: fair_tuning.Studies, final: ca
     full = used = (0.0, 0.0)
     if studies:
         full, used = fair_tuning.print_plan(studies, args, measured)
-    planned = campaign.plan(final)
+    planned = campaign.plan(final, settings_chosen_later=bool(studies))
     for dataset in args.data:
         mine = [p for p in planned if p.spec.labels.data == dataset]
         cfg = mine[0].config

@@ -206,8 +206,13 @@ def same_composition(bundle: bundles.Bundle, spec: RunSpec) -> bool:
     return record["configs"] == mine["configs"] and list(record.get("overrides", [])) == mine["overrides"]
 
 
-def plan(campaign: Campaign) -> list[Planned]:
-    """Each spec's resolved config, digest and state (module docstring, step 2)."""
+def plan(campaign: Campaign, settings_chosen_later: bool = False) -> list[Planned]:
+    """Each spec's resolved config, digest and state (module docstring, step 2).
+
+    ``settings_chosen_later``: a fair protocol's dry run, which plans the final runs before their tuned settings
+    are chosen (choosing writes the studies). Its specs then lack those settings, so a run the bundle records is
+    taken as recorded instead of compared with them; the real run, which has them, compares.
+    """
     configs = resolve(campaign.specs)
     bundle = bundles.read_bundle(bundles.bundle_dir(campaign.out))
     if bundle is not None and bundle.name != campaign.name:
@@ -218,7 +223,8 @@ def plan(campaign: Campaign) -> list[Planned]:
     planned = []
     for spec, cfg in zip(campaign.specs, configs):
         digest = config_digest(cfg)
-        if spec.run in recorded and recorded[spec.run][0] != digest and not same_composition(bundle, spec):
+        if (spec.run in recorded and recorded[spec.run][0] != digest and not settings_chosen_later
+                and not same_composition(bundle, spec)):
             raise UserError(f"{bundles.bundle_dir(campaign.out) / bundles.RUNS}: run {spec.run} was recorded with "
                             f"config digest {recorded[spec.run][0]}, and this campaign plans it as {digest} (another "
                             "setting). Use another --out, or the settings the bundle was made with.")
@@ -227,7 +233,8 @@ def plan(campaign: Campaign) -> list[Planned]:
         else:
             state = run_state(spec.run_dir, cfg)
         planned.append(Planned(spec, cfg, digest, state))
-    check_same_settings(bundle, planned, bundles.bundle_dir(campaign.out))
+    if not settings_chosen_later:
+        check_same_settings(bundle, planned, bundles.bundle_dir(campaign.out))
     return planned
 
 
