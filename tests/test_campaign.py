@@ -109,9 +109,19 @@ def test_a_bundle_is_written_deterministically_and_read_back(tmp_path):
     results = pd.DataFrame([{"run": "r", "split": "test", "task": "mean", "metric": "nll", "value": 0.123456789}])
     curves = pd.DataFrame([{"run": "r", "epoch": 1, "split": "val", "metric": "nll", "value": 0.5}])
     bundle.add_run(row, results, curves)
+    # a retry's retry_of beside empty cells (read back as floats): a rewrite keeps "5", and a study's trials set
+    # again from what was read (a resumed protocol choosing its settings) write the same bytes
+    def trials():  # as tuning.trials_table makes them: Python ints beside "" in one column
+        return pd.DataFrame([{"trial": 0, "state": "fail", "retry_of": "", "epochs_trained": 3},
+                             {"trial": 1, "state": "complete", "retry_of": 0, "epochs_trained": 20}])
+    bundle.set_trials("s", trials())
+    bundle.set_trials("t", trials())
     bundles.write_bundle(tmp_path / "a", bundle)
-    bundles.write_bundle(tmp_path / "b", bundles.read_bundle(tmp_path / "a"))
-    for name in (bundles.RUNS, bundles.RESULTS, bundles.CURVES, bundles.CAMPAIGN):
+    again = bundles.read_bundle(tmp_path / "a")
+    again.set_trials("t", trials())  # beside study s's rows, read back with retry_of as floats
+    bundles.write_bundle(tmp_path / "b", again)
+    assert "\n1,complete,0,20,s\n" in (tmp_path / "b" / bundles.TRIALS).read_text()
+    for name in (bundles.RUNS, bundles.RESULTS, bundles.CURVES, bundles.CAMPAIGN, bundles.TRIALS):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert bundles.read_bundle(tmp_path / "a").results["value"].iloc[0] == pytest.approx(0.12345679)
 

@@ -52,6 +52,9 @@ CURVE_COLUMNS = ["run", "epoch", "split", "metric", "value"]
 ROLES = ("trial", "final", "curve", "sweep")
 STATUSES = ("done", "failed", "pruned")
 FLOAT_FORMAT = "%.8g"
+# trials.csv columns of whole numbers: read back as floats wherever a cell is empty (retry_of is, on most rows), so
+# they are written as integers, or a rewrite that changes nothing would turn a committed "5" into "5.0"
+TRIAL_WHOLE_NUMBERS = ("trial", "retry_of", "epochs_trained")
 
 
 @dataclass
@@ -112,8 +115,15 @@ def write_bundle(folder: Path, bundle: Bundle) -> None:
     atomic_write_bytes(folder / RESULTS, _csv_bytes(results, ["run", "split", "task", "metric"], gz=True))
     atomic_write_bytes(folder / CURVES, _csv_bytes(curves, ["run", "split", "metric", "epoch"], gz=True))
     if len(bundle.trials):
-        atomic_write_bytes(folder / TRIALS, _csv_bytes(bundle.trials, ["study", "trial"], gz=False))
+        atomic_write_bytes(folder / TRIALS, _csv_bytes(_whole_numbers(bundle.trials, TRIAL_WHOLE_NUMBERS),
+                                                       ["study", "trial"], gz=False))
     atomic_write_bytes(folder / RUNS, _csv_bytes(bundle.runs, ["run"], gz=False))
+
+
+def _whole_numbers(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """``frame`` with ``columns`` (those it has) as nullable integers; a value that is not whole raises."""
+    present = [c for c in columns if c in frame]
+    return frame.assign(**{c: pd.to_numeric(frame[c].replace("", pd.NA)).astype("Int64") for c in present})
 
 
 def _read_csv(path: Path, columns: list[str] | None, **kwargs) -> pd.DataFrame:
