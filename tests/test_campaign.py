@@ -73,6 +73,22 @@ def test_the_report_regenerates_from_the_bundle_alone(tmp_path):
         report.main(["--bundle", str(tmp_path / "empty"), "--list"])
 
 
+def test_a_leader_curve_bundle_gets_a_report_html_with_its_curves(tmp_path):
+    """A curve bundle has no final runs; its report.html shows each arm and ratio, the curve figures and the paired
+    table, and links only to sections that exist (no per-task panel without per-task rows)."""
+    import re
+
+    from mtl_cog.cli import report
+
+    report.main(["--bundle", str(REPO / "results" / "fashion_mnist_full_curve_cog_fc" / "bundle"),
+                 "--out", str(tmp_path)])
+    html = (tmp_path / "report.html").read_text()
+    assert "Leader curves" in html and "<svg" in html and "Each ratio paired by seed" in html
+    assert "cog_fc @ ratio 0.001" in html and "cog_fc @ ratio 1<" in html and ">baseline+ts<" in html
+    links = set(re.findall(r'href="#([^"]+)"', html))
+    assert links and links <= set(re.findall(r'id="([^"]+)"', html))
+
+
 def test_run_names_follow_one_rule():
     assert campaign.run_name(data="digits", method="cog_fc", seed=3) == "digits-cog_fc-seed3"
     assert campaign.run_name(method="cog_fc", ratio=0.1, seed=0) == "cog_fc-r0.1-seed0"

@@ -261,12 +261,23 @@ def _label(data: str, draw: str, draws: int) -> str:
     return data if draws <= 1 or not draw else f"{data} (draw {draw})"
 
 
+def _unsettled(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    conv = tables.get("convergence_runs", pd.DataFrame())
+    return conv[conv["converged"] == False] if not conv.empty else conv  # noqa: E712
+
+
+UNSETTLED_NOTE = ("By the convergence rule (best validation NLL still improving by more than 1 %, or the calibrator "
+                  "making more than 10 % of its move, in the last 20 % of epochs).")
+
+
 def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables:
     """``report.html``'s input from the bundle alone. The per-task panels show the task metrics; reliability
     diagrams need each prediction's bin, which a bundle does not keep (``compare`` over the run folders draws
     them)."""
     summary = tables.get("summary_values", pd.DataFrame())
     if summary.empty:
+        if "curve" in tables:
+            return curve_html_tables(bundle, tables)
         return ReportTables(pd.DataFrame(columns=["dataset", "method", "n_seeds"]))
     draws = summary["draw"].nunique()
     label = lambda frame: [_label(d, str(w), draws) for d, w in zip(frame["data"], frame["draw"])]  # noqa: E731
@@ -289,8 +300,7 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
     notes = [f"Computed from the results bundle of campaign {bundle.name} alone ("
              + ", ".join(f"{n} finished {role} runs" for role, n in roles.sort_index().items())
              + "); per-task reliability diagrams need the run folders (mtl-cog compare)."]
-    conv = tables.get("convergence_runs", pd.DataFrame())
-    unsettled = conv[conv["converged"] == False] if not conv.empty else conv  # noqa: E712
+    unsettled = _unsettled(tables)
     sections = [
         ("Does each COG variant beat its counterpart? Both tuning draws", "Per draw: which side the 95 % paired t "
          "interval over seeds favours; answer 'settled' only when every draw agrees, 'depends on the tuning draw' "
@@ -306,12 +316,42 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
         ("Learned calibrators", "Final values over tasks, the largest distance from the identity (where COG "
          "starts them), the move after epoch 1; "
          "exercised is false within 1 % of the identity.", tables.get("calibrators", pd.DataFrame())),
-        ("Runs that did not settle", "By the convergence rule (best validation NLL still improving by more than "
-         "1 %, or the calibrator making more than 10 % of its move, in the last 20 % of epochs).", unsettled),
+        ("Runs that did not settle", UNSETTLED_NOTE, unsettled),
     ]
     return ReportTables(frame, paired=paired_table, per_task=per_task, curves=curves, leader_curve=leader,
                         notes=notes, notes_title="About this report", sections=sections,
                         title=f"Campaign {bundle.name}")
+
+
+def curve_html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables:
+    """``report.html`` of a leader-curve bundle, which has no final runs: one summary row per arm and ratio (the
+    curve table's means over seeds: a curve's ratios are separate settings, never pooled), the curve figures,
+    and the paired, scope, calibrator and convergence tables."""
+    curve = tables["curve"]
+    arms = curve.assign(method=[a if r in ("", None) or pd.isna(r) else f"{a} @ ratio {float(r):g}"
+                                for a, r in zip(curve["arm"], curve["ratio"])])
+    keys = ["data", "method"]
+    summary = arms.pivot_table(index=keys, columns="metric", values="mean", sort=False).reset_index()
+    summary = summary.merge(arms.groupby(keys, sort=False)["n_seeds"].min().reset_index(), on=keys)
+    summary = summary.rename(columns={"data": "dataset"})
+    roles = bundle.done()["role"].value_counts()
+    notes = [f"Computed from the results bundle of campaign {bundle.name} alone ("
+             + ", ".join(f"{n} finished {role} runs" for role, n in roles.sort_index().items())
+             + "). The summary gives each arm's test metrics (task mean), the mean over seeds; the curves their "
+             "95 % intervals."]
+    sections = [
+        ("Each ratio paired by seed", "The method at each ratio minus its reference, and minus itself at ratio 1 "
+         "(no hierarchy; reference <method>@1), 95 % paired t interval over seeds; better names the side the "
+         "interval excludes 0 for.", tables.get("curve_paired", pd.DataFrame())),
+        ("Scope", "The runs, their split sizes, epochs, torch threads, how many converged, and the hours their "
+         "epochs took.", tables.get("scope", pd.DataFrame())),
+        ("Learned calibrators", "Final values over tasks, the largest distance from the identity (where COG starts "
+         "them), the move after epoch 1; exercised is false within 1 % of the identity.",
+         tables.get("calibrators", pd.DataFrame())),
+        ("Runs that did not settle", UNSETTLED_NOTE, _unsettled(tables)),
+    ]
+    return ReportTables(summary, leader_curve=curve.rename(columns={"data": "dataset"}), notes=notes,
+                        notes_title="About this report", sections=sections, title=f"Campaign {bundle.name}")
 
 
 def write_bundle_report(bundle: Bundle, out: Path, tables: dict[str, pd.DataFrame] | None = None) -> Path:
@@ -323,7 +363,8 @@ def write_bundle_report(bundle: Bundle, out: Path, tables: dict[str, pd.DataFram
         if name not in tables:
             for suffix in (".csv", ".md"):
                 (out / f"{name}{suffix}").unlink(missing_ok=True)
-    if "summary_values" not in tables:
+    has_html = "summary_values" in tables or "curve" in tables  # finished final runs, or a leader curve's
+    if not has_html:
         (out / "report.html").unlink(missing_ok=True)
     counts = ", ".join(f"{n} {s}" for s, n in bundle.runs["status"].value_counts().sort_index().items())
     sections = [f"# Campaign {bundle.name}", "", f"{len(bundle.runs)} runs in the bundle"
@@ -335,6 +376,6 @@ def write_bundle_report(bundle: Bundle, out: Path, tables: dict[str, pd.DataFram
         if not name.endswith(("_runs", "_values")):
             sections += [f"## {name}", "", text, ""]
     atomic_write_text(out / "report.md", "\n".join(sections))
-    if "summary_values" in tables:  # report.html is about finished final runs; a tuning in progress has none yet
+    if has_html:  # a tuning in progress has neither yet
         write_html_report(out / "report.html", html_tables(bundle, tables))
     return out / "report.md"

@@ -386,7 +386,9 @@ def report_html(tables: ReportTables) -> str:
     if tables.summary is None or tables.summary.empty:
         raise ValueError("the report needs a summary table with at least one row")
     datasets = list(dict.fromkeys(tables.summary["dataset"]))
-    nav = "".join(f'<a href="#ds-{_slug(d)}">{escape(d)}</a><a href="#tasks-{_slug(d)}">{escape(d)}: per task</a>'
+    has_tasks = {d: not (_rows(tables.per_task, d).empty and _rows(tables.reliability, d).empty) for d in datasets}
+    nav = "".join(f'<a href="#ds-{_slug(d)}">{escape(d)}</a>'  # a per-task link only where that panel exists
+                  + (f'<a href="#tasks-{_slug(d)}">{escape(d)}: per task</a>' if has_tasks[d] else "")
                   for d in datasets)
     notes = "" if not tables.notes else (f"<h3>{escape(tables.notes_title)}</h3><ul>" +
                                          "".join(f"<li>{escape(n)}</li>" for n in tables.notes) + "</ul>")
