@@ -11,6 +11,8 @@ with ResNet-101 on 202,599 images at 32x32.
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,11 +43,34 @@ BF16_PEAK_TFLOPS = {
 
 def flops_per_image(network: torch.nn.Module, objective: torch.nn.Module, images: torch.Tensor,
                     labels: torch.Tensor) -> float:
-    """Forward + backward FLOPs of one training step (``batch_loss`` and its backward) per image."""
-    with FlopCounterMode(display=False) as counter:
+    """Forward + backward FLOPs of one training step (``batch_loss`` and its backward) per image.
+
+    Counted on the eager network, with ``torch.compile`` out of the way: a network compiled in place
+    (``train.compile``) would otherwise have its first call here, under ``FlopCounterMode`` (a
+    TorchDispatchMode), and torch 2.11's dynamo, meeting the mode, runs that frame eagerly and marks
+    its code skipped for good, so the timed epoch never compiled. ``torch.compiler.disable`` around the
+    count is no cure (the compiled call turns dynamo back on inside it), and counting after the epoch
+    would still run the compiled code under the mode; so the count bypasses the compiled call.
+    """
+    with _eager_calls(network), FlopCounterMode(display=False) as counter:
         batch_loss(network, objective, images, labels).backward()
     network.zero_grad(set_to_none=True)
     return counter.get_total_flops() / len(images)
+
+
+@contextmanager
+def _eager_calls(network: torch.nn.Module) -> Iterator[None]:
+    """Calls of ``network`` and its submodules skip what ``nn.Module.compile`` installed (its
+    ``_compiled_call_impl``, which ``__call__`` prefers), so dynamo never sees them; restored on exit."""
+    compiled = {module: module._compiled_call_impl for module in network.modules()
+                if getattr(module, "_compiled_call_impl", None) is not None}
+    for module in compiled:
+        module._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for module, call in compiled.items():
+            module._compiled_call_impl = call
 
 
 def bf16_peak(device: torch.device, override: float | None) -> tuple[float | None, str]:
