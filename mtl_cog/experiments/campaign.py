@@ -207,12 +207,8 @@ def same_composition(bundle: bundles.Bundle, spec: RunSpec) -> bool:
 
 
 def plan(campaign: Campaign, settings_chosen_later: bool = False) -> list[Planned]:
-    """Each spec's resolved config, digest and state (module docstring, step 2).
-
-    ``settings_chosen_later``: a fair protocol's dry run, which plans the final runs before their tuned settings
-    are chosen (choosing writes the studies). Its specs then lack those settings, so a run the bundle records is
-    taken as recorded instead of compared with them; the real run, which has them, compares.
-    """
+    """Each spec's resolved config, digest and state (module docstring, step 2). ``settings_chosen_later``: a fair
+    dry run's finals lack the tuned settings (choosing writes), so a recorded run is taken as recorded, uncompared."""
     configs = resolve(campaign.specs)
     bundle = bundles.read_bundle(bundles.bundle_dir(campaign.out))
     if bundle is not None and bundle.name != campaign.name:
