@@ -268,6 +268,15 @@ def _unsettled(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 UNSETTLED_NOTE = ("By the convergence rule (best validation NLL still improving by more than 1 %, or the calibrator "
                   "making more than 10 % of its move, in the last 20 % of epochs).")
+CALIBRATORS_NOTE = ("Final values over tasks, the largest distance from the identity (where COG starts them), the move "
+                    "after epoch 1; exercised is false within 1 % of the identity.")
+
+
+def _source_note(bundle: Bundle, tail: str) -> str:
+    """The report's first line: the campaign and its finished runs by role, then ``tail``."""
+    roles = bundle.done()["role"].value_counts()
+    return (f"Computed from the results bundle of campaign {bundle.name} alone ("
+            + ", ".join(f"{n} finished {role} runs" for role, n in roles.sort_index().items()) + f"){tail}")
 
 
 def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables:
@@ -296,10 +305,7 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
     curves = curves[curves["role"] == "final"].assign(dataset=lambda f: label(f))
     leader = tables.get("curve", pd.DataFrame())
     leader = leader.rename(columns={"data": "dataset"}) if not leader.empty else leader
-    roles = runs["role"].value_counts()
-    notes = [f"Computed from the results bundle of campaign {bundle.name} alone ("
-             + ", ".join(f"{n} finished {role} runs" for role, n in roles.sort_index().items())
-             + "); per-task reliability diagrams need the run folders (mtl-cog compare)."]
+    notes = [_source_note(bundle, "; per-task reliability diagrams need the run folders (mtl-cog compare).")]
     unsettled = _unsettled(tables)
     sections = [
         ("Does each COG variant beat its counterpart? Both tuning draws", "Per draw: which side the 95 % paired t "
@@ -313,9 +319,7 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
          tables.get("chosen", pd.DataFrame())),
         ("Do the two tuning draws choose alike?", "largest_fold: the largest ratio between the draws' values of "
          "one knob; changed: a factor above 2.", tables.get("draw_choices", pd.DataFrame())),
-        ("Learned calibrators", "Final values over tasks, the largest distance from the identity (where COG "
-         "starts them), the move after epoch 1; "
-         "exercised is false within 1 % of the identity.", tables.get("calibrators", pd.DataFrame())),
+        ("Learned calibrators", CALIBRATORS_NOTE, tables.get("calibrators", pd.DataFrame())),
         ("Runs that did not settle", UNSETTLED_NOTE, unsettled),
     ]
     return ReportTables(frame, paired=paired_table, per_task=per_task, curves=curves, leader_curve=leader,
@@ -334,20 +338,15 @@ def curve_html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> Report
     summary = arms.pivot_table(index=keys, columns="metric", values="mean", sort=False).reset_index()
     summary = summary.merge(arms.groupby(keys, sort=False)["n_seeds"].min().reset_index(), on=keys)
     summary = summary.rename(columns={"data": "dataset"})
-    roles = bundle.done()["role"].value_counts()
-    notes = [f"Computed from the results bundle of campaign {bundle.name} alone ("
-             + ", ".join(f"{n} finished {role} runs" for role, n in roles.sort_index().items())
-             + "). The summary gives each arm's test metrics (task mean), the mean over seeds; the curves their "
-             "95 % intervals."]
+    notes = [_source_note(bundle, ". The summary gives each arm's test metrics (task mean), the mean over seeds; "
+                               "the curves their 95 % intervals.")]
     sections = [
         ("Each ratio paired by seed", "The method at each ratio minus its reference, and minus itself at ratio 1 "
          "(no hierarchy; reference <method>@1), 95 % paired t interval over seeds; better names the side the "
          "interval excludes 0 for.", tables.get("curve_paired", pd.DataFrame())),
         ("Scope", "The runs, their split sizes, epochs, torch threads, how many converged, and the hours their "
          "epochs took.", tables.get("scope", pd.DataFrame())),
-        ("Learned calibrators", "Final values over tasks, the largest distance from the identity (where COG starts "
-         "them), the move after epoch 1; exercised is false within 1 % of the identity.",
-         tables.get("calibrators", pd.DataFrame())),
+        ("Learned calibrators", CALIBRATORS_NOTE, tables.get("calibrators", pd.DataFrame())),
         ("Runs that did not settle", UNSETTLED_NOTE, _unsettled(tables)),
     ]
     return ReportTables(summary, leader_curve=curve.rename(columns={"data": "dataset"}), notes=notes,
