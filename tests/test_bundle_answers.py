@@ -166,9 +166,31 @@ def test_the_scope_table_counts_runs_by_how_they_ended_and_what_they_trained_wit
                                                                                              "18-20", "1")
     assert final["converged"] == "0 of 0"  # no curves recorded: the rule cannot judge, nothing is counted settled
     assert final["epoch_hours"] == pytest.approx(17 * 360 / 3600)
+    assert (final["untimed"], final["untimed_hours_est"]) == (0, 0.0)
     trial = table.loc["trial"]
     assert (trial["runs"], trial["done"], trial["pruned"], trial["epoch_hours"]) == (1, 0, 1, 0.0)
     assert trial["train_size"] == "" and trial["converged"] == "0 of 0"
+    assert trial["untimed"] == 1 and pd.isna(trial["untimed_hours_est"])  # no epochs known, no timed peer: no guess
+
+
+def test_the_scope_table_estimates_the_hours_of_runs_that_recorded_none():
+    """Pruned trials collected by old code have no wall_s: trials.csv's epochs at the median seconds per epoch of
+    the role's timed runs, apart from the measured epoch_hours; a run trials.csv does not know leaves it empty."""
+    def trial(name, wall_s, epochs_run):
+        return {c: "" for c in bundles.RUN_COLUMNS} | {"run": f"d-baseline-{name}", "campaign": "c", "data": "d",
+                                                        "method": "baseline", "role": "trial", "status": "pruned",
+                                                        "wall_s": wall_s, "epochs_run": epochs_run}
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}})
+    bundle.runs = pd.DataFrame([trial("trial_00", "", ""), trial("trial_01", 60.0, 2), trial("trial_02", 900.0, 10)])
+    bundle.set_trials("d-baseline", pd.DataFrame([{"trial": 0, "run": "trial_00", "epochs_trained": 4},
+                                                  {"trial": 3, "run": "trial_00", "epochs_trained": 6},  # its retry
+                                                  {"trial": 1, "run": "trial_01", "epochs_trained": 2}]))
+    scope = bundle_tables(bundle)["scope"].iloc[0]
+    assert scope["epoch_hours"] == pytest.approx(960 / 3600, abs=0.005)  # measured: the timed runs alone
+    assert (scope["untimed"], scope["untimed_hours_est"]) == (1, round(6 * 60 / 3600, 2))  # median of 30, 90 s
+    bundle.runs.loc[2, ["wall_s", "epochs_run"]] = ""  # trial_02 untimed too, and unknown to trials.csv
+    scope = bundle_tables(bundle)["scope"].iloc[0]
+    assert scope["untimed"] == 2 and pd.isna(scope["untimed_hours_est"])
 
 
 def test_scope_of_a_bundle_without_a_finished_run_and_of_a_resumed_run():

@@ -176,12 +176,15 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
     from ``timing.jsonl``, without start-up, test scoring or post-hoc fits; times ``threads`` for core-hours; of
     every run, pruned and failed ones included where they recorded it (rows collected by code older than cc43bb9
     did not); a run recorded from another campaign's bundle, ``campaign.json``'s ``reused``, is counted in ``reused``,
-    not in the hours, which its own campaign counts)."""
+    not in the hours, which its own campaign counts). ``untimed`` counts the trained runs that recorded no time,
+    and ``untimed_hours_est`` estimates theirs: the epochs ``trials.csv`` says they trained, at the median seconds per
+    epoch of the same role's timed runs (an estimate, kept apart from the measured ``epoch_hours``)."""
     runs = bundle.runs
     if runs.empty:
         return pd.DataFrame()
     rows = []
     reused = set(bundle.campaign.get("reused", {}))
+    trial_epochs = _trial_epochs(bundle.trials)
     for (role, data), group in runs.groupby(["role", "data"], sort=True):
         done = group[group["status"] == "done"]
         trained = group[~group["run"].isin(reused)]
@@ -194,8 +197,28 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
                      "epochs": _values(done["epochs_run"]), "threads": _values(done["threads"]),
                      "converged": f"{int((judged['converged'] == True).sum())} of {len(judged)}",  # noqa: E712
                      "reused": int(done["run"].isin(reused).sum()),
-                     "epoch_hours": round(float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600, 2)})
+                     "epoch_hours": round(float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600, 2),
+                     **_untimed(trained, trial_epochs)})
     return pd.DataFrame(rows)
+
+
+def _trial_epochs(trials: pd.DataFrame) -> pd.Series:
+    """Epochs each trial run trained, by its runs.csv name (``<study>-<run>``); a retry continues its run's folder,
+    so a run's epochs are its rows' largest."""
+    if trials.empty or not {"study", "run", "epochs_trained"} <= set(trials):
+        return pd.Series(dtype=float)
+    names = trials["study"].astype(str) + "-" + trials["run"].astype(str)
+    return pd.to_numeric(trials["epochs_trained"], errors="coerce").groupby(names).max()
+
+
+def _untimed(trained: pd.DataFrame, trial_epochs: pd.Series) -> dict:
+    seconds = pd.to_numeric(trained["wall_s"], errors="coerce")
+    timed_epochs = pd.to_numeric(trained.loc[seconds.notna(), "epochs_run"], errors="coerce")
+    untimed = trained.loc[seconds.isna(), "run"]
+    per_epoch = (seconds[timed_epochs.index] / timed_epochs).median()  # median: a paused run inflates a mean
+    epochs = trial_epochs.reindex(untimed)  # a run trials.csv does not know: no estimate (empty), not a low one
+    hours = epochs.sum(min_count=len(epochs)) * per_epoch / 3600 if len(untimed) else 0.0
+    return {"untimed": len(untimed), "untimed_hours_est": round(float(hours), 2)}
 
 
 def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
