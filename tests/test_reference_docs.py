@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 
 import pytest
 
 from mtl_cog.cli import generate_reference
 from mtl_cog.cli.main import COMMANDS
+from mtl_cog.config import reference
 from mtl_cog.config.schema import Config
 
 
@@ -39,6 +41,27 @@ def test_every_command_flag_and_config_key_is_on_its_page():
         assert f"| `{key}` |" in config, key
     assert "| `optim.leader_lr` | `float` | `0.0001` |" in config
     assert "| `--summary-bins` | `SUMMARY_BINS` | `15` | bin count shown in summary.md" in commands
+
+
+def blank_descriptions(cls: type = Config) -> list[str]:
+    """The config keys whose reference row says nothing (no comment above the field or at its line's end)."""
+    return [key for _, _, rows in reference.config_keys(cls) for key, _, _, text in rows if not text.strip()]
+
+
+def test_every_config_key_is_described():
+    assert blank_descriptions() == [], "add a comment above these fields in mtl_cog/config/schema.py"
+
+
+@dataclasses.dataclass
+class HalfDescribed:
+    # a comment above the field describes it
+    above: int = 1
+    trailing: int = 2  # so does one at the end of its line
+    silent: int = 3
+
+
+def test_a_blank_description_is_found():
+    assert blank_descriptions(HalfDescribed) == ["silent"]
 
 
 def test_check_finds_a_drifted_page(tmp_path, monkeypatch, capsys):

@@ -77,15 +77,15 @@ def check_path_text(value: str | None, key: str) -> None:
 class SyntheticConfig:
     """Options of the built-in ``synthetic`` task (see ``tasks/synthetic.py``)."""
 
-    num_attributes: int = 40
-    num_latents: int = 8
-    train_size: int = 1000
+    num_attributes: int = 40  # binary tasks (attributes), CelebA's 40 by default
+    num_latents: int = 8  # hidden factors each image is drawn from and each attribute's true logit depends on
+    train_size: int = 1000  # training images
     # 20% of train_size: the held-out fraction of CIFAR-10 and SVHN in the paper (App. B). Post-hoc
     # calibrators fit on it while COG calibrates on the training set, so a validation set as
     # large as the training set would favour post-hoc methods. Not derived from train_size: set
     # both when changing the training size.
     val_size: int = 200
-    test_size: int = 2000
+    test_size: int = 2000  # test images: the split every reported metric is measured on
     label_sharpness: float = 1.5  # scales the latent->logit map: higher = less label noise
     seed: int = 1234  # the data set's own seed, independent of the training seed
 
@@ -102,8 +102,8 @@ class FashionMosaicConfig:
     # The smallest sizes that keep a CelebA-shaped benchmark meaningful at CPU scale; validation is 20 % of train,
     # as for synthetic (post-hoc calibrators fit on it, COG on the training set).
     train_size: int = 20000
-    val_size: int = 4000
-    test_size: int = 8000
+    val_size: int = 4000  # validation mosaics (post-hoc calibrators and checkpoint selection)
+    test_size: int = 8000  # test mosaics
     empty_tile_probability: float = 0.3  # each tile independently; the item count is Binomial(4, 0.7)
     # true: the four binary tile_<p>_empty tasks become 11-class tile_<p>_item tasks (10 classes + empty),
     # a heterogeneous multi-task setting (binary and multi-class heads side by side)
@@ -119,10 +119,11 @@ class FashionMosaicConfig:
 
 @dataclass
 class DataConfig:
-    task: str = "synthetic"
-    root: str = "data"
+    task: str = "synthetic"  # the data set: a name registered in tasks/ (synthetic, digits, fashion_mnist, ...)
+    root: str = "data"  # the folder holding the data sets' files (docs/guides/data.md says where each goes)
     max_samples: int | None = None  # cap per split, for quick runs
-    image_size: int = 32
+    image_size: int = 32  # side S in pixels: every image is brought to S x S (RGB, shorter side to S, centre crop)
+    # fetch the data set's files into data.root when they are missing (Fashion-MNIST, CelebA, SVHN); needs network
     download: bool = False
     cache_dir: str | None = None  # where decoded uint8 caches live; default <root>/.mtl_cog_cache
     # decode once into a memory-mapped uint8 cache (mtl_cog/data/cache.py); false = decode on every run
@@ -130,7 +131,7 @@ class DataConfig:
     # Partly labelled data on demand: hide this fraction of the (sample, task) labels of every split at random
     # (they become MISSING_LABEL), drawn from hide_labels_seed, independent of the training seed (docs/mtl.md).
     hide_labels: float = 0.0
-    hide_labels_seed: int = 0
+    hide_labels_seed: int = 0  # seed of which labels data.hide_labels hides
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     fashion_mosaic: FashionMosaicConfig = field(default_factory=FashionMosaicConfig)
 
@@ -156,11 +157,11 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     backbone: str = "cog_cnn_small"  # any timm model name (our small CNNs are registered with timm)
-    pretrained: bool = False
+    pretrained: bool = False  # start from timm's pretrained weights (refused for a model timm has none for)
     cifar_stem: bool = False  # 3x3 stride-1 first conv, no max-pool: for 32x32 ResNets
     head: str = "linear"  # registry in mtl_cog/models/heads.py
     head_latent_dim: int = 0  # latent width Z of the "mlp" (TST-style) head; 0 = backbone width
-    drop_rate: float = 0.0
+    drop_rate: float = 0.0  # dropout before the heads (timm's drop_rate); off in evaluation
     timm_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model
 
     def validate(self) -> None:
@@ -184,8 +185,9 @@ class MethodConfig:
     the leader group (learning rate ``optim.leader_lr``). Empty = standard training.
     """
 
-    name: str = "cog_fc"
+    name: str = "cog_fc"  # the method's name in run folders, tables and reports
     calibrator: str = "identity"  # registry in mtl_cog/models/calibrators.py
+    # the modules that lead (heads, calibrator), trained at optim.leader_lr; [] = standard training
     leader: list[str] = field(default_factory=lambda: ["heads"])
     loss: str = "ce"  # registry in mtl_cog/objectives/base.py
     label_smoothing: float = 0.1  # used by loss "ls"
@@ -200,19 +202,19 @@ class MethodConfig:
     # FedLAS (Bahavan et al.): per-sample smoothing 2*alpha*sigmoid(beta * gate * feature-norm z-score);
     # defaults = the authors' CIFAR-10 config (their running-statistics momentum is ``data.momentum``).
     fedlas_alpha: float = 0.05  # losses "fedlas", "fedlas_mbls"; 0 = cross-entropy exactly
-    fedlas_beta: float = 4.0
+    fedlas_beta: float = 4.0  # the gate's slope beta: how sharply the smoothing follows the feature-norm z-score
     fedlas_momentum: float = 0.95  # weight of the *new* batch in the feature-norm running mean/std
     # Margin-aware objective (our reading of "calibration, curvature and margins"; loss "margin"):
     # CE + margin_lambda * E[exp(-margin_gamma * robust margin)] + margin_mu * E[(margin slope)^2].
     margin_lambda: float = 0.1
-    margin_gamma: float = 1.0
+    margin_gamma: float = 1.0  # how fast the margin penalty exp(-gamma * margin) falls as the margin grows
     margin_rho: float = 0.1  # feature-perturbation radius, relative to the feature norm
-    margin_mu: float = 0.01
+    margin_mu: float = 0.01  # weight of the squared margin slope (a curvature penalty)
     # LiST (Lipschitz Scaling Training): loss "margin_ce" margin (logit units), the initial Lipschitz
     # scale L, and how far L moves toward the validation-calibrated L/T after each epoch (0 = never).
     list_margin: float = 1.0
-    list_init: float = 10.0
-    list_rate: float = 0.5
+    list_init: float = 10.0  # the Lipschitz scale L at the start of training
+    list_rate: float = 0.5  # the fraction of the way from L to L/T taken after each epoch
     # Certified robust accuracy is reported at these l2 radii (pixel scale [0, 1]) for Lipschitz networks.
     certify_eps: list[float] = field(default_factory=lambda: [36 / 255, 72 / 255])
 
@@ -245,14 +247,15 @@ class MethodConfig:
 
 @dataclass
 class OptimConfig:
-    follower_lr: float = 1e-3
+    follower_lr: float = 1e-3  # Adam's learning rate of the follower: every parameter not in method.leader
+    # Adam's learning rate of the leader (the modules in method.leader); smaller than follower_lr; 0 = frozen
     leader_lr: float = 1e-4
     # COG's Stackelberg update needs the follower to adapt faster than the leader (paper, Sec. 3).
     # Setting this to true accepts leader_lr >= follower_lr on purpose (e.g. for ablations).
     allow_leader_lr_geq_follower: bool = False
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # Adam's L2 penalty, on the leader and the follower alike
     lr_step_epochs: int = 10  # step schedule: divide both learning rates by 1/lr_gamma every N epochs
-    lr_gamma: float = 0.1
+    lr_gamma: float = 0.1  # the step schedule's factor: both learning rates are multiplied by it every lr_step_epochs
 
     def validate(self, has_leader: bool) -> None:
         check_learning_rate(self.follower_lr, "optim.follower_lr")
@@ -278,9 +281,9 @@ MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # a bound that still ends a wait for a proce
 
 @dataclass
 class TrainConfig:
-    epochs: int = 30
+    epochs: int = 30  # training epochs; the epoch with the best eval.selection_metric on validation is kept
     batch_size: int = 128  # global batch: split evenly across processes
-    eval_batch_size: int = 512
+    eval_batch_size: int = 512  # images per forward pass when predicting validation and test (no gradients)
     log_every_steps: int = 50  # also how often a non-finite loss is looked for (one host sync)
     # Besides every epoch end, save the resumable training state every N optimiser steps; 0 = off.
     save_every_steps: int = 0
@@ -314,6 +317,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
+    # bin counts of the binned calibration errors (ECE, MCE, ...); must include 15, the count summaries show
     bins: list[int] = field(default_factory=lambda: list(DEFAULT_BINS))
     selection_metric: str = "brier"  # mean over tasks on validation; lower is better
     # k most correlated attribute pairs scored by pair_joint_ece (docs/explanation/metrics.md); 0 = none
@@ -322,7 +326,7 @@ class EvalConfig:
     groups: list[str] = field(default_factory=list)
     # corruptions scored on the test split at the end of training ([] = none, [all] = all 15; docs/shift.md)
     shift: list[str] = field(default_factory=list)
-    shift_severities: list[int] = field(default_factory=lambda: list(SEVERITIES))
+    shift_severities: list[int] = field(default_factory=lambda: list(SEVERITIES))  # which of the levels 1..5 to score
     shift_seed: int = 0  # the corruptions' random draws: the same corrupted images for every run
     shift_posthoc: list[str] = field(default_factory=list)  # post-hoc calibrators (fitted on clean val) under shift
     shift_workers: int = 0  # processes that corrupt images when a corrupted split is built; 0 = every CPU
@@ -386,12 +390,12 @@ class TwoStageConfig:
     we could not match. Off by default; ``configs/methods/tst.yaml`` and ``vtst.yaml`` switch it on.
     """
 
-    enabled: bool = False
+    enabled: bool = False  # true: train stage two (a new head on the frozen backbone) after stage one
     head: str = "mlp"  # registry in mtl_cog/models/heads.py: mlp (TST) or variational (V-TST)
     latent_dim: int = 10  # Z of Linear(D,3Z) -> ReLU -> Linear(3Z,Z) -> Linear(Z,K); 0 = backbone width
-    epochs: int = 40
+    epochs: int = 40  # stage two's epochs (its best validation-NLL epoch is kept)
     lr: float = 1e-4  # Adam
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # Adam's L2 penalty on the new head
     patience: int | None = None  # stop after this many epochs without a better validation NLL; null = never
     kl_weight: float = 1.0  # weight of the variational head's per-task KL term (batch mean of sum_d KL_d / Z)
     mc_samples: int = 10  # evaluation averages the probabilities of this many samples (stochastic heads)
@@ -452,7 +456,9 @@ class MtlConfig:
     get the mean loss's gradient either way; ``conflict_every``: see ``mtl/conflict_rate``.
     """
 
+    # equal (the mean loss) or an aggregator of mtl_cog/objectives/aggregators/ (upgrad, mgda, pcgrad, ...)
     aggregator: str = EQUAL_WEIGHTS
+    # where the per-task gradients' Gramian is taken: features (cheap, a heuristic) or parameters (exact)
     aggregate_on: str = "features"
     # features: check every this many steps whether some task's loss rises to first order under the backbone's
     # update (mtl/conflict_rate; one forward-mode product, ~1.7 steps of work); 0 = never. Parameters: every step
@@ -470,11 +476,11 @@ class MtlConfig:
 
 @dataclass
 class Config:
-    seed: int = 0
-    output_dir: str = "runs"
+    seed: int = 0  # the training seed: initial weights, batch order, augmentation, dropout
+    output_dir: str = "runs"  # the folder in which each run creates its own folder
     run_name: str | None = None  # default: <task>-<method>-seed<seed>-<timestamp>
     tracking: str = "wandb"  # wandb (offline when no credentials) | none
-    wandb_project: str = "mtl_cog"
+    wandb_project: str = "mtl_cog"  # the W&B project runs are logged to (docs/guides/tracking.md)
     wandb_group: str | None = None  # W&B group: the runs of one sweep / reproduction share it (docs/guides/tracking.md)
     wandb_job_type: str | None = None  # W&B job_type, e.g. "sweep" or "reproduce"; None = W&B's default
     data: DataConfig = field(default_factory=DataConfig)
