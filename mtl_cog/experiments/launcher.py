@@ -5,12 +5,15 @@ and return the exit codes in order, printing one line per start and per end (rea
 
 - ``LocalLauncher(parallel, gpus_per_run)``: at most ``parallel`` subprocesses at a time on this
   machine. On a machine with GPUs each running slot owns its own ``gpus_per_run`` GPUs
-  (``CUDA_VISIBLE_DEVICES``), so two runs never share a GPU whatever order they finish in.
+  (``CUDA_VISIBLE_DEVICES``), so two runs never share a GPU whatever order they finish in; with
+  ``--runs-per-device K`` up to K runs share each GPU, each its own process, a run starting only where
+  a memory check says it fits (``device_slots``: it waits otherwise; nothing is stopped for space).
 - ``SubmititLauncher(executor)``: one job per run through submitit (https://github.com/facebookincubator/submitit),
   an existing engine for Slurm (``submitit.AutoExecutor(cluster="slurm")``) that also has a local
   executor (used by the tests). Each job runs the same command (``shell_command``) in the user's
   working directory; with ``--gpus-per-run N > 1`` that command is an ``accelerate launch`` with N
-  processes of its own. We write no scheduler: submitit submits, polls and cancels.
+  processes of its own. We write no scheduler: submitit submits, polls and cancels. With
+  ``--runs-per-device K`` one job runs K runs side by side on its GPU (``group_command``).
 
 Ctrl-C stops (local) or cancels (submitit) every unfinished run and raises ``KeyboardInterrupt``;
 the run folders keep their last saved state, so the next invocation resumes them.
@@ -39,6 +42,7 @@ from typing import Protocol
 
 from mtl_cog.config.arguments import whole_number
 from mtl_cog.errors import UserError
+from mtl_cog.experiments.device_slots import DevicePlacer, MemoryProbe, nvidia_smi_probe
 from mtl_cog.io import output_folder
 
 # The folder holding the mtl_cog package (the clone, or site-packages): on every run's PYTHONPATH.
@@ -106,51 +110,84 @@ def _report(index: int, total: int, job: RunJob, code: int, seconds: float, on_d
 
 
 class LocalLauncher:
-    """Subprocesses on this machine, ``parallel`` at a time; one slot = its own GPUs when there are GPUs."""
+    """Subprocesses on this machine, ``parallel`` at a time; on GPUs each run gets its own devices, or with
+    ``runs_per_device`` K > 1 a share of one: up to K runs per device, each placed after a memory check
+    (``mtl_cog.experiments.device_slots``: a run that does not fit waits, nothing is stopped for space)."""
 
-    def __init__(self, parallel: int = 1, gpus_per_run: int = 1, visible_gpus: int | None = None) -> None:
-        if parallel < 1:
+    def __init__(self, parallel: int | None = 1, gpus_per_run: int = 1, visible_gpus: int | None = None,
+                 runs_per_device: int = 1, device_memory: int | None = None, probe: MemoryProbe | None = None) -> None:
+        if parallel is not None and parallel < 1:
             raise UserError(f"--parallel must be >= 1. Got {parallel}.")
         if gpus_per_run < 0:
             raise UserError(f"--gpus-per-run must be >= 0. Got {gpus_per_run}.")
+        if runs_per_device < 1:
+            raise UserError(f"--runs-per-device must be >= 1. Got {runs_per_device}.")
         if visible_gpus is None:
             import torch  # only to count GPUs; the launcher itself never touches a tensor
 
             visible_gpus = torch.cuda.device_count()
         self.gpus_per_run = gpus_per_run
-        self.gpu_slots = visible_gpus // gpus_per_run if visible_gpus and gpus_per_run else 0
-        if gpus_per_run > 1 and self.gpu_slots == 0:
+        groups = visible_gpus // gpus_per_run if visible_gpus and gpus_per_run else 0
+        if gpus_per_run > 1 and groups == 0:
             raise UserError(f"--gpus-per-run {gpus_per_run}: this machine has {visible_gpus} GPU(s).")
-        self.parallel = min(parallel, self.gpu_slots) if self.gpu_slots else parallel
+        if runs_per_device > 1 and groups == 0:
+            raise UserError(f"--runs-per-device {runs_per_device} shares accelerators, and this machine has none; "
+                            "on CPUs --parallel sets the runs at a time.")
+        self.gpu_slots = groups * runs_per_device
+        # no --parallel with K runs per device: every slot (K x the devices); a CPU machine: 1 at a time
+        self.parallel = min(parallel or self.gpu_slots, self.gpu_slots) if self.gpu_slots else (parallel or 1)
+        ids = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        ids = ids if len(ids) >= visible_gpus else [str(g) for g in range(visible_gpus)]
+        self.placer = DevicePlacer([",".join(ids[d * gpus_per_run:(d + 1) * gpus_per_run]) for d in range(groups)],
+                                   runs_per_device, probe or nvidia_smi_probe, device_memory) if groups else None
 
-    def _slot_env(self, slot: int) -> dict[str, str]:
-        if not self.gpu_slots:
-            return {}
-        first = slot * self.gpus_per_run
-        return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first, first + self.gpus_per_run))}
+    def _slot_env(self, device: int) -> dict[str, str]:
+        """The environment of a run placed on device (group) ``device``: it sees those GPUs alone."""
+        return {"CUDA_VISIBLE_DEVICES": self.placer.devices[device]} if self.placer else {}
 
     def run(self, jobs: list[RunJob], on_done: OnDone | None = None) -> list[int]:
         codes: list[int | None] = [None] * len(jobs)
-        running: dict[int, tuple[subprocess.Popen, int, float, object]] = {}  # job -> (process, slot, start, log)
+        running: dict[int, tuple[subprocess.Popen, int, float, object]] = {}  # job -> (process, device, start, log)
         pending = list(range(len(jobs)))
+        said: set[str] = set()  # wait lines already printed (one per job and reason)
+        if self.placer:
+            self.placer.check_possible()
         try:
             while pending or running:
                 while pending and len(running) < self.parallel:
-                    i = pending.pop(0)
-                    slot = min(set(range(self.parallel)) - {s for _, s, _, _ in running.values()})
+                    i = pending[0]
                     job = jobs[i]
-                    env = {**os.environ, **dict(job.env), **self._slot_env(slot)}
+                    device = self.placer.place() if self.placer else -1
+                    if device is None:  # it waits for a run to end or memory to free; nothing is stopped
+                        if f"{i}:{self.placer.waiting}" not in said and running:
+                            print(f"[{i + 1}/{len(jobs)}] {job.name}: waiting ({self.placer.waiting})", flush=True)
+                            said.add(f"{i}:{self.placer.waiting}")
+                        elif not running and f"{i}:alone" not in said:
+                            print(f"[{i + 1}/{len(jobs)}] {job.name}: waiting for device memory held by other "
+                                  f"processes ({self.placer.waiting})", flush=True)
+                            said.add(f"{i}:alone")
+                        break
+                    if self.placer and self.placer.blind and "blind" not in said:
+                        print("no device memory reading (nvidia-smi): only --runs-per-device limits the runs per "
+                              "device", flush=True)
+                        said.add("blind")
+                    pending.pop(0)
+                    env = {**os.environ, **dict(job.env), **(self._slot_env(device) if self.placer else {})}
                     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
                     output_folder(job.log.parent, "the log folder")
                     log = open(job.log, "a")  # noqa: SIM115  (closed when the process is collected)
-                    print(f"[{i + 1}/{len(jobs)}] {job.name}: started", flush=True)
+                    where = f" on GPU {self.placer.devices[device]}" if self.placer and self.gpu_slots > 1 else ""
+                    print(f"[{i + 1}/{len(jobs)}] {job.name}: started{where}", flush=True)
+                    start = self.placer.start(device) if self.placer else time.monotonic()
                     process = subprocess.Popen(list(job.command), cwd=job.cwd, env=env, stdout=log,
                                                stderr=subprocess.STDOUT)
-                    running[i] = (process, slot, time.monotonic(), log)
-                for i, (process, _, start, log) in list(running.items()):
+                    running[i] = (process, device, start, log)
+                for i, (process, device, start, log) in list(running.items()):
                     if process.poll() is not None:
                         log.close()
                         codes[i] = process.returncode
+                        if self.placer:
+                            self.placer.finish(device, start)
                         _report(i, len(jobs), jobs[i], process.returncode, time.monotonic() - start, on_done)
                         del running[i]
                 time.sleep(0.2)
@@ -174,12 +211,34 @@ def stop_processes(processes: list[subprocess.Popen], grace: float = 30.0) -> No
             process.wait()
 
 
-class SubmititLauncher:
-    """One submitit job per run (Slurm, or submitit's local executor); the driver waits for all of them."""
+def group_command(jobs: list[RunJob]) -> list[str]:
+    """One shell line that runs ``jobs`` side by side (each its own process, on the job's one GPU) and prints their
+    exit codes, space-separated, once all have ended: what a Slurm job of ``--runs-per-device K`` executes
+    (``subprocess.check_output``: only the standard library is unpickled on the node, as for one run)."""
+    starts = "".join(f"{shlex.join(shell_command(job))} & p{i}=$!; " for i, job in enumerate(jobs))
+    waits = "".join(f"wait $p{i}; c{i}=$?; " for i in range(len(jobs)))
+    return ["/bin/sh", "-c", starts + waits + "echo " + " ".join(f"$c{i}" for i in range(len(jobs)))]
 
-    def __init__(self, executor, poll_seconds: float = 5.0) -> None:
+
+def group_codes(output: str, size: int) -> list[int]:
+    """The exit codes ``group_command`` printed (its last line); 1 for each when it printed no such line."""
+    lines = output.strip().splitlines()
+    words = lines[-1].split() if lines else []
+    return [int(w) for w in words] if len(words) == size and all(w.isdigit() for w in words) else [1] * size
+
+
+class SubmititLauncher:
+    """One submitit job per run (Slurm, or submitit's local executor); the driver waits for all of them.
+
+    With ``runs_per_device`` K > 1 one job runs K runs side by side on its GPU (``group_command``): the
+    jobs' runs in order, K at a time; each run is still reported and collected on its own when its job ends.
+    The K runs start together, with no memory check of their own: K comes from the device check's
+    measurement of K runs side by side (docs/guides/cluster.md)."""
+
+    def __init__(self, executor, poll_seconds: float = 5.0, runs_per_device: int = 1) -> None:
         self.executor = executor
         self.poll_seconds = poll_seconds
+        self.runs_per_device = runs_per_device
 
     def run(self, jobs: list[RunJob], on_done: OnDone | None = None) -> list[int]:
         import submitit  # only where a cluster launcher is asked for
@@ -188,30 +247,43 @@ class SubmititLauncher:
             return []
         for job in jobs:
             output_folder(job.log.parent, "the log folder")
+        k = self.runs_per_device
+        groups = [list(range(start, min(start + k, len(jobs)))) for start in range(0, len(jobs), k)]
         try:
             with self.executor.batch():  # one Slurm job array
-                handles = [self.executor.submit(subprocess.call, shell_command(job)) for job in jobs]
+                if k == 1:
+                    handles = [self.executor.submit(subprocess.call, shell_command(job)) for job in jobs]
+                else:
+                    handles = [self.executor.submit(subprocess.check_output, group_command([jobs[i] for i in group]),
+                                                    text=True) for group in groups]
         except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError,
                 subprocess.CalledProcessError, OSError) as err:  # sbatch refused the array (partition, account...)
             said = [line for line in str(err).strip().splitlines() if line.strip()]
-            raise UserError(f"Slurm refused the {len(jobs)} job(s): {said[-1] if said else type(err).__name__}. "
+            raise UserError(f"Slurm refused the {len(jobs) if k == 1 else len(groups)} job(s): "
+                            f"{said[-1] if said else type(err).__name__}. "
                             "Check --partition, --time-limit, --gpus-per-run, --mem-per-run and --slurm-args "
                             "against the cluster's limits; nothing was submitted.") from None
-        index = {id(h): i for i, h in enumerate(handles)}
+        index = {id(h): g for g, h in enumerate(handles)}
+        members = [[i] for i in range(len(jobs))] if k == 1 else groups
         start = time.monotonic()
-        for i, (job, handle) in enumerate(zip(jobs, handles)):
-            print(f"[{i + 1}/{len(jobs)}] {job.name}: submitted as job {handle.job_id}", flush=True)
+        for g, handle in enumerate(handles):
+            for i in members[g]:
+                print(f"[{i + 1}/{len(jobs)}] {jobs[i].name}: submitted as job {handle.job_id}", flush=True)
         codes: list[int] = [1] * len(jobs)
         try:
             for handle in submitit.helpers.as_completed(handles, poll_frequency=self.poll_seconds):
-                i = index[id(handle)]
+                g = index[id(handle)]
                 try:
-                    codes[i] = int(handle.result())
+                    result = handle.result()
+                    ended = [int(result)] if k == 1 else group_codes(result, len(members[g]))
                 except Exception as err:  # noqa: BLE001  (the job itself died: node failure, time limit, OOM kill)
-                    codes[i] = 1
-                    print(f"[{i + 1}/{len(jobs)}] {jobs[i].name}: job {handle.job_id} failed: "
-                          f"{str(err).strip().splitlines()[-1] if str(err).strip() else err!r}", flush=True)
-                _report(i, len(jobs), jobs[i], codes[i], time.monotonic() - start, on_done)
+                    ended = [1] * len(members[g])
+                    for i in members[g]:
+                        print(f"[{i + 1}/{len(jobs)}] {jobs[i].name}: job {handle.job_id} failed: "
+                              f"{str(err).strip().splitlines()[-1] if str(err).strip() else err!r}", flush=True)
+                for i, code in zip(members[g], ended):
+                    codes[i] = code
+                    _report(i, len(jobs), jobs[i], code, time.monotonic() - start, on_done)
         except KeyboardInterrupt:
             for handle in handles:
                 if not handle.done():
@@ -234,6 +306,21 @@ def slurm_memory(text: str) -> str:
     return text.strip()
 
 
+UNIT_BYTES = {"": 2**20, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # sbatch's --mem reads a bare number as MB
+
+
+def memory_bytes(text: str) -> int:
+    """A size ``slurm_memory`` accepted (16GB, 4000M, 12G), in bytes."""
+    match = re.fullmatch(r"([0-9]+)([KMGT]?)B?", text.strip(), flags=re.IGNORECASE)
+    return int(match.group(1)) * UNIT_BYTES[match.group(2).upper()]
+
+
+def times_memory(text: str, factor: int) -> str:
+    """``factor`` x a size ``slurm_memory`` accepted, in its own unit (16GB x 4 = 64GB)."""
+    match = re.fullmatch(r"([0-9]+)(.*)", text.strip())
+    return f"{int(match.group(1)) * factor}{match.group(2)}"
+
+
 def add_launcher_arguments(parser: argparse.ArgumentParser, parallel_flag: str = "--parallel") -> None:
     group = parser.add_argument_group("where the runs execute")
     group.add_argument("--launcher", choices=LAUNCHERS, default="local",
@@ -254,6 +341,13 @@ def add_launcher_arguments(parser: argparse.ArgumentParser, parallel_flag: str =
                        help="slurm: shell lines run before each job, e.g. 'module load cuda'")
     group.add_argument("--slurm-args", nargs="*", default=[], metavar="KEY=VALUE",
                        help="slurm: more sbatch options, e.g. account=myproj qos=high")
+    group.add_argument("--runs-per-device", type=whole_number(1, 64, "runs per device >= 1"), default=1, metavar="K",
+                       help="K runs side by side on each GPU, each its own process (default 1). Locally a run starts "
+                            "only where it fits (K and a memory check; it waits otherwise); on slurm one job runs K "
+                            "runs on its GPU, with K x --cpus-per-run and K x --mem-per-run")
+    group.add_argument("--device-memory-per-run", type=slurm_memory, default=None, metavar="SIZE",
+                       help="local: GPU memory a run needs before it starts (e.g. 12GB); default with K > 1 an "
+                            "equal share of the device less 10%%, with K = 1 no check")
 
 
 def processes_per_run(args: argparse.Namespace) -> int:
@@ -264,12 +358,16 @@ def processes_per_run(args: argparse.Namespace) -> int:
 def make_launcher(args: argparse.Namespace, log_folder: Path, default_parallel: int = 1,
                   executor=None) -> Launcher:
     """The launcher the options ask for; ``executor`` replaces the Slurm one (tests pass submitit's local one)."""
+    k = getattr(args, "runs_per_device", 1)
     if args.launcher == "local" and executor is None:
         gpus = 1 if args.gpus_per_run is None else args.gpus_per_run
-        return LocalLauncher(args.parallel or default_parallel, gpus)
+        need = getattr(args, "device_memory_per_run", None)
+        # with K runs per device and no --parallel: every slot of every device
+        return LocalLauncher(args.parallel or (None if k > 1 else default_parallel), gpus, runs_per_device=k,
+                             device_memory=None if need is None else memory_bytes(need))
     if executor is None:
         executor = slurm_executor(args, log_folder)
-    return SubmititLauncher(executor)
+    return SubmititLauncher(executor, runs_per_device=k)
 
 
 def check_launcher(args: argparse.Namespace, executor=None) -> None:
@@ -282,6 +380,7 @@ def slurm_executor(args: argparse.Namespace, log_folder: Path):
     import submitit
 
     check_launcher(args)
+    k = getattr(args, "runs_per_device", 1)  # one job holds K runs: K times a run's cores and memory
     extra = {}
     for item in args.slurm_args:
         if "=" not in item:
@@ -291,7 +390,8 @@ def slurm_executor(args: argparse.Namespace, log_folder: Path):
     executor = submitit.AutoExecutor(folder=log_folder / "%j", cluster="slurm")
     executor.update_parameters(
         name="mtl_cog", timeout_min=args.time_limit, nodes=1, tasks_per_node=1, gpus_per_node=processes_per_run(args),
-        cpus_per_task=args.cpus_per_run, slurm_mem=args.mem_per_run, slurm_setup=list(args.slurm_setup),
+        cpus_per_task=args.cpus_per_run * k, slurm_mem=times_memory(args.mem_per_run, k),
+        slurm_setup=list(args.slurm_setup),
         **({"slurm_partition": args.partition} if args.partition else {}),
         **({"slurm_additional_parameters": extra} if extra else {}),
     )
