@@ -51,6 +51,7 @@ from mtl_cog.experiments.launcher import (
 from mtl_cog.experiments.sweep import best_index, combinations, parse_grid
 from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, check_writable, make_folder
 from mtl_cog.reporting.bundle import bundle_dir, read_bundle
+from mtl_cog.reporting.posthoc_run import posthoc_method_names
 from mtl_cog.reporting.tables import markdown_table
 
 SWEEP_ARGS = "sweep_args.json"  # what the sweep was asked: --resume re-reads it
@@ -86,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="list the runs and the estimated time; run nothing")
     parser.add_argument("--gpu-check", type=Path, default=None, metavar="JSON",
                         help="throughput measured by scripts/gpu_check.sh (default ./gpu_check.json if present)")
+    parser.add_argument("--posthoc", nargs="+", default=[], metavar="NAME", choices=posthoc_method_names(),
+                        help="post-hoc calibrators fitted on each run's validation predictions when it is recorded "
+                             "in the bundle (results split test+NAME), e.g. ts")
     add_launcher_arguments(parser)
     campaign.add_campaign_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="fixed overrides for every run, e.g. train.epochs=5")
@@ -103,6 +107,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         spec = read_sweep_args(saved)
         args.config, args.grid, args.overrides, args.out = Path(spec["config"]), spec["grid"], spec["overrides"], \
             args.resume
+        args.posthoc = spec.get("posthoc", [])  # sweeps saved before --posthoc fitted none
+        if not isinstance(args.posthoc, list) or not set(args.posthoc) <= set(posthoc_method_names()):
+            raise UserError(f"--resume: {saved} names post-hoc calibrators {args.posthoc!r}; known: "
+                            f"{', '.join(posthoc_method_names())}. Restore the file.")
     elif args.config is None or args.grid is None:
         raise UserError("--config and --grid are required (or --resume SWEEP_DIR).")
     return args
@@ -121,7 +129,7 @@ def campaign_of(args: argparse.Namespace, out: Path) -> tuple[campaign.Campaign,
             raise ConfigError(f"grid combination {combo}: {err}") from None
         labels = campaign.Labels(cfg.data.task, cfg.method.name, "sweep", cfg.seed, trial=f"{i:02d}")
         name = campaign.run_name(index=i)
-        specs.append(campaign.RunSpec(name, (args.config,), overrides, out / name, labels))
+        specs.append(campaign.RunSpec(name, (args.config,), overrides, out / name, labels, tuple(args.posthoc)))
     return campaign.Campaign(f"sweep-{args.config.stem}", out, specs), combos
 
 
@@ -146,7 +154,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before the sweep folder is written
     launcher = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)
     make_folder(out)  # a file or a read-only folder: one error line
-    atomic_write_json(out / SWEEP_ARGS, {"config": str(args.config), "grid": args.grid, "overrides": args.overrides})
+    atomic_write_json(out / SWEEP_ARGS, {"config": str(args.config), "grid": args.grid, "overrides": args.overrides,
+                                        "posthoc": args.posthoc})
     campaign.run(plan, planned, launcher, env, f"mtl-cog sweep --resume {out}", processes_per_run(args))
     return write_results(out, plan, combos, base)
 

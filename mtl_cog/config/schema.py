@@ -132,6 +132,15 @@ class DataConfig:
     # (they become MISSING_LABEL), drawn from hide_labels_seed, independent of the training seed (docs/mtl.md).
     hide_labels: float = 0.0
     hide_labels_seed: int = 0  # seed of which labels data.hide_labels hides
+    # Train on this many training images (null = all): a fixed random subset drawn by train_size_seed,
+    # independent of the training seed, nested (a smaller subset is part of every larger one); validation
+    # and test are untouched. A small training set is how an overparameterised network overfits on a CPU
+    # budget (docs/results/overconfident.md). fashion_mosaic has its own generated size
+    # (data.fashion_mosaic.train_size); this one then keeps a subset of it.
+    train_size: int | None = None
+    train_size_seed: int = 0  # which training images data.train_size keeps (not the training seed)
+    # false: no train-time augmentation (the task's random crop and flip are off); true: the task's own
+    augment: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     fashion_mosaic: FashionMosaicConfig = field(default_factory=FashionMosaicConfig)
 
@@ -152,6 +161,9 @@ class DataConfig:
             raise ConfigError(f"data.hide_labels (the fraction of labels hidden) must be in [0, 1). "
                               f"Got {self.hide_labels}.")
         check_seed(self.hide_labels_seed, "data.hide_labels_seed")
+        if self.train_size is not None and (isinstance(self.train_size, bool) or self.train_size <= 0):
+            raise ConfigError(f"data.train_size must be a positive integer or null (all). Got {self.train_size}.")
+        check_seed(self.train_size_seed, "data.train_size_seed")
 
 
 @dataclass
@@ -320,6 +332,9 @@ class EvalConfig:
     # bin counts of the binned calibration errors (ECE, MCE, ...); must include 15, the count summaries show
     bins: list[int] = field(default_factory=lambda: list(DEFAULT_BINS))
     selection_metric: str = "brier"  # mean over tasks on validation; lower is better
+    # Also predict validation and test with the last epoch's network (predictions_<split>_last.npz): the
+    # "last epoch" checkpoint rule beside the selected one, at the cost of one more pass over both splits.
+    score_last_epoch: bool = False
     # k most correlated attribute pairs scored by pair_joint_ece (docs/explanation/metrics.md); 0 = none
     joint_pairs: int = 10
     # task names whose label values define subgroups: per-group metrics, multicalibration (group_metrics.csv)

@@ -35,6 +35,14 @@ def load_task(data_cfg: DataConfig) -> TaskData:
     for split in ("train", "val", "test"):
         if split not in task_data.splits or len(task_data.splits[split]) == 0:
             raise DataError(f"task {data_cfg.task!r} produced no {split!r} samples.")
+    if data_cfg.train_size is not None:
+        train = task_data.splits["train"]
+        if data_cfg.train_size > len(train):
+            raise ConfigError(f"data.train_size={data_cfg.train_size} is more than the {len(train):,} training images "
+                              f"of {data_cfg.task!r}; use at most {len(train)} or null (all).")
+        task_data.splits["train"] = train.subset(data_cfg.train_size, data_cfg.train_size_seed)
+    if not data_cfg.augment:  # the task's augmentation lives in its spec; batches read it from there
+        task_data = TaskData(dataclasses.replace(task_data.spec, pad_crop=0, hflip=False), task_data.splits)
     if data_cfg.hide_labels > 0:
         task_data = hide_labels(task_data, data_cfg.hide_labels, data_cfg.hide_labels_seed)
     return task_data

@@ -151,6 +151,21 @@ class SplitData:
         probs = None if self.true_probs is None else self.true_probs[:n]
         return SplitData(self.images[:n], self.labels[:n], probs)
 
+    def subset(self, n: int | None, seed: int = 0) -> SplitData:
+        """``n`` samples drawn without replacement by ``seed`` (``data.train_size``), kept in their order.
+
+        The draw is the first ``n`` of one fixed permutation of the split, so a smaller subset is
+        part of every larger one (2,500 training images are among the 5,000): a training-size series
+        adds images and never swaps them. Independent of the training seed, so every run of a campaign
+        trains on the same images. Copies the chosen images (a memory-mapped cache is read once).
+        """
+        if n is None or n >= len(self):
+            return self
+        order = np.random.default_rng(seed).permutation(len(self))[:n]
+        keep = torch.from_numpy(np.sort(order))
+        probs = None if self.true_probs is None else self.true_probs[keep.numpy()]
+        return SplitData(self.images[keep], self.labels[keep], probs)
+
 
 @dataclass
 class TaskData:

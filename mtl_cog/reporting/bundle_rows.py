@@ -46,13 +46,26 @@ def result_splits(posthoc: tuple[str, ...] = ()) -> tuple[str, ...]:
     return ("val", "test", *map(posthoc_split, posthoc))
 
 
+LAST = "@last"  # results splits of the last epoch's network (eval.score_last_epoch): val@last, test@last, test@last+ts
+
+
+def _checkpoint_rows(val: Predictions, test: Predictions, posthoc: tuple[str, ...], tag: str = "") -> list:
+    """One checkpoint's rows: validation, test, and test after each post-hoc calibrator fitted on its validation."""
+    rows = _score_rows(val, f"val{tag}") + _score_rows(test, f"test{tag}")
+    for name in posthoc:
+        rows += _score_rows(calibrate(name, val, test), f"test{tag}+{name}")
+    return rows
+
+
 def results_rows(run_dir: Path, posthoc: tuple[str, ...] = ()) -> pd.DataFrame:
     """``split, task, metric, value`` of the selected checkpoint (the run's one check first), one split of
-    ``result_splits(posthoc)`` each."""
+    ``result_splits(posthoc)`` each; a run that also scored its last epoch (``eval.score_last_epoch``) adds the
+    same splits for that network, tagged ``@last`` (``val@last``, ``test@last``, ``test@last+ts``)."""
     val, test = finished_predictions(run_dir, ("val", "test")).values()
-    rows = _score_rows(val, "val") + _score_rows(test, "test")
-    for name in posthoc:
-        rows += _score_rows(calibrate(name, val, test), posthoc_split(name))
+    rows = _checkpoint_rows(val, test, posthoc)
+    last = tuple(rundir.last_epoch_split(s) for s in ("val", "test"))
+    if all((run_dir / rundir.predictions_file(s)).is_file() for s in last):
+        rows += _checkpoint_rows(*finished_predictions(run_dir, last).values(), posthoc, LAST)
     frame = pd.DataFrame(rows, columns=["split", "task", "metric", "value"])
     frame.attrs["sizes"] = {"val": len(val.labels[0]), "test": len(test.labels[0])}
     return frame

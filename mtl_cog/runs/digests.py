@@ -39,7 +39,8 @@ def covered_files() -> tuple[str, ...]:
     """The files of a finished run whose content readers depend on (the figures are only looked at)."""
     return (rundir.CONFIG, rundir.TASK_SPEC, rundir.BEST_MODEL, rundir.STAGE_ONE_MODEL, rundir.PARAMS,
             rundir.TEST_METRICS, rundir.TRUTH_METRICS, rundir.predictions_file("val"),
-            rundir.predictions_file("test"))
+            rundir.predictions_file("test"), *(rundir.predictions_file(rundir.last_epoch_split(s))
+                                               for s in ("val", "test")))
 
 
 def record_digests(run_dir: Path) -> None:

@@ -66,6 +66,12 @@ def predictions_file(split: str) -> str:
     return f"predictions_{split}.npz"
 
 
+def last_epoch_split(split: str) -> str:
+    """``val`` -> ``val_last``: the last epoch's network on ``split`` (``eval.score_last_epoch``), beside the
+    selected checkpoint's ``predictions_val.npz``: ``predictions_val_last.npz``."""
+    return f"{split}_last"
+
+
 def default_run_name(task: str, method: str, seed: int) -> str:
     return f"{task}-{method}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 

@@ -45,7 +45,7 @@ from mtl_cog.io import append_jsonl, atomic_write_json, read_jsonl
 from mtl_cog.models.network import parameter_counts
 from mtl_cog.models.two_stage import attach_second_stage_head
 from mtl_cog.objectives import WithAuxiliaryLoss
-from mtl_cog.reporting.end_of_run import finish_run
+from mtl_cog.reporting.end_of_run import assess_and_save, finish_run
 from mtl_cog.runs import rundir
 from mtl_cog.runs import training_state as state
 from mtl_cog.runs.checkpoint import load_model, read_metadata, save_model
@@ -223,8 +223,11 @@ def _fit(cfg: Config, resume_dir: Path | None, overwrite: bool, hooks: Hooks, he
         apply_resumed_settings(accelerator, plan, cfg, stage_one, progress, run_dir)
     best_epoch = run_stage(accelerator, stage_one, progress, spec, train, val, cfg.train, cfg.eval, tracker, hooks)
 
-    # The best checkpoint (validation Brier by default), on every process.
     accelerator.wait_for_everyone()
+    if cfg.eval.score_last_epoch:  # the network in memory is the last epoch's: its predictions, for the last rule
+        assess_and_save(accelerator, trainee.network, spec, {rundir.last_epoch_split(s): d for s, d in (("val", val),
+                        ("test", test))}, cfg.train.eval_batch_size, AssessSettings.of_run(cfg), run_dir)
+    # The best checkpoint (validation Brier by default), on every process.
     load_model(stage_one.files.best_model, model)
     calibrator_at_identity = flag_identity_calibrator(accelerator, model)
     selected = f"epoch {best_epoch}, by validation {cfg.eval.selection_metric}"
