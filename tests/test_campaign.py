@@ -413,7 +413,7 @@ def test_a_run_that_ended_as_the_stop_came_is_recorded_before_the_campaign_exits
         results = pd.DataFrame([{"run": labels["run"], "split": "test", "task": "mean", "metric": "nll",
                                  "value": 0.3}])
         return ({c: "" for c in bundles.RUN_COLUMNS} | labels | {"status": "done"}, results,
-                pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+                pd.DataFrame(columns=bundles.CURVE_COLUMNS), pd.DataFrame(columns=bundles.RELIABILITY_COLUMNS))
     monkeypatch.setattr(campaign, "run_rows", recorded)
 
     class StoppedAsTheFirstRunEnded:

@@ -374,13 +374,13 @@ class Collector:
             if p.state == BUNDLED or not (p.spec.run_dir / rundir.DONE).is_file():
                 continue
             try:
-                row, results, curves = run_rows(p.spec.run_dir, self.labels_of(p), p.spec.posthoc)
+                row, results, curves, reliability = run_rows(p.spec.run_dir, self.labels_of(p), p.spec.posthoc)
             except (RunFolderError, UserError) as err:
                 print(f"{name}: not recorded in the bundle: {err}", file=sys.stderr)
                 refused.append(name)
                 continue
             row.update(versions=versions_text(self.env), commit=self.commit)
-            rows.append((row, results, curves))
+            rows.append((row, results, curves, reliability))
         failures = [self.unfinished_row(self.planned[n], "failed", reason)
                     for n, reason in (failed or {}).items()]
         if rows or failures:
@@ -390,11 +390,11 @@ class Collector:
                             (bundle.runs.loc[bundle.runs["run"] == row["run"], "status"] != "done").all():
                         bundle.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
                                        pd.DataFrame(columns=bundles.CURVE_COLUMNS))
-                for row, results, curves in rows:
-                    bundle.add_run(row, results, curves)
+                for row, results, curves, reliability in rows:
+                    bundle.add_run(row, results, curves, reliability)
                     bundle.campaign.get("reused", {}).pop(row["run"], None)  # trained here after all
             self.update(change)
-            for row, _, _ in rows:
+            for row, *_ in rows:
                 self.planned[row["run"]].state = BUNDLED
         return refused
 

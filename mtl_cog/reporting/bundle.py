@@ -20,7 +20,10 @@ writes ``<out>/bundle/`` as its runs finish, small enough to commit (a 40-task r
   largest distance to its final values; ``calibrator``/``scale``: its largest magnitude at epoch 1);
   stage two of TST/V-TST as split ``stage_two``;
 - ``trials.csv``: every tuning trial, failed and pruned ones included (``state``, ``reason``,
-  parameters, value).
+  parameters, value);
+- ``reliability.csv.gz``: per run and task, the test split's reliability histogram (20 bins: count,
+  summed confidence, summed outcome; ``mtl_cog.reporting.bundle_reliability``), what ``report --bundle``
+  draws reliability diagrams from; absent in bundles written before it (their report says so).
 
 The files are written one at a time, ``runs.csv`` last: a run's rows count only once its
 ``runs.csv`` row exists, so a bundle interrupted between two files holds no half-recorded run. The
@@ -40,6 +43,13 @@ import pandas as pd
 
 from mtl_cog.errors import UserError
 from mtl_cog.io import atomic_write_bytes, atomic_write_text
+from mtl_cog.reporting.bundle_reliability import (
+    RELIABILITY,
+    RELIABILITY_COLUMNS,
+    RELIABILITY_SORT,
+    empty_reliability,
+    reliability_problems,
+)
 
 FORMAT = "mtl_cog.results_bundle.v1"
 FOLDER = "bundle"
@@ -64,6 +74,7 @@ class Bundle:
     results: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RESULT_COLUMNS))
     curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))
     trials: pd.DataFrame = field(default_factory=pd.DataFrame)
+    reliability: pd.DataFrame = field(default_factory=empty_reliability)
 
     @property
     def name(self) -> str:
@@ -73,8 +84,10 @@ class Bundle:
         """The runs.csv rows of runs that finished (status ``done``)."""
         return self.runs[self.runs["status"] == "done"]
 
-    def add_run(self, row: dict, results: pd.DataFrame, curves: pd.DataFrame) -> None:
-        """Record one run (replacing its earlier rows, e.g. a failure now finished)."""
+    def add_run(self, row: dict, results: pd.DataFrame, curves: pd.DataFrame,
+                reliability: pd.DataFrame | None = None) -> None:
+        """Record one run (replacing its earlier rows, e.g. a failure now finished; ``reliability``: its histogram
+        rows, none when not given)."""
         missing = [c for c in RUN_COLUMNS if c not in row]
         if missing:
             raise ValueError(f"a runs.csv row lacks {missing}")
@@ -84,6 +97,9 @@ class Bundle:
         self.results = pd.concat([self.results[self.results["run"] != name], results[RESULT_COLUMNS]],
                                  ignore_index=True)
         self.curves = pd.concat([self.curves[self.curves["run"] != name], curves[CURVE_COLUMNS]], ignore_index=True)
+        kept = self.reliability[self.reliability["run"] != name]
+        self.reliability = kept if reliability is None or reliability.empty else pd.concat(
+            [kept, reliability.assign(run=name)[RELIABILITY_COLUMNS]], ignore_index=True)
 
     def set_trials(self, study: str, table: pd.DataFrame) -> None:
         """Replace the trials of ``study`` (a ``study`` column is added) by ``table``."""
@@ -114,6 +130,8 @@ def write_bundle(folder: Path, bundle: Bundle) -> None:
     curves = bundle.curves.astype({"value": float, "epoch": int})
     atomic_write_bytes(folder / RESULTS, _csv_bytes(results, ["run", "split", "task", "metric"], gz=True))
     atomic_write_bytes(folder / CURVES, _csv_bytes(curves, ["run", "split", "metric", "epoch"], gz=True))
+    if len(bundle.reliability):  # a bundle without histograms (an old one) gets no file: its bytes stay the same
+        atomic_write_bytes(folder / RELIABILITY, _csv_bytes(bundle.reliability, RELIABILITY_SORT, gz=True))
     if len(bundle.trials):
         atomic_write_bytes(folder / TRIALS, _csv_bytes(_whole_numbers(bundle.trials, TRIAL_WHOLE_NUMBERS),
                                                        ["study", "trial"], gz=False))
@@ -165,9 +183,12 @@ def read_bundle(folder: Path) -> Bundle | None:
     results = _read_csv(folder / RESULTS, RESULT_COLUMNS, dtype={"run": str, "task": str})
     curves = _read_csv(folder / CURVES, CURVE_COLUMNS, dtype={"run": str})
     trials = _read_csv(folder / TRIALS, None) if (folder / TRIALS).is_file() else pd.DataFrame()
+    reliability = _read_csv(folder / RELIABILITY, RELIABILITY_COLUMNS, dtype=str).fillna("") \
+        if (folder / RELIABILITY).exists() else empty_reliability()
     known = set(runs["run"])  # rows of a run whose runs.csv row was never written do not count
     bundle = Bundle(campaign, runs, results[results["run"].isin(known)].reset_index(drop=True),
-                    curves[curves["run"].isin(known)].reset_index(drop=True), trials)
+                    curves[curves["run"].isin(known)].reset_index(drop=True), trials,
+                    reliability[reliability["run"].isin(known)].reset_index(drop=True))
     check_bundle(folder, bundle)
     return bundle
 
@@ -201,7 +222,7 @@ def check_bundle(folder: Path, bundle: Bundle) -> None:
     other = [r for r, d in zip(runs["run"], runs["config_digest"]) if r in specs and specs[r] != d]
     if other:
         problems.append(f"config digests in {RUNS} differ from {CAMPAIGN}'s for {', '.join(other[:3])}")
-    problems += _finished_run_problems(bundle)
+    problems += _finished_run_problems(bundle) + reliability_problems(bundle.reliability)
     if problems:
         raise UserError(f"{folder}: inconsistent results bundle: {'; '.join(problems)}. Restore it from git, or "
                         "delete the bundle folder to collect it anew from the run folders.")

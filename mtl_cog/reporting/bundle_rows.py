@@ -20,6 +20,7 @@ from mtl_cog.evaluation.posthoc import calibrate
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import read_jsonl
+from mtl_cog.reporting.bundle_reliability import reliability_rows
 from mtl_cog.reporting.trajectories import calibrator_trajectory, convergence_of_curves, curve_rows, read_metrics_lines
 from mtl_cog.runs import rundir
 from mtl_cog.runs.finished import finished_predictions
@@ -68,6 +69,7 @@ def results_rows(run_dir: Path, posthoc: tuple[str, ...] = ()) -> pd.DataFrame:
         rows += _checkpoint_rows(*finished_predictions(run_dir, last).values(), posthoc, LAST)
     frame = pd.DataFrame(rows, columns=["split", "task", "metric", "value"])
     frame.attrs["sizes"] = {"val": len(val.labels[0]), "test": len(test.labels[0])}
+    frame.attrs["reliability"] = reliability_rows(test, "test")  # the test split's histogram, read once here
     return frame
 
 
@@ -99,21 +101,22 @@ def run_facts(run_dir: Path) -> dict:
     return facts
 
 
-def run_rows(run_dir: Path, labels: dict, posthoc: tuple[str, ...] = ()) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """(runs.csv row, results rows, curves rows) of the finished run in ``run_dir``; ``labels`` fill the row's
-    ``run, campaign, data, method, role, draw, trial, ratio, seed, config_digest`` (and may set ``versions``,
-    ``commit``)."""
+def run_rows(run_dir: Path, labels: dict,
+             posthoc: tuple[str, ...] = ()) -> tuple[dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(runs.csv row, results rows, curves rows, the test split's reliability histogram: ``bundle_reliability``) of
+    the finished run in ``run_dir``; ``labels`` fill the row's ``run, campaign, data, method, role, draw, trial,
+    ratio, seed, config_digest`` (and may set ``versions``, ``commit``)."""
     run_dir = Path(run_dir)
     name = labels["run"]
     results = results_rows(run_dir, posthoc)
-    sizes = results.attrs["sizes"]
+    sizes, reliability = results.attrs["sizes"], results.attrs["reliability"]
     results = pd.concat([results, calibrator_rows(run_dir)], ignore_index=True)
     curves = curve_rows(run_dir)
     result = convergence_of_curves(curves)
     row = {"status": "done", "reason": "", "val_size": sizes["val"], "test_size": sizes["test"],
            "converged": "" if result is None else bool(result.converged), "versions": "", "commit": "",
            **run_facts(run_dir), **labels}
-    return row, results.assign(run=name), curves.assign(run=name)
+    return row, results.assign(run=name), curves.assign(run=name), reliability.assign(run=name)
 
 
 def failed_row(labels: dict, status: str, reason: str) -> dict:
