@@ -4,59 +4,59 @@
     accelerate launch -m mtl_cog.cli.main train ...      # several processes
     mtl-cog evaluate --run RUN_DIR --posthoc ts vs
     mtl-cog --help                                       # the list of commands
+    mtl-cog --version
 
 Each command is also ``python scripts/<command>.py`` and ``mtl-cog-<command>`` is not needed.
+
+Only the chosen command's module is imported: importing all of them pulls in torch, timm, W&B and
+the plotting stack (about 10 s), which ``--help`` and ``--version`` do not need. The list of
+commands reads each module's first docstring line from its source file instead.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import sys
+from pathlib import Path
 
-from mtl_cog.cli import (
-    benchmark,
-    calibration_drift,
-    compare,
-    evaluate,
-    generate_configs,
-    generate_reference,
-    lane,
-    launch,
-    leader_curve,
-    list_front,
-    parameter_counts,
-    prepare_data,
-    regenerate_docs_tables,
-    report,
-    reproduce,
-    sweep,
-    train,
-)
+from mtl_cog import __version__
 from mtl_cog.errors import UserError, run_cli
 
-COMMANDS = {
-    "train": train,
-    "evaluate": evaluate,
-    "compare": compare,
-    "sweep": sweep,
-    "leader-curve": leader_curve,
-    "reproduce": reproduce,
-    "report": report,
-    "regenerate-docs-tables": regenerate_docs_tables,
-    "prepare-data": prepare_data,
-    "benchmark": benchmark,
-    "parameter-counts": parameter_counts,
-    "calibration-drift": calibration_drift,
-    "list-front": list_front,
-    "generate-configs": generate_configs,
-    "generate-reference": generate_reference,
-    "launch": launch,
-    "lane": lane,
-}
+
+class Command:
+    """One command's module under ``mtl_cog.cli``, imported on first use of anything but its docstring."""
+
+    def __init__(self, module: str) -> None:
+        self.module_name = f"mtl_cog.cli.{module}"
+
+    @property
+    def __doc__(self) -> str | None:  # the module's docstring, read from its source file (nothing imported)
+        origin = importlib.util.find_spec(self.module_name).origin
+        return ast.get_docstring(ast.parse(Path(origin).read_text()), clean=False)
+
+    def __getattr__(self, name: str) -> object:  # main, parse_args, ...: the module's own
+        return getattr(importlib.import_module(self.module_name), name)
+
+
+# command -> its module (mtl_cog/cli/<module>.py, whose main(argv) runs it)
+COMMANDS = {name: Command(name.replace("-", "_")) for name in (
+    "train", "evaluate", "compare", "sweep", "leader-curve", "reproduce", "report", "regenerate-docs-tables",
+    "prepare-data", "benchmark", "parameter-counts", "calibration-drift", "list-front", "generate-configs",
+    "generate-reference", "launch", "lane")}
+
+
+def summary(command: str) -> str:
+    """The first line of the command's docstring."""
+    return (COMMANDS[command].__doc__ or "").strip().splitlines()[0]
 
 
 def usage() -> str:
-    lines = ["usage: mtl-cog <command> [options]   (mtl-cog <command> --help for its options)", "", "commands:"]
-    lines += [f"  {name:<18} {(module.__doc__ or '').strip().splitlines()[0]}" for name, module in COMMANDS.items()]
+    lines = ["usage: mtl-cog <command> [options]   (mtl-cog <command> --help for its options)",
+             "       mtl-cog --version", "", "commands:"]
+    width = max(map(len, COMMANDS)) + 1
+    lines += [f"  {name:<{width}} {summary(name)}" for name in COMMANDS]
     return "\n".join(lines)
 
 
@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> object:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
+        return None
+    if argv[0] in ("-V", "--version"):
+        print(f"mtl-cog {__version__}")
         return None
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

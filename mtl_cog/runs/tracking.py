@@ -11,6 +11,11 @@ What W&B receives (details and the reasons in ``docs/guides/tracking.md``):
   per-task table and the reliability figure (``mtl_cog.reporting.run_report``);
 - ``group`` / ``job_type`` from the config, so the runs of one sweep or reproduction sit together.
 
+W&B prints one line per run, not its own thirty (banner, sync hints, a history and summary of
+a thousand keys sparklined on the console): it starts with ``silent=True`` unless the user set
+``WANDB_SILENT`` or ``WANDB_QUIET`` (then W&B's own setting rules), and the run prints where its
+data went (``where_line``): the run's page online, the ``wandb sync`` command offline.
+
 W&B runs offline when it has no credentials or its server cannot be reached (a TCP connect,
 ``REACH_TIMEOUT_S``, instead of W&B's own 90 s of retries on every run of a sweep); an online
 start that fails for any other reason is retried offline. Either way the run folder then holds
@@ -109,7 +114,7 @@ def offline_reason() -> str | None:
         return None
     base_url = wandb_base_url()
     if not wandb_has_credentials(base_url):
-        return "no W&B credentials (WANDB_API_KEY or ~/.netrc)"
+        return "no W&B credentials: WANDB_API_KEY or ~/.netrc"
     why = reachable_within(base_url)
     return None if why is None else f"the W&B server {base_url} cannot be reached ({why})"
 
@@ -124,6 +129,21 @@ def log_with(tracking: str) -> list[str] | None:
         warnings.warn("tracking=wandb but wandb is not installed: logging to local files only.", stacklevel=2)
         return None
     return ["wandb"]
+
+
+def quiet_by_default() -> bool:
+    """W&B silenced (no console output of its own) unless the user chose its verbosity with its own variables."""
+    return "WANDB_SILENT" not in os.environ and "WANDB_QUIET" not in os.environ
+
+
+def where_line(run: Any, run_dir: Path, reason: str | None) -> str | None:
+    """The one console line saying where the run's W&B data went (None when W&B is disabled)."""
+    if getattr(run, "disabled", False) or run.settings.mode == "disabled":
+        return None
+    if run.settings._offline:
+        why = f" ({reason})" if reason else ""
+        return f"W&B offline{why}; upload later with `wandb sync {run_dir / rundir.WANDB_DIR}/offline-run-*`"
+    return f"W&B: {run.url}"
 
 
 class Tracker:
@@ -150,13 +170,19 @@ class Tracker:
             warnings.warn(f"could not check W&B's settings ({err}); trying to start W&B anyway.", stacklevel=2)
             reason = None
         if reason is not None:
-            accelerator.print(f"W&B offline: {reason}. "
-                              f"Upload later with `wandb sync {run_dir / 'wandb'}/offline-run-*`.")
             init["mode"] = "offline"
+        if quiet_by_default():
+            import wandb
+
+            init["settings"] = wandb.Settings(silent=True)
         try:
             accelerator.init_trackers(project, config=config, init_kwargs={"wandb": init})
         except Exception as err:  # noqa: BLE001  (network, auth, service errors: never fatal)
             self.enabled = self._start_offline(project, config, init, err)
+        if self.enabled and accelerator.is_main_process:
+            line = where_line(self._wandb_run(), run_dir, reason)
+            if line:
+                accelerator.print(line)
 
     def _run_id(self) -> str:
         path = self.run_dir / WANDB_ID
