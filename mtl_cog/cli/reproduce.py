@@ -54,6 +54,7 @@ from mtl_cog.config.arguments import Parser, add_deprecated_alias, distinct, who
 from mtl_cog.config.compose import scale_datasets, scale_files, scale_names
 from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
+from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UserError, run_cli
 from mtl_cog.experiments import campaign, fair_tuning, gpu_time, protocol, tuning
 from mtl_cog.experiments.launcher import (
@@ -72,7 +73,8 @@ from mtl_cog.reporting.posthoc_run import posthoc_method_names
 from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.runs import rundir
 
-PROTOCOLS = ("configs", "fair")
+PROTOCOLS = ("configs", "fair", "paper")
+TUNED = ("fair", "paper")  # the protocols with tuning studies (and so with draws)
 DEFAULT_DATA = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10", "cifar100")}
 # --protocol configs only: the head-leader methods (cog_fc, cog_ls, cog_tst) update their whole
 # classifier at the leader rate; in short CPU runs the configs' 1e-4 leaves them underconfident.
@@ -90,7 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce"),
                         help="OUT/runs, OUT/tuning, OUT/report, OUT/bundle")
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="configs", help="fair: equal tuning budget")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="configs",
+                        help="fair: equal tuning budget; paper: the COG paper's procedure (COG variants tuned, the "
+                             "baseline at Adam 1e-4 and LS at 0.1 untuned; mtl_cog/experiments/protocol.py)")
     parser.add_argument("--scale", default="cpu", metavar="NAME",
                         help=f"a folder of configs/scales ({', '.join(scale_names(CONFIGS))}; default cpu)")
     parser.add_argument("--data", nargs="+", default=None, metavar="NAME",
@@ -114,6 +118,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--draws", type=whole_number(1, 10, "a number of tuning draws"), default=1,
                         help="fair: tune every method this many times independently (other tuning seeds, another "
                              "sampler seed); the report sets the draws' verdicts side by side (default 1)")
+    parser.add_argument("--legacy-tuning", action="store_true",
+                        help="fair: the tuning rules of campaigns tuned before 2026-12-04 (results/fashion_*_full): "
+                             "unshifted Halton start points in every draw, the same --seeds in every draw, a choice at "
+                             "a range edge re-tuned wider for that method alone; only to resume those campaigns")
+    parser.add_argument("--widen", action="store_true",
+                        help="fair/paper: when a choice sits at a range edge, re-tune every method of that data set "
+                             "and draw (the edge knobs widened) with the same budget; off by default")
     parser.add_argument("--prune", action="store_true",
                         help="fair: successive halving of the tuning trials (the same rungs for every method)")
     parser.add_argument("--tune-workers", type=whole_number(1, 4096, "workers >= 1"), default=None, metavar="N",
@@ -172,7 +183,29 @@ def common_overrides(dataset: str, config: Path, args: argparse.Namespace, role:
 
 
 def draw_label(draw: int, args: argparse.Namespace) -> str:
-    return str(draw) if args.protocol == "fair" else ""
+    return str(draw) if args.protocol in TUNED else ""
+
+
+def final_seeds(args: argparse.Namespace, draw: int) -> list[int]:
+    """The evaluation seeds of tuning draw ``draw``: ``--seeds`` shifted past the previous draw's (0-4, then 5-9),
+    so that no two draws' verdicts rest on the same seeds; the same ``--seeds`` in every draw with
+    ``--legacy-tuning``."""
+    if args.legacy_tuning:
+        return list(args.seeds)
+    span = max(args.seeds) - min(args.seeds) + 1
+    return [seed + span * (draw - 1) for seed in args.seeds]
+
+
+def protocol_overrides(dataset: str, config: Path, args: argparse.Namespace) -> list[str]:
+    """The paper protocol's fixed settings of a method (``protocol.paper_overrides``); none for the others."""
+    if args.protocol != "paper":
+        return []
+    cfg = load_config(list(run_files(dataset, config, args)), [f"train.epochs={args.epochs}"] if args.epochs else [])
+    return protocol.paper_overrides(cfg, multitask=TASKS.get(cfg.data.task).num_tasks(cfg.data) > 1)
+
+
+def is_tuned(dataset: str, config: Path, args: argparse.Namespace) -> bool:
+    return args.protocol in TUNED and protocol.is_tuned(load_config(config), args.protocol)
 
 
 def final_specs(args: argparse.Namespace, chosen: pd.DataFrame | None) -> list[campaign.RunSpec]:
@@ -181,13 +214,14 @@ def final_specs(args: argparse.Namespace, chosen: pd.DataFrame | None) -> list[c
                                           for r in chosen.itertuples()}
     posthoc = tuple(n for n in posthoc_method_names() if n != "stability")  # stability needs the network's images
     specs = []
-    for draw in range(1, (args.draws if args.protocol == "fair" else 1) + 1):
+    for draw in range(1, (args.draws if args.protocol in TUNED else 1) + 1):
         for dataset in args.data:
             for config in method_configs(dataset, args.method):
                 method = config.stem
-                for seed in args.seeds:
+                for seed in final_seeds(args, draw):
                     name = campaign.run_name(data=dataset, method=method, draw=draw, seed=seed)
-                    overrides = (*common_overrides(dataset, config, args, "final"), f"seed={seed}",
+                    overrides = (*common_overrides(dataset, config, args, "final"),
+                                 *protocol_overrides(dataset, config, args), f"seed={seed}",
                                  *settings.get((dataset, method, str(draw)), ()))
                     labels = campaign.Labels(dataset, method, "final", seed, draw_label(draw, args))
                     specs.append(campaign.RunSpec(name, run_files(dataset, config, args), overrides,
@@ -204,15 +238,18 @@ def study_specs(args: argparse.Namespace) -> fair_tuning.Studies:
         for dataset in args.data:
             base_rate = dataset_follower_lr(dataset, args)
             for config in method_configs(dataset, args.method):
+                if not is_tuned(dataset, config, args):  # the paper's baseline and LS: not tuned
+                    continue
                 files = run_files(dataset, config, args)
                 study = config.stem if draw == 1 else f"{config.stem}-d{draw}"
                 folder = args.out / "tuning" / f"{dataset}-{study}"
-                overrides = (*common_overrides(dataset, config, args, "trial"), f"seed={seeds[0]}",
-                             f"output_dir={folder}")
+                overrides = (*common_overrides(dataset, config, args, "trial"),
+                             *protocol_overrides(dataset, config, args), f"seed={seeds[0]}", f"output_dir={folder}")
                 cfg = load_config(list(files), list(overrides))
+                knobs = protocol.search_space(cfg, base_rate, own_knobs=args.protocol == "fair")
                 studies[(dataset, config.stem, str(draw))] = tuning.StudySpec(
-                    dataset, config.stem, files, overrides, base_rate, tuple(protocol.search_space(cfg, base_rate)),
-                    cfg.train.epochs, folder, seeds, str(draw), protocol.sampler_seed(draw))
+                    dataset, config.stem, files, overrides, base_rate, tuple(knobs), cfg.train.epochs, folder, seeds,
+                    str(draw), protocol.sampler_seed(draw), rotate=not args.legacy_tuning)
     return studies
 
 
@@ -231,25 +268,28 @@ def counterparts(args: argparse.Namespace) -> dict[str, str]:
 
 
 def check_seeds(args: argparse.Namespace) -> None:
-    for seed in args.seeds:  # refused now, not by every one of the training runs
-        check_seed(seed, "--seeds")
+    draws = range(1, (args.draws if args.protocol in TUNED else 1) + 1)
+    finals = sorted({s for d in draws for s in final_seeds(args, d)})
+    for seed in finals:  # refused now, not by every one of the training runs
+        check_seed(seed, "--seeds" if seed in args.seeds else f"--seeds shifted for draw {args.draws} (draw d runs "
+                   "--seeds + (d - 1) x their span; give smaller --seeds or fewer --draws)")
     draws = [set(fair_tuning.draw_seeds(args.tuning_seeds, d)) for d in range(1, args.draws + 1)]
     every_tuning_seed = set().union(*draws)
-    if args.protocol == "fair" and sum(map(len, draws)) != len(every_tuning_seed):
+    if args.protocol in TUNED and sum(map(len, draws)) != len(every_tuning_seed):
         raise UserError(f"--tuning-seeds {' '.join(map(str, args.tuning_seeds))} with --draws {args.draws}: draw d "
                         f"trains with the tuning seeds + {fair_tuning.DRAW_SEED_STEP} (d - 1), so two draws would "
                         f"share a seed and not be independent. Give tuning seeds less than "
                         f"{fair_tuning.DRAW_SEED_STEP} apart from each other's shifts (e.g. one seed).")
     too_large = sorted(s for s in every_tuning_seed if s > MAX_SEED)
-    if args.protocol == "fair" and too_large:
+    if args.protocol in TUNED and too_large:
         raise UserError(f"--tuning-seeds with --draws {args.draws}: draw seeds up to {too_large[-1]} exceed the "
                         f"largest seed {MAX_SEED}; give smaller --tuning-seeds or fewer --draws.")
-    shared = sorted(every_tuning_seed & set(args.seeds))
-    if args.protocol == "fair" and shared:
+    shared = sorted(every_tuning_seed & set(finals))
+    if args.protocol in TUNED and shared:
         raise UserError(f"--tuning-seeds and --seeds share {' '.join(map(str, shared))} (draw d trains with the "
                         f"tuning seeds + {fair_tuning.DRAW_SEED_STEP} (d - 1)): the chosen setting would be "
                         "evaluated on a seed it was chosen on. Use tuning seeds outside --seeds.")
-    if args.protocol == "fair" and args.prune and len(args.tuning_seeds) > 1:
+    if args.protocol in TUNED and args.prune and len(args.tuning_seeds) > 1:
         raise UserError(f"--prune with {len(args.tuning_seeds)} --tuning-seeds: successive halving stops a trial on "
                         "one run's epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
 
@@ -259,18 +299,18 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     args = parse_args(argv)
     check_seeds(args)
     check_writable(args.out, "--out", folder=True)
-    if args.protocol == "fair":  # a bad storage URL is refused before anything is written
+    if args.protocol in TUNED:  # a bad storage URL is refused before anything is written
         tuning.check_storage(fair_tuning.study_url(args))
     report_dir = args.out / "report"
     name = f"reproduce-{args.protocol}-{args.scale}"
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
-    studies = study_specs(args) if args.protocol == "fair" else {}
+    studies = study_specs(args) if args.protocol in TUNED else {}
     if studies:
         tuning.check_processes(processes_per_run(args))
     parallel = args.parallel or 2 if args.launcher == "local" else 1
     env = thread_env(parallel, args.threads, gpus=torch.cuda.is_available())
     draft = campaign.Campaign(name, args.out, final_specs(args, None), counterparts=counterparts(args),
-                              budget=args.budget if args.protocol == "fair" else None)
+                              budget=args.budget if args.protocol in TUNED else None)
     print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.data)} × "
           f"{len({s.labels.method for s in draft.specs})} methods × {len(args.seeds)} seeds"
           + (f", after {args.budget} tuning trials per method" + (f" in each of {args.draws} draws" if args.draws > 1
@@ -287,8 +327,9 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         campaign.Collector(draft, []).update(lambda bundle: None)  # no specs yet: the finals are not chosen
         fair_tuning.run_workers(studies, args, runner, env, name)
         chosen = fair_tuning.choose_settings(studies, args)
-        for widening in range(1, fair_tuning.MAX_WIDENINGS + 1):  # a choice at a range edge: re-tune wider
-            wider = fair_tuning.widen(studies, chosen, widening)
+        widenings = fair_tuning.MAX_WIDENINGS if args.legacy_tuning or args.widen else 0
+        for widening in range(1, widenings + 1):  # a choice at a range edge: re-tune wider
+            wider = fair_tuning.widen(studies, chosen, widening, alike=not args.legacy_tuning)
             if not wider:
                 break
             print(f"re-tuning over widened ranges ({widening} of at most {fair_tuning.MAX_WIDENINGS}): "
@@ -339,14 +380,24 @@ def print_plan(args: argparse.Namespace, studies: fair_tuning.Studies, final: ca
     note = "" if not studies else (" (tuning included, with --prune)" if used != full else " (tuning included)")
     campaign.print_estimate(planned, measured, parallel, "final runs", used, note)
     if studies:
-        print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them; a "
-              f"method whose choice sits at a range edge is tuned again over a wider range, up to "
-              f"{fair_tuning.MAX_WIDENINGS} times, at the same budget each)")
+        who = "that method" if args.legacy_tuning else "every method of its data set and draw"
+        widening = "" if not (args.legacy_tuning or args.widen) else (
+            f"; a choice at a range edge re-tunes {who} over a wider range, up to {fair_tuning.MAX_WIDENINGS} times, "
+            "at the same budget each")
+        print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them"
+              f"{widening})")
 
 
 def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.DataFrame | None) -> None:
     """protocol.md beside the report (and chosen_settings.csv/md for the fair protocol)."""
     lines = [f"# Protocol: {args.protocol} (scale {args.scale})", ""]
+    if args.protocol == "paper":
+        lines += ["The COG paper's procedure (App. B): the COG variants' leader and follower rates tuned on validation "
+                  "NLL with its step schedule (÷10 every 1/30 of the epochs, 3/100 with several tasks), the baseline "
+                  f"at Adam {protocol.PAPER_BASELINE_LR:g} and label smoothing {protocol.PAPER_LABEL_SMOOTHING:g} "
+                  "not tuned, at a constant rate. This is **not** an equal-budget comparison: it is the paper's, run "
+                  "beside the fair protocol to measure what its asymmetry contributes "
+                  "(mtl_cog/experiments/protocol.py).", ""]
     if chosen is None:
         lines += ["Every method ran with its shipped config. This is **not** an equal-budget comparison"
                   + (": at CPU scale the head-leader COG variants (cog_fc, cog_ls, cog_tst) use learning rates "
@@ -356,13 +407,16 @@ def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.D
     else:
         atomic_write(report_dir / f"{CHOSEN}.csv", lambda tmp: chosen.to_csv(tmp, index=False))
         atomic_write_text(report_dir / f"{CHOSEN}.md", markdown_table(chosen))
-        lines += [f"Every method had an Optuna study of {args.budget} trials (each trial trained with seed(s) "
+        lines += [f"{'Every COG variant' if args.protocol == 'paper' else 'Every method'} had an Optuna study of "
+                  f"{args.budget} trials (each trial trained with seed(s) "
                   f"{' '.join(map(str, args.tuning_seeds))}, valued by the mean; "
                   f"{tuning.start_count(args.budget)} Halton start points, then TPE"
                   + (", successive halving" if args.prune else "") + ") on validation NLL"
                   + (f", in each of {args.draws} independent draws" if args.draws > 1 else "") + "; failed trials "
                   "count toward the budget. The chosen settings (chosen_settings.csv) were then run with seeds "
-                  f"{' '.join(map(str, args.seeds))}. See docs/explanation/protocol.md.", "", markdown_table(chosen)]
+                  + "; ".join(f"{' '.join(map(str, final_seeds(args, d)))} (draw {d})"
+                              for d in range(1, args.draws + 1))
+                  + ". See docs/explanation/protocol.md.", "", markdown_table(chosen)]
         if args.prune:
             share = (chosen["epoch_share"] * chosen["trials"]).sum() / chosen["trials"].sum()
             lines += ["", f"Pruning: {int(chosen['pruned'].sum())} of {int(chosen['trials'].sum())} trials stopped "

@@ -348,6 +348,11 @@ def capped_sizes(sizes: dict[str, int], max_samples: int | None) -> dict[str, in
     return {split: n if max_samples is None else min(n, max_samples) for split, n in sizes.items()}
 
 
+def trained_sizes(sizes: dict[str, int], train_size: int | None) -> dict[str, int]:
+    """A task's ``split_sizes`` after ``data.train_size`` (the training images kept; ``loading.load_task``)."""
+    return {**sizes, "train": sizes["train"] if train_size is None else min(sizes["train"], train_size)}
+
+
 TASKS: Registry[Task] = Registry("task", plugins="tasks")  # the built-in data sets, imported on first lookup
 
 

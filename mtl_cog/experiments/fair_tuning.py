@@ -80,7 +80,7 @@ def run_workers(studies: Studies, args: argparse.Namespace, runner, env: tuple[t
     for spec in studies.values():
         study = open_spec(spec, study_url(args), args.budget, args.prune)
         restore_study(study, spec, recorded)
-        tuning.enqueue_start(study, list(spec.knobs), args.budget, spec.sampler_seed)
+        tuning.enqueue_start(study, list(spec.knobs), args.budget, spec.sampler_seed, spec.rotation)
         tuning.settle_stale(study)
         if not tuning.has_work(study, args.budget):
             complete += 1
@@ -105,7 +105,7 @@ def worker_args(spec: tuning.StudySpec, url: str, args: argparse.Namespace, camp
             repr(spec.base_follower_lr), "--budget", str(args.budget), *(["--prune"] if args.prune else []),
             "--trial-seeds", *map(str, spec.trial_seeds), "--draw", spec.draw, "--sampler-seed",
             str(spec.sampler_seed), "--data", spec.dataset, "--method", spec.method, "--campaign", campaign_name,
-            "--bundle-out", str(args.out), "--widening", str(spec.widening),
+            "--bundle-out", str(args.out), "--widening", str(spec.widening), *(["--rotate"] if spec.rotate else []),
             "--knobs", json.dumps([[k.key, k.low, k.high, k.log] for k in spec.knobs]),
             "--", *spec.overrides]
 
@@ -232,20 +232,27 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
 MAX_WIDENINGS = 2  # at most this many re-tunings of one method; a choice still at an edge is then reported
 
 
-def widen(studies: Studies, chosen: pd.DataFrame, widening: int) -> Studies:
-    """New studies, one per method whose choice sat at a widenable edge of a knob's range: the same budget over
-    the range extended past that edge (``protocol.widened``); the method's earlier study stays recorded.
+def widen(studies: Studies, chosen: pd.DataFrame, widening: int, alike: bool = True) -> Studies:
+    """New studies after a choice sat at a widenable edge of a knob's range: the same budget over the range
+    extended past that edge (``protocol.widened``); the earlier studies stay recorded.
 
     A chosen knob in the outer 5 % of its range means the range, not the method, bounded the result, so
-    the method is tuned again rather than compared at a setting it was not allowed to leave.
+    the method is tuned again rather than compared at a setting it was not allowed to leave. ``alike``: every
+    method of that data set and draw is tuned again (its own edge knobs widened, the others' ranges kept), so
+    that every method's choice comes from one study of the same budget; otherwise (the legacy rule) only the
+    method at the edge is, which gave it twice the trials of the others.
     """
     out = {}
+    edges = {}
     for row in chosen.itertuples():
-        key = (row.dataset, row.method, str(row.draw))
-        spec = studies[key]
+        spec = studies[(row.dataset, row.method, str(row.draw))]
         sides = dict(edge.split("=") for edge in str(row.at_edge).split())
         knobs = [(protocol.widened(k, sides[k.key]) or k) if k.key in sides else k for k in spec.knobs]
-        if tuple(knobs) == spec.knobs:
+        edges[(row.dataset, row.method, str(row.draw))] = tuple(knobs)
+    widened = {(key[0], key[2]) for key, knobs in edges.items() if knobs != studies[key].knobs}
+    for key, knobs in edges.items():
+        spec = studies[key]
+        if knobs == spec.knobs and not (alike and (key[0], key[2]) in widened):
             continue
         name = dataclasses.replace(spec, widening=widening).name
         out[key] = dataclasses.replace(spec, knobs=tuple(knobs), widening=widening,
@@ -327,6 +334,8 @@ def parse_worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--campaign", default="", help="the campaign whose bundle records the trials")
     parser.add_argument("--bundle-out", type=Path, default=None, help="the campaign's --out (its bundle/)")
     parser.add_argument("--widening", type=int, default=0, help="re-tunings over widened ranges (a label)")
+    parser.add_argument("--rotate", action="store_true",
+                        help="shift the start points at random, one shift per draw and re-tuning (independent draws)")
     parser.add_argument("--knobs", default=None, help="JSON [[key, low, high, log], ...]: the study's ranges "
                         "(default: the protocol's search space; a widened study passes its own)")
     parser.add_argument("overrides", nargs="*", help="the protocol's overrides (after --)")
@@ -346,10 +355,10 @@ def work(argv: list[str] | None = None) -> int:
                         "epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
     study = tuning.open_study(args.storage, args.study, base.train.epochs, args.prune, args.budget, knobs, seeds,
                               args.sampler_seed)
-    tuning.enqueue_start(study, knobs, args.budget, args.sampler_seed)
     spec = tuning.StudySpec(args.data, args.method, tuple(args.config), tuple(args.overrides), args.base_follower_lr,
-                            tuple(knobs), base.train.epochs, folder, tuple(seeds), args.draw, args.sampler_seed)
-    spec = dataclasses.replace(spec, widening=args.widening)
+                            tuple(knobs), base.train.epochs, folder, tuple(seeds), args.draw, args.sampler_seed,
+                            args.widening, args.rotate)
+    tuning.enqueue_start(study, knobs, args.budget, args.sampler_seed, spec.rotation)
 
     def trial_specs(trial: optuna.Trial, setting: dict[str, float]) -> list[tuple[campaign.RunSpec, Config]]:
         number = tuning.run_number(trial)

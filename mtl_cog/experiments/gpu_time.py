@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtl_cog.config import Config
-from mtl_cog.data.task_api import TASKS
+from mtl_cog.data.task_api import TASKS, trained_sizes
 from mtl_cog.errors import UserError
 from mtl_cog.training.accelerator import cpu_has_native_bf16
 
@@ -184,13 +184,13 @@ def estimate_run(cfg: Config, measured: Throughput | None = None) -> RunEstimate
     rate, source, on_cpu = training_rate(cfg, measured)
     task = TASKS.get(cfg.data.task) if cfg.data.task in TASKS else None
     sizes_of = getattr(task, "split_sizes", None)
-    sizes = sizes_of(cfg.data) if sizes_of is not None else None
+    sizes = trained_sizes(sizes_of(cfg.data), cfg.data.train_size) if sizes_of is not None else None
     if sizes is None:
         return RunEstimate(math.nan, None, source + f"; split sizes of {cfg.data.task!r} unknown", on_cpu)
     forward = EVAL_SPEEDUP * rate
     seconds = (CPU_START_SECONDS if on_cpu else START_SECONDS)
     seconds += cfg.train.epochs * (sizes["train"] / rate + sizes["val"] / forward)
-    seconds += (sizes["val"] + sizes["test"]) / forward
+    seconds += (sizes["val"] + sizes["test"]) / forward * (2 if cfg.eval.score_last_epoch else 1)
     evaluations = cfg.train.epochs + 2  # a validation per epoch, then validation and test once more
     if cfg.two_stage.enabled:
         seconds += cfg.two_stage.epochs * (sizes["train"] + sizes["val"]) / forward

@@ -173,11 +173,14 @@ def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
                         "--study-storage), or the settings the study was started with.")
 
 
-def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED) -> None:
-    """Enqueue the Halton start points (scrambled with ``seed``), once: a resumed or shared study keeps the
-    ones it has, and is refused when they are not these (enqueued with another seed: the draws' seeds changed
-    after it was created), since every study of a draw must start from the same follower rates."""
-    points = start_points(knobs, start_count(budget), seed)
+def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int, seed: int = SAMPLER_SEED,
+                  rotation: int | None = None) -> None:
+    """Enqueue the Halton start points (scrambled with ``seed``, shifted by ``rotation``'s random shift unless
+    None: ``protocol.start_points``), once: a resumed or shared study keeps the ones it has, and is refused when
+    they are not these (enqueued with another seed or rule: the draws' seeds changed after it was created, or a
+    campaign tuned under the legacy rule is resumed without ``--legacy-tuning``), since every study of a draw
+    must start from the same follower rates."""
+    points = start_points(knobs, start_count(budget), seed, rotation)
     trials = study.get_trials(deepcopy=False)
     if not trials:
         for point in points:
@@ -187,7 +190,10 @@ def enqueue_start(study: optuna.Study, knobs: list[Knob], budget: int, seed: int
         held = trial.params or trial.system_attrs.get("fixed_params", {})
         if any(not math.isclose(float(held.get(key, math.nan)), value, rel_tol=1e-9) for key, value in point.items()):
             raise UserError(f"study {study.study_name!r} starts from {held} as trial {trial.number}, but its sampler "
-                            f"seed {seed} starts from {point}: it was created under another seed. Delete the study "
+                            f"seed {seed} starts from {point}" + (" (shifted start points)" if rotation is not None
+                                                                  else " (unshifted start points)")
+                            + ": it was created under another seed or start rule (a campaign tuned before "
+                            "2026-12-04 resumes with --legacy-tuning). Otherwise delete the study "
                             "(optuna.delete_study) and its trial_NN folders, and drop its trials from the results "
                             "bundle, to tune it again.")
 
@@ -408,6 +414,12 @@ class StudySpec:
     draw: str = "1"  # the tuning draw: another draw has other trial seeds and another sampler seed
     sampler_seed: int = SAMPLER_SEED
     widening: int = 0  # re-tunings over widened ranges after a choice sat at a range edge (fair_tuning.widen)
+    rotate: bool = False  # shift the start points at random (independent draws); False: the legacy rule
+
+    @property
+    def rotation(self) -> int | None:
+        """The start points' random shift (``protocol.start_points``): one per draw and re-tuning; None: none."""
+        return self.widening if self.rotate else None
 
     @property
     def name(self) -> str:

@@ -15,6 +15,12 @@ A report shows from them
   ``LAST_FRACTION`` (20 %) of epochs, and a calibrator made at most ``CALIBRATOR_SETTLED`` (10 %)
   of its total move (max abs change over all its parameters, first to last epoch) in that part;
   a calibrator whose total move is below ``CALIBRATOR_FLOOR`` (1 %) of its size counts as settled.
+  A decayed learning rate must not pass this by itself (epochs at 1/100 of the rate are flat whatever the
+  network had reached), so the NLL rule is applied a second time to the *live* epochs alone, those whose
+  follower rate is at least ``LIVE_RATE_SHARE`` (1/10) of the first epoch's: a run must have settled
+  while it could still learn, and a run with fewer than two live epochs has not shown that it did (the
+  paper's step schedule, ÷10 every epoch when scaled to 30 epochs, fails here). Curves without the rate
+  (bundles collected before it was recorded) count every epoch as live: the rule is then the old one.
   A two-stage run (TST, V-TST) is judged on its second stage too (``two_stage_metrics.jsonl``,
   the same NLL rule): a post-hoc head still learning at its last epoch is not a finished baseline.
 """
@@ -35,6 +41,7 @@ LAST_FRACTION = 0.2
 NLL_PLATEAU = 0.01
 CALIBRATOR_SETTLED = 0.1
 CALIBRATOR_FLOOR = 0.01  # a calibrator whose whole move is below 1 % of its size has settled where it started
+LIVE_RATE_SHARE = 0.1  # an epoch whose follower rate is at least this share of the first epoch's can still learn
 
 
 def read_metrics_lines(run_dir: Path) -> tuple[list[dict], dict]:
@@ -140,18 +147,27 @@ class Convergence:
     calibrator_move_last: float | None  # calibrator change in the final part / its change over the run
     stage_two_nll_gain_last: float | None = None  # the same NLL gain for a second stage; None: one stage
     calibrator_move: float | None = None  # its move over the recorded epochs (largest parameter change, first to last)
+    live_epochs: int | None = None  # epochs at >= LIVE_RATE_SHARE of the first epoch's rate; None: rate not recorded
+    nll_gain_live: float = 0.0  # nll_gain_last over the live epochs alone
 
     @property
     def converged(self) -> bool:
         settled = self.calibrator_move_last is None or self.calibrator_move_last <= CALIBRATOR_SETTLED
         stage_two_settled = self.stage_two_nll_gain_last is None or self.stage_two_nll_gain_last <= NLL_PLATEAU
-        return self.nll_gain_last <= NLL_PLATEAU and settled and stage_two_settled
+        live = self.live_epochs is None or (self.live_epochs >= 2 and self.nll_gain_live <= NLL_PLATEAU)
+        return self.nll_gain_last <= NLL_PLATEAU and settled and stage_two_settled and live
 
     def why_not(self) -> str:
         reasons = []
         part = f"the last {100 * LAST_FRACTION:.0f}% of epochs"
         if self.nll_gain_last > NLL_PLATEAU:
             reasons.append(f"validation NLL still fell {100 * self.nll_gain_last:.1f}% in {part}")
+        if self.live_epochs is not None and self.live_epochs < 2:
+            reasons.append(f"only {self.live_epochs} epoch ran at >= {LIVE_RATE_SHARE:g} of the first epoch's rate")
+        elif self.live_epochs is not None and self.nll_gain_live > NLL_PLATEAU:
+            reasons.append(f"validation NLL still fell {100 * self.nll_gain_live:.1f}% in the last "
+                           f"{100 * LAST_FRACTION:.0f}% of the {self.live_epochs} epochs at >= {LIVE_RATE_SHARE:g} "
+                           "of the first epoch's rate")
         if self.calibrator_move_last is not None and self.calibrator_move_last > CALIBRATOR_SETTLED:
             reasons.append(f"the calibrator made {100 * self.calibrator_move_last:.0f}% of its move in {part}")
         if self.stage_two_nll_gain_last is not None and self.stage_two_nll_gain_last > NLL_PLATEAU:
@@ -191,6 +207,9 @@ def curve_rows(run_dir: Path) -> pd.DataFrame:
         rows += [(line["epoch"], "val", m, line["val"][m]) for m in CURVE_VAL_METRICS if m in line["val"]]
         if isinstance(line.get("train_loss"), (int, float)):
             rows.append((line["epoch"], "train", "loss", line["train_loss"]))
+        rate = (line.get("lr") or {}).get("follower")
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool):  # the live epochs of the convergence rule
+            rows.append((line["epoch"], "train", "lr", rate))
     vectors = [_calibrator_vector(line) for line in epochs]
     if epochs and all(v is not None for v in vectors) and len({len(v) for v in vectors}) == 1:
         rows += [(line["epoch"], CALIBRATOR_SPLIT, FROM_LAST, float(np.abs(v - vectors[-1]).max()))
@@ -231,8 +250,14 @@ def convergence_of_curves(curves: pd.DataFrame) -> Convergence | None:
         floor = CALIBRATOR_FLOOR * max(1.0, float(scale[0]) if len(scale) else 1.0)
         move = float(from_last[cut - 1]) / total if total > floor else 0.0
     stage_two = _series(curves, STAGE_TWO_SPLIT, "nll")
+    rate = _series(curves, "train", "lr")
+    live_epochs, gain_live = None, 0.0
+    if len(rate) == len(nll) and rate[0] > 0:
+        live = rate >= LIVE_RATE_SHARE * rate[0] * (1 - 1e-9)  # a rate exactly at the share (0.1 after 1/10) is live
+        live_epochs = int(np.argmin(live)) if not live.all() else len(live)  # the epochs before the rate fell
+        gain_live = _nll_gain_last(nll[:live_epochs]) if live_epochs >= 2 else 0.0
     return Convergence(len(nll), _nll_gain_last(nll), move,
-                       _nll_gain_last(stage_two) if len(stage_two) >= 5 else None, total)
+                       _nll_gain_last(stage_two) if len(stage_two) >= 5 else None, total, live_epochs, gain_live)
 
 
 def convergence_table(runs: list[tuple[str, str, int, Path]]) -> pd.DataFrame:
