@@ -45,6 +45,7 @@ from mtl_cog.reporting.bundle_answers import (
 )
 from mtl_cog.reporting.html_report import ReportTables, write_html_report
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
+from mtl_cog.reporting.regime_gate import regime_gate
 from mtl_cog.reporting.sweep_report import sweep_paired, sweep_settings
 from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.reporting.trajectories import convergence_of_curves
@@ -246,7 +247,8 @@ def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 TABLE_NAMES = ("summary", "summary_values", "paired", "verdicts", "claims", "chosen", "draw_choices", "convergence",
-               "convergence_runs", "scope", "calibrators", "curve", "curve_paired", "sweep_settings", "sweep_paired")
+               "convergence_runs", "scope", "calibrators", "curve", "curve_paired", "sweep_settings", "sweep_paired",
+               "regime_gate")
 
 
 def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
@@ -263,7 +265,8 @@ def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
               "chosen": chosen_table, "draw_choices": draw_choices(chosen_table),
               "convergence": convergence_counts(conv), "convergence_runs": conv, "scope": scope(bundle, conv),
               "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair,
-              "sweep_settings": sweep_settings(bundle), "sweep_paired": sweep_paired(bundle)}
+              "sweep_settings": sweep_settings(bundle), "sweep_paired": sweep_paired(bundle),
+              "regime_gate": regime_gate(bundle)}
     assert tuple(tables) == TABLE_NAMES
     return {name: frame for name, frame in tables.items() if not frame.empty}
 

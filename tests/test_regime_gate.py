@@ -1,0 +1,63 @@
+"""The regime gate read from a sweep's bundle: known answers for a passing, a failing and an unfinished setting."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from mtl_cog.reporting.bundle import RUN_COLUMNS, Bundle
+from mtl_cog.reporting.regime_gate import regime_gate
+
+
+def _bundle(settings: dict[str, list[tuple[float, float, float, float]]]) -> Bundle:
+    """settings: label -> per seed (val NLL, test ECE, test NLL, test NLL after TS) at both checkpoints (the last
+    epoch's numbers are the selected ones + 0.1 NLL)."""
+    specs, runs, results = {}, [], []
+    index = 0
+    for label, seeds in settings.items():
+        for seed, values in enumerate(seeds):
+            run = f"run_{index:02d}"
+            index += 1
+            specs[run] = {"setting": f"digest-{label}", "overrides": [f"optim.follower_lr={label}", f"seed={seed}"]}
+            if values is None:
+                continue
+            runs.append({**dict.fromkeys(RUN_COLUMNS, ""), "run": run, "status": "done", "role": "sweep",
+                         "seed": seed, "method": "baseline", "data": "d"})
+            val, ece, nll, nll_ts = values
+            for tag, shift in (("", 0.0), ("@last", 0.1)):
+                results += [(run, f"val{tag}", "mean", "nll", val + shift), (run, f"test{tag}", "mean", "ece@15", ece),
+                            (run, f"test{tag}", "mean", "nll", nll + shift),
+                            (run, f"test{tag}+ts", "mean", "nll", nll_ts)]
+    return Bundle({"campaign": "sweep-x", "specs": specs}, pd.DataFrame(runs, columns=RUN_COLUMNS),
+                  pd.DataFrame(results, columns=["run", "split", "task", "metric", "value"]))
+
+
+def test_the_gate_passes_fails_and_waits_as_the_plan_says():
+    table = regime_gate(_bundle({
+        "1e-3": [(0.40, 0.06, 0.50, 0.45), (0.41, 0.05, 0.52, 0.46), (0.42, 0.07, 0.48, 0.44)],  # ~10 % gain
+        "3e-4": [(0.30, 0.02, 0.40, 0.39), (0.31, 0.02, 0.41, 0.40), (0.32, 0.02, 0.42, 0.41)],  # calibrated
+        "3e-3": [(0.5, 0.1, 0.6, 0.5), None, None],  # one seed finished: no interval, no pass
+    })).set_index(["setting", "rule"])
+    row = table.loc[("optim.follower_lr=1e-3", "best validation Brier")]
+    changes = np.array([(0.45 - 0.50) / 0.50, (0.46 - 0.52) / 0.52, (0.44 - 0.48) / 0.48])
+    half = stats.t.ppf(0.975, 2) * changes.std(ddof=1) / math.sqrt(3)
+    assert row["ts_nll_change"] == pytest.approx(changes.mean())
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((changes.mean() - half, changes.mean() + half))
+    assert row["test_ece@15"] == pytest.approx(0.06) and row["passes"] and row["seeds"] == 3
+    last = table.loc[("optim.follower_lr=1e-3", "last epoch")]
+    assert last["test_nll"] == pytest.approx(0.60) and last["passes"]  # the last epoch's own splits
+    assert not table.loc[("optim.follower_lr=3e-4", "best validation Brier"), "passes"]  # ECE 0.02 < 0.03
+    one = table.loc[("optim.follower_lr=3e-3", "best validation Brier")]
+    assert one["seeds"] == 1 and math.isnan(one["ci_low"]) and not one["passes"]
+    # the tuned baseline: the lowest validation NLL under the selected checkpoint
+    assert table["tuned"].to_dict()[("optim.follower_lr=3e-4", "best validation Brier")] == "*"
+    assert set(table.loc[table["tuned"] == "*"].index.get_level_values("setting")) == {"optim.follower_lr=3e-4"}
+
+
+def test_a_setting_without_post_hoc_splits_gets_an_empty_row():
+    bundle = _bundle({"1e-3": [(0.4, 0.06, 0.5, 0.45)] * 3})
+    bundle.results = bundle.results[~bundle.results["split"].str.contains(r"\+ts")]
+    table = regime_gate(bundle)
+    assert set(table["seeds"]) == {0} and "passes" not in table
