@@ -46,7 +46,9 @@ def regime_gate(bundle: Bundle) -> pd.DataFrame:
         return pd.DataFrame()
     labels = setting_labels(planned)
     setting_of = dict(zip(planned["run"], planned["setting"].map(labels)))
-    done = done[done["run"].isin(setting_of)]
+    done = done[done["run"].isin(setting_of) & (done["role"] == "sweep")]  # a sweep's runs: a grid of settings
+    if done.empty:
+        return pd.DataFrame()
     wide = _task_means(bundle, list(done["run"]))
     rows = []
     for setting in dict.fromkeys(planned["setting"].map(labels)):
