@@ -133,3 +133,15 @@ def test_a_retuning_is_offered_to_every_method_of_the_data_set_and_draw():
     assert all(s.widening == 1 and s.rotation == 1 for s in alike.values())  # new points for both
     legacy = fair_tuning.widen(studies, chosen, 1, alike=False)
     assert sorted(legacy) == [("fashion_mosaic", "cog_fc", "1")]
+
+
+def test_a_committed_campaign_tuned_under_the_legacy_rule_is_refused_without_the_flag_even_in_a_dry_run(capsys):
+    from mtl_cog.cli import reproduce
+
+    argv = ["--protocol", "fair", "--scale", "full", "--data", "fashion_mnist", "--method", "baseline", "ls", "cog_fc",
+            "cog_ls", "cog_ts", "--budget", "6", "--draws", "2", "--seeds", "0", "1", "2", "--prune", "--dry-run",
+            "--out", "results/fashion_mnist_full"]
+    with pytest.raises(UserError, match="starts from trial 0 .* --legacy-tuning"):
+        reproduce.main(argv)
+    reproduce.main([*argv, "--legacy-tuning"])
+    assert "final runs: 30 planned (30 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out

@@ -305,6 +305,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     name = f"reproduce-{args.protocol}-{args.scale}"
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
     studies = study_specs(args) if args.protocol in TUNED else {}
+    fair_tuning.check_start_rule(studies, read_bundle(bundle_dir(args.out)), args.budget)  # dry runs too
     if studies:
         tuning.check_processes(processes_per_run(args))
     parallel = args.parallel or 2 if args.launcher == "local" else 1

@@ -153,6 +153,25 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
     return len(rows) - present
 
 
+def check_start_rule(studies: Studies, recorded: bundles.Bundle | None, budget: int) -> None:
+    """Refuse, before anything runs (dry runs included), studies whose recorded start points are not the ones this
+    campaign's rule draws (``--legacy-tuning`` or not, another sampler seed): their trials would be ranked with
+    trials of another search, and ``tuning.enqueue_start`` would refuse them only once the tuning starts."""
+    if recorded is None or recorded.trials.empty or "study" not in recorded.trials:
+        return
+    for spec in studies.values():
+        rows = recorded.trials[recorded.trials["study"] == spec.name].sort_values("trial")
+        starts = protocol.start_points(list(spec.knobs), tuning.start_count(budget), spec.sampler_seed, spec.rotation)
+        for row, point in zip(rows.to_dict("records"), starts):
+            held = {key: pd.to_numeric(row.get(key), errors="coerce") for key in point}
+            if any(not math.isclose(float(held[key]), value, rel_tol=1e-6) for key, value in point.items()):
+                rule = "shifted start points" if spec.rotate else "unshifted start points (--legacy-tuning)"
+                raise UserError(f"the results bundle's study {spec.name} starts from trial {row.get('trial')} at "
+                                f"{ {k: float(v) for k, v in held.items()} }, not at {point}, where this command's "
+                                f"rule ({rule}) starts: it was tuned under another rule. A campaign tuned before "
+                                "2026-12-04 resumes with --legacy-tuning; otherwise use a new --out.")
+
+
 def tuning_todo(spec: tuning.StudySpec, args: argparse.Namespace) -> int:
     """Trials of ``spec`` not yet finished, read without writing anything (a dry run creates no study and records
     no search): the study's finished trials where it exists, else the bundle's, else the whole budget."""
