@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How multi-task aggregators affect calibration (docs/mtl.md, "Results"): equal weights vs MGDA vs UPGrad, each
+# How multi-task aggregators affect calibration (docs/guides/mtl.md, "Results"): equal weights vs MGDA vs UPGrad, each
 # with and without COG-FC, seeds 0-2, the same budget for all, on fashion_mosaic (40 binary tasks of real
 # Fashion-MNIST items): its shipped configs (cog_cnn_tiny, 5 epochs of all 20,000 pictures, their learning rates);
 # EPOCHS and MAX (the first MAX samples of each split) shrink it. Resumable: a finished run (DONE) is skipped, a

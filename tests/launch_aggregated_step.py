@@ -47,7 +47,7 @@ generator = torch.Generator().manual_seed(1)
 images = torch.randn(16, 3, 2, 2, generator=generator)
 labels = torch.stack([torch.randint(0, k, (16,), generator=generator) for k in layout.num_classes], 1)
 # as many unlabelled rows of a task on each process: then DDP's mean of the processes' task means is the
-# whole batch's task mean (with unequal counts it is not, as for any ignore_index loss under DDP; docs/mtl.md)
+# whole batch's task mean (with unequal counts it is not, as for any ignore_index loss under DDP; docs/guides/mtl.md)
 labels[:, 2] = torch.where(torch.arange(16) % 8 < 5, MISSING_LABEL, labels[:, 2])
 labels[:, 3] = torch.where(torch.arange(16) % 3 == 0, MISSING_LABEL, labels[:, 3])
 results = []

@@ -15,13 +15,13 @@ legitimately add work (a larger head, a second loss term): <= 1.10.
 A method under a multi-task aggregator is named ``method+aggregator`` (``baseline+upgrad``;
 ``baseline+mgda:parameters`` for the Gramian on the backbone's parameters), so every aggregator's
 step is timed over equal weights' in the same rotation, both places side by side. Targets: with the
-Gramian on the shared features (a representation-level heuristic, docs/mtl.md) <= 1.30; on the
+Gramian on the shared features (a representation-level heuristic, docs/guides/mtl.md) <= 1.30; on the
 parameters (exact: the aggregator's guarantee holds for the backbone's update) <= 3.0 at 40 tasks.
 The exact Gramian needs the T per-task gradients through the backbone: T backward passes on a CPU
 (about 21x an equal-weights step at 40 tasks, the floor of any exact method; one vmapped backward of
 the T cotangents took twice that there), one vmapped backward on an accelerator;
 ``torchjd.autogram.Engine`` computes the same Gramian layer by layer, but refuses BatchNorm backbones
-with ``batch_dim`` and is slower without it (docs/mtl.md, "Cost"). The timed step checks no conflict
+with ``batch_dim`` and is slower without it (docs/guides/mtl.md, "Cost"). The timed step checks no conflict
 (``mtl/conflict_rate``): on the parameters that check is free, on the features it runs every
 ``mtl.conflict_every`` steps.
 """

@@ -21,7 +21,7 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
                                and whether the calibrator never left the identity
   convergence.csv              per run: did the validation NLL and the calibrator settle?
   task_weights.csv             runs under a multi-task aggregator (mtl.aggregator): each task's weight of
-                               the backbone's gradient at the first and last epoch (docs/mtl.md)
+                               the backbone's gradient at the first and last epoch (docs/guides/mtl.md)
   calibration_errors.csv       every calibration error at every bin count, with the rank per bin count
   per_task.csv                 multi-task data sets: every metric of every task and method
   truth.csv                    where the data set knows p* (synthetic): noise-free calibration errors,

@@ -27,7 +27,7 @@ ImageNet-C's; default: the run's eval.shift_suite, auto = cifar10c up to 64 px);
 ``--posthoc`` calibrators are fitted on the clean validation predictions and
 applied under shift. RUN_DIR/shift_metrics.csv gets every metric per method x corruption x
 severity x task (and the task mean), RUN_DIR/shift_test.png accuracy, NLL and ECE@15 against
-severity (docs/shift.md). ``--groups TASK ...`` adds per-group metrics and multicalibration
+severity (docs/guides/shift.md). ``--groups TASK ...`` adds per-group metrics and multicalibration
 (docs/explanation/metrics.md) to the JSON ("groups") and, with --run, writes RUN_DIR/group_metrics.csv.
 """
 

@@ -129,7 +129,7 @@ class DataConfig:
     # decode once into a memory-mapped uint8 cache (mtl_cog/data/cache.py); false = decode on every run
     use_cache: bool = True
     # Partly labelled data on demand: hide this fraction of the (sample, task) labels of every split at random
-    # (they become MISSING_LABEL), drawn from hide_labels_seed, independent of the training seed (docs/mtl.md).
+    # (they become MISSING_LABEL), drawn from hide_labels_seed, independent of the training seed (docs/guides/mtl.md).
     hide_labels: float = 0.0
     hide_labels_seed: int = 0  # seed of which labels data.hide_labels hides
     # Train on this many training images (null = all): a fixed random subset drawn by train_size_seed,
@@ -339,14 +339,14 @@ class EvalConfig:
     joint_pairs: int = 10
     # task names whose label values define subgroups: per-group metrics, multicalibration (group_metrics.csv)
     groups: list[str] = field(default_factory=list)
-    # corruptions scored on the test split at the end of training ([] = none, [all] = all 15; docs/shift.md)
+    # corruptions scored on the test split at the end of training ([] = none, [all] = all 15; docs/guides/shift.md)
     shift: list[str] = field(default_factory=list)
     shift_severities: list[int] = field(default_factory=lambda: list(SEVERITIES))  # which of the levels 1..5 to score
     shift_seed: int = 0  # the corruptions' random draws: the same corrupted images for every run
     shift_posthoc: list[str] = field(default_factory=list)  # post-hoc calibrators (fitted on clean val) under shift
     shift_workers: int = 0  # processes that corrupt images when a corrupted split is built; 0 = every CPU
     # whose severity parameters: cifar10c (CIFAR-10-C's script) | imagenetc (ImageNet-C's) | auto (cifar10c for
-    # pictures <= 64 px, imagenetc above; docs/shift.md)
+    # pictures <= 64 px, imagenetc above; docs/guides/shift.md)
     shift_suite: str = "auto"
 
     def validate(self) -> None:
@@ -459,7 +459,7 @@ def counterpart_identity(counterpart: str, config: dict[str, Any]) -> str:
 
 @dataclass
 class MtlConfig:
-    """How the per-task losses become the shared backbone's gradient (docs/mtl.md).
+    """How the per-task losses become the shared backbone's gradient (docs/guides/mtl.md).
 
     ``aggregator``: ``equal`` (the mean of the per-task losses: plain training, bit for bit) or a
     name registered in ``mtl_cog/objectives/aggregators/`` (uncertainty, upgrad, mgda, pcgrad,

@@ -11,7 +11,7 @@ NeurIPS 2019, "Can you trust your model's uncertainty?", measure exactly this). 
 
 ``shift_metrics.csv``: columns suite (whose severity parameters: cifar10c or imagenetc,
 mtl_cog.data.shift), method, corruption, severity, task (every task, then ``mean``), then the
-metrics (docs/shift.md).
+metrics (docs/guides/shift.md).
 """
 
 from __future__ import annotations

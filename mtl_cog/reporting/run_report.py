@@ -46,7 +46,7 @@ def write_report_files(run_dir: Path, predictions: Predictions, table: pd.DataFr
     them in memory (``mtl_cog.reporting.end_of_run``); nothing is read back from the files just written.
     """
     # partly labelled data: each figure takes its labelled rows itself (a task's own, or those labelled in
-    # every task for the count calibration); the truth metrics the rows labelled in every task (docs/mtl.md)
+    # every task for the count calibration); the truth metrics the rows labelled in every task (docs/guides/mtl.md)
     bins = sorted({int(c.split("@")[1]) for c in table.columns if c.startswith("ece@")} | {n_bins})
     scores = labelled_truth_metrics(predictions, bins)
     if scores is not None:

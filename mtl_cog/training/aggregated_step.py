@@ -1,6 +1,6 @@
 """One training step with a multi-task aggregator: one forward, one backward, the backbone's gradient aggregated.
 
-Which gradient each parameter group gets (docs/mtl.md):
+Which gradient each parameter group gets (docs/guides/mtl.md):
 
 - the shared backbone: sum_t w_t grad L_t, the aggregator's weights w (T,) applied to the per-task
   gradients;

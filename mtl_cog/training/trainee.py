@@ -37,7 +37,7 @@ class Trainee:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     counts: dict  # parameter counts of the network as built (backbone / heads / calibrator / total)
-    aggregation: Aggregation | None = None  # mtl.aggregator other than equal (docs/mtl.md)
+    aggregation: Aggregation | None = None  # mtl.aggregator other than equal (docs/guides/mtl.md)
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``batch_loss`` (``aggregated_loss`` under an aggregator) then ``apply_update``: exactly one step of

@@ -5,7 +5,7 @@ backbone; *equal weights* (the COG paper's CelebA setup) follows their mean. An 
 returns task weights w (T,) from the T x T Gramian of those gradients (UPGrad, MGDA, PCGrad, IMTL-G,
 Aligned-MTL: the ``torchjd`` library's weightings) or from the losses themselves (uncertainty
 weighting), and the backbone follows sum_t w_t grad L_t. Which gradient every parameter group gets,
-and why the COG leader is untouched, is in ``docs/mtl.md`` and ``mtl_cog.training.aggregated_step``.
+and why the COG leader is untouched, is in ``docs/guides/mtl.md`` and ``mtl_cog.training.aggregated_step``.
 
 Every aggregator here is a *weighting* (the update is a combination of the task gradients with
 weights computed from their Gramian), so it is applied with one backward pass through the

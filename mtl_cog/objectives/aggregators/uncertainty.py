@@ -11,7 +11,7 @@ one logit, so its form is the same; only regression would carry the extra 1/2 of
 here. At s_t = 0 every weight is 1. For fixed L_t the optimum is exp(-s_t) = 1 / (2 L_t): a task
 with a large loss is down-weighted.
 
-Under this project's gradient rule (``docs/mtl.md``) the weights exp(-s_t) scale the *backbone's*
+Under this project's gradient rule (``docs/guides/mtl.md``) the weights exp(-s_t) scale the *backbone's*
 gradient only; the heads (and the COG leader) keep the mean loss's gradient. The log-variances
 learn from ``penalty`` = sum_t exp(-s_t) L_t.detach() + s_t / 2 over the tasks labelled in the
 batch, so d/ds_t = -exp(-s_t) L_t + 1/2 exactly as in the paper, and a task without a label in the
