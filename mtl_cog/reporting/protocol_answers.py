@@ -1,0 +1,81 @@
+"""The paper's claims under two protocols side by side: what survives when every method gets the same tuning.
+
+The COG paper tuned its COG variants' learning rates and ran the baseline at a fixed Adam 1e-4 and label smoothing
+at 0.1 (``reproduce --protocol paper``); the fair protocol tunes every method with the same budget
+(``--protocol fair``). Run in the same regime with the same seeds, each has its own results bundle, and
+``protocol_claims`` sets their ``claims`` answers side by side, per data set, claim and metric:
+
+- ``<protocol>``: the claim's answer under that protocol (``bundle_answers.claims``: supported / contradicted /
+  inconclusive when the draws agree, depends on the tuning draw, incomplete, not tested);
+- ``<protocol> difference``: the paired difference (variant − counterpart, task mean, mean over seeds) averaged
+  over the draws, and ``<protocol> ± (95 %)``: the widest draw's interval half-width, what the protocol could
+  have resolved;
+- ``surviving share``: where the paper protocol supports the claim, the fair protocol's difference over the paper
+  protocol's (1: all of the gain survives, 0: none, below 0: reversed). A ratio of two noisy means, shown without
+  an interval: read it with the two half-widths beside it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from mtl_cog.reporting.bundle import Bundle
+from mtl_cog.reporting.bundle_answers import CLAIM_METRICS, PAPER_CLAIMS, SUPPORTED, claims, final_scores
+from mtl_cog.reporting.paired import paired_differences
+
+PAPER, FAIR = "paper", "fair"
+
+
+def claim_differences(bundle: Bundle) -> pd.DataFrame:
+    """Per data set, draw, claim pair and metric: the paired mean difference and its interval's half-width."""
+    scores = final_scores(bundle)
+    if scores.empty:
+        return pd.DataFrame()
+    pairs = {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}
+    frames = []
+    for (data, draw), group in scores.groupby(["data", "draw"], sort=True):
+        table = paired_differences(group.rename(columns={"data": "dataset"}), pairs, CLAIM_METRICS)
+        frames.append(table.assign(data=data, draw=draw))
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if table.empty:
+        return table
+    table["half_width"] = (table["ci_high"] - table["ci_low"]) / 2
+    return table[["data", "draw", "variant", "counterpart", "metric", "mean_difference", "half_width"]]
+
+
+def protocol_claims(bundles: dict[str, Bundle]) -> pd.DataFrame:
+    """One row per (data set, claim, metric) with each protocol's answer, difference and half-width (see above)."""
+    answers, numbers = {}, {}
+    for protocol, bundle in bundles.items():
+        table = claims(bundle)
+        if table.empty:
+            continue
+        answers[protocol] = table.set_index(["data", "claim", "metric"])["answer"]
+        diffs = claim_differences(bundle)
+        if not diffs.empty:
+            numbers[protocol] = diffs.groupby(["data", "variant", "metric"]).agg(
+                difference=("mean_difference", "mean"), half_width=("half_width", "max"))
+    if not answers:
+        return pd.DataFrame()
+    keys = sorted(set().union(*(a.index for a in answers.values())))
+    variant_of = {claim: variant for claim, variant, _, _ in PAPER_CLAIMS}
+    rows = []
+    for data, claim, metric in keys:
+        row = {"data": data, "claim": claim, "metric": metric}
+        for protocol in bundles:
+            row[protocol] = answers.get(protocol, pd.Series(dtype=str)).get((data, claim, metric), "")
+            found = numbers.get(protocol)
+            key = (data, variant_of[claim], metric)
+            cell = found.loc[key] if found is not None and key in found.index else None
+            row[f"{protocol} difference"] = np.nan if cell is None else float(cell["difference"])
+            row[f"{protocol} ± (95 %)"] = np.nan if cell is None else float(cell["half_width"])
+        if PAPER in bundles and FAIR in bundles:
+            paper, fair = row[f"{PAPER} difference"], row[f"{FAIR} difference"]
+            supported = row[PAPER] == SUPPORTED and np.isfinite(paper) and paper != 0
+            row["surviving share"] = fair / paper if supported and np.isfinite(fair) else np.nan
+        rows.append(row)
+    order = {claim: i for i, (claim, *_) in enumerate(PAPER_CLAIMS)}
+    table = pd.DataFrame(rows)
+    return table.sort_values(["data", "claim", "metric"], key=lambda c: c.map(order) if c.name == "claim" else c,
+                             kind="stable").reset_index(drop=True)

@@ -1,0 +1,41 @@
+"""The paper's claims under the paper protocol and the fair one side by side, with the share of the gain that
+survives the fair protocol (``mtl_cog/reporting/protocol_answers.py``)."""
+
+import math
+
+import pytest
+import test_bundle_answers as built  # the bundle builder of the answer tables' tests (baseline, cog_fc, cog_ts)
+
+from mtl_cog.reporting.protocol_answers import protocol_claims
+
+
+def _bundle(monkeypatch, gains: dict):
+    monkeypatch.setattr(built, "NLL_GAIN", gains)
+    return built.make_bundle()
+
+
+def test_the_surviving_share_is_the_fair_difference_over_the_papers(monkeypatch):
+    paper = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
+    fair = _bundle(monkeypatch, {("cog_fc", "1"): 0.004, ("cog_fc", "2"): 0.006})
+    table = protocol_claims({"paper": paper, "fair": fair}).set_index(["claim", "metric"])
+    row = table.loc[("COG-FC improves on the baseline", "nll")]
+    assert row["paper"] == row["fair"] == "supported"
+    assert row["paper difference"] == pytest.approx(-0.02) and row["fair difference"] == pytest.approx(-0.005)
+    assert row["surviving share"] == pytest.approx(0.25)
+    assert row["paper ± (95 %)"] == pytest.approx(0.0, abs=1e-12)  # constant differences: a zero-width interval
+    # where the paper protocol does not support a claim, no share is computed
+    accuracy = table.loc[("COG-FC improves on the baseline", "accuracy")]
+    assert accuracy["paper"] != "supported" and math.isnan(accuracy["surviving share"])
+
+
+def test_a_claim_the_fair_protocol_reverses_has_a_negative_share(monkeypatch):
+    paper = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
+    fair = _bundle(monkeypatch, {("cog_fc", d): -0.01 for d in ("1", "2")})
+    row = protocol_claims({"paper": paper, "fair": fair}).set_index(["claim", "metric"]).loc[
+        ("COG-FC improves on the baseline", "nll")]
+    assert row["fair"] == "contradicted" and row["surviving share"] == pytest.approx(-0.5)
+
+
+def test_one_protocol_alone_gives_its_answers_without_a_share(monkeypatch):
+    table = protocol_claims({"fair": _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})})
+    assert "surviving share" not in table and set(table["data"]) == {"d"}
