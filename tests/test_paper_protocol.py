@@ -145,3 +145,27 @@ def test_a_committed_campaign_tuned_under_the_legacy_rule_is_refused_without_the
         reproduce.main(argv)
     reproduce.main([*argv, "--legacy-tuning"])
     assert "final runs: 30 planned (30 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out
+
+
+def test_the_plan_is_recorded_once_and_a_changed_plan_is_refused(tmp_path, monkeypatch):
+    from mtl_cog.experiments import preregistration
+    from mtl_cog.reporting.bundle import Bundle
+
+    monkeypatch.chdir(tmp_path)
+    plan = tmp_path / "plan.md"
+    plan.write_text("H1: COG-FC beats the baseline\n")
+    record = preregistration.plan_record(type(plan)("plan.md"), "abc123")
+    assert record["path"] == "plan.md" and record["code_commit"] == "abc123" and len(record["sha256"]) == 64
+    bundle = Bundle({"campaign": "c"})
+    preregistration.check_plan(bundle, record)  # nothing recorded yet
+    preregistration.keep_first(bundle, record)
+    preregistration.keep_first(bundle, {**record, "code_commit": "later"})  # the first record stays
+    assert bundle.campaign["plan"]["code_commit"] == "abc123"
+    plan.write_text("H1: COG-FC beats the baseline, or else\n")  # edited after the campaign started
+    with pytest.raises(UserError, match="has changed since the campaign started"):
+        preregistration.check_plan(bundle, preregistration.plan_record(type(plan)("plan.md"), "def"))
+    with pytest.raises(UserError, match="one campaign has one plan"):
+        preregistration.check_plan(bundle, {**record, "path": "other.md"})
+    for bad in ("missing.md", str(plan), "../plan.md"):
+        with pytest.raises(UserError, match="--plan"):
+            preregistration.plan_record(type(plan)(bad), "abc")

@@ -56,7 +56,7 @@ from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UserError, run_cli
-from mtl_cog.experiments import campaign, fair_tuning, gpu_time, protocol, tuning
+from mtl_cog.experiments import campaign, fair_tuning, gpu_time, preregistration, protocol, tuning
 from mtl_cog.experiments.launcher import (
     add_launcher_arguments,
     check_launcher,
@@ -131,6 +131,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="fair: Optuna workers per study (default: --jobs locally, 4 on slurm); they share it")
     parser.add_argument("--study-storage", default=None, metavar="URL",
                         help="fair: Optuna storage URL (default sqlite:///OUT/tuning/optuna.db)")
+    parser.add_argument("--plan", type=Path, default=None, metavar="FILE",
+                        help="the campaign's committed, pre-registered plan (docs/results/<campaign>-plan.md): "
+                             "campaign.json records its path, SHA-256 and the code commit; a changed plan is refused")
     parser.add_argument("--posthoc-on", nargs="+", default=["baseline"], metavar="METHOD",
                         help="methods whose runs get the post-hoc calibrators (default: baseline, as the paper)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the estimated time, run nothing")
@@ -303,9 +306,13 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         tuning.check_storage(fair_tuning.study_url(args))
     report_dir = args.out / "report"
     name = f"reproduce-{args.protocol}-{args.scale}"
-    measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
+    measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent, args.runs_per_device)
     studies = study_specs(args) if args.protocol in TUNED else {}
-    fair_tuning.check_start_rule(studies, read_bundle(bundle_dir(args.out)), args.budget)  # dry runs too
+    recorded = read_bundle(bundle_dir(args.out))
+    fair_tuning.check_start_rule(studies, recorded, args.budget)  # dry runs too
+    plan = preregistration.plan_record(args.plan, campaign.code_commit()) if args.plan else None
+    if plan is not None:
+        preregistration.check_plan(recorded, plan)
     if studies:
         tuning.check_processes(processes_per_run(args))
     parallel = args.parallel or 2 if args.launcher == "local" else 1
@@ -324,8 +331,9 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before any run or log is written
     runner = make_launcher(args, args.out / "slurm_logs", default_parallel=2, executor=executor)
     chosen = None
-    if studies:  # the bundle records the command (and so the budget) before any worker writes into it
-        campaign.Collector(draft, []).update(lambda bundle: None)  # no specs yet: the finals are not chosen
+    if studies or plan is not None:  # the bundle records the command (the budget, the plan) before any run
+        campaign.Collector(draft, []).update(lambda bundle: plan and preregistration.keep_first(bundle, plan))
+    if studies:
         fair_tuning.run_workers(studies, args, runner, env, name)
         chosen = fair_tuning.choose_settings(studies, args)
         widenings = fair_tuning.MAX_WIDENINGS if args.legacy_tuning or args.widen else 0
