@@ -121,6 +121,7 @@ def test_the_digest_ignores_where_a_run_lies_not_what_it_is():
 def test_a_bundle_is_written_deterministically_and_read_back(tmp_path):
     bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {"r": "1234e567"}})
     row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "r", "campaign": "c", "status": "done", "seed": 0,
+                                                   "data": "d", "method": "m", "role": "final",
                                                    "config_digest": "1234e567"}  # reads as a float unless kept text
     results = pd.DataFrame([{"run": "r", "split": "test", "task": "mean", "metric": "nll", "value": 0.123456789}])
     curves = pd.DataFrame([{"run": "r", "epoch": 1, "split": "val", "metric": "nll", "value": 0.5}])
@@ -151,10 +152,12 @@ def test_a_bundle_is_written_deterministically_and_read_back(tmp_path):
 ])
 def test_a_damaged_bundle_is_one_error_line(tmp_path, damage, message):
     bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}})
-    row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "r", "campaign": "c", "status": "done", "seed": 0}
+    row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "r", "campaign": "c", "status": "done", "seed": 0,
+                                                   "data": "d", "method": "m", "role": "final", "config_digest": "x"}
     bundle.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS), pd.DataFrame(columns=bundles.CURVE_COLUMNS))
     bundles.write_bundle(tmp_path, bundle)
     damage(tmp_path)
+    (tmp_path / "manifest.json").unlink()  # unsealed (an older bundle): the checks after the seal's (test_bundle_seal)
     with pytest.raises(UserError, match=message):
         bundles.read_bundle(tmp_path)
 

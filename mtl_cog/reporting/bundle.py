@@ -26,7 +26,10 @@ writes ``<out>/bundle/`` as its runs finish, small enough to commit (a 40-task r
   draws reliability diagrams from; absent in bundles written before it (their report says so).
 
 The files are written one at a time, ``runs.csv`` last: a run's rows count only once its
-``runs.csv`` row exists, so a bundle interrupted between two files holds no half-recorded run. The
+``runs.csv`` row exists, so a bundle interrupted between two files holds no half-recorded run. Then
+``manifest.json`` seals them (``bundle_manifest``: every file's SHA-256 and row count), and every read
+checks the seal, then every column against one schema (``bundle_schema``), then that ``runs.csv``'s
+labels are those ``campaign.json`` planned: an edited number, label or role is refused, naming the file. The
 CSV files are written deterministically (sorted rows, gzip without a timestamp, 8 significant
 digits), so a bundle re-collected from the same runs is byte-identical and a commit shows what changed.
 """
@@ -36,6 +39,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +47,7 @@ import pandas as pd
 
 from mtl_cog.errors import UserError
 from mtl_cog.io import atomic_write_bytes, atomic_write_text
+from mtl_cog.reporting import bundle_manifest as manifest
 from mtl_cog.reporting.bundle_reliability import (
     RELIABILITY,
     RELIABILITY_COLUMNS,
@@ -50,6 +55,7 @@ from mtl_cog.reporting.bundle_reliability import (
     empty_reliability,
     reliability_problems,
 )
+from mtl_cog.reporting.bundle_schema import SCHEMAS, validate
 
 FORMAT = "mtl_cog.results_bundle.v1"
 FOLDER = "bundle"
@@ -59,8 +65,6 @@ RUN_COLUMNS = ["run", "campaign", "data", "method", "role", "draw", "trial", "ra
                "threads", "versions", "commit"]
 RESULT_COLUMNS = ["run", "split", "task", "metric", "value"]
 CURVE_COLUMNS = ["run", "epoch", "split", "metric", "value"]
-ROLES = ("trial", "final", "curve", "sweep")
-STATUSES = ("done", "failed", "pruned")
 FLOAT_FORMAT = "%.8g"
 # trials.csv columns of whole numbers: read back as floats wherever a cell is empty (retry_of is, on most rows), so
 # they are written as integers, or a rewrite that changes nothing would turn a committed "5" into "5.0"
@@ -123,8 +127,10 @@ def _csv_bytes(frame: pd.DataFrame, sort: list[str], gz: bool) -> bytes:
 
 
 def write_bundle(folder: Path, bundle: Bundle) -> None:
-    """Write every file of ``bundle`` into ``folder`` (created), ``runs.csv`` last."""
+    """Write every file of ``bundle`` into ``folder`` (created), ``runs.csv`` last, then seal it (``manifest.json``:
+    the caller holds the campaign's collection lock)."""
     folder.mkdir(parents=True, exist_ok=True)
+    manifest.unseal(folder)
     atomic_write_text(folder / CAMPAIGN, json.dumps(bundle.campaign, indent=1, sort_keys=True) + "\n")
     results = bundle.results.astype({"value": float})  # object columns (after a concat) ignore float_format
     curves = bundle.curves.astype({"value": float, "epoch": int})
@@ -136,6 +142,26 @@ def write_bundle(folder: Path, bundle: Bundle) -> None:
         atomic_write_bytes(folder / TRIALS, _csv_bytes(_whole_numbers(bundle.trials, TRIAL_WHOLE_NUMBERS),
                                                        ["study", "trial"], gz=False))
     atomic_write_bytes(folder / RUNS, _csv_bytes(bundle.runs, ["run"], gz=False))
+    manifest.write_manifest(folder, {RUNS: len(bundle.runs), RESULTS: len(results), CURVES: len(curves),
+                                     **({TRIALS: len(bundle.trials)} if len(bundle.trials) else {}),
+                                     **({RELIABILITY: len(bundle.reliability)} if len(bundle.reliability) else {})})
+
+
+def seal_bundle(folder: Path) -> bool:
+    """Seal a bundle written before bundles were sealed, after every check a read makes -> whether it was
+    unsealed (a sealed one is verified and left as it is). Its files are not rewritten: the seal vouches for
+    exactly the bytes that were committed."""
+    folder = Path(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "unsealed": what this is about to change
+        if read_bundle(folder) is None:
+            raise UserError(f"{folder}: no results bundle there (no {CAMPAIGN}).")
+    if (folder / manifest.MANIFEST).exists():
+        return False
+    rows = {name: len(_read_csv(folder / name, None, manifest.UNSEALED_MAX_ROWS, dtype=str))
+            for name in manifest.bundle_files(folder) if name in SCHEMAS}
+    manifest.write_manifest(folder, rows)
+    return True
 
 
 def _whole_numbers(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -144,17 +170,36 @@ def _whole_numbers(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFram
     return frame.assign(**{c: pd.to_numeric(frame[c].replace("", pd.NA)).astype("Int64") for c in present})
 
 
-def _read_csv(path: Path, columns: list[str] | None, **kwargs) -> pd.DataFrame:
+def _read_csv(path: Path, columns: list[str] | None, bound: int, **kwargs) -> pd.DataFrame:
+    """``path`` as a table of at most ``bound`` rows (the sealed count, or the unsealed limit): more is refused
+    before it is all read (a file inflated to gigabytes of well-formed rows)."""
     try:
-        frame = pd.read_csv(path, keep_default_na=False, na_values=[""], **kwargs)
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""], nrows=bound + 1, **kwargs)
     except (OSError, ValueError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, pd.errors.ParserError) as err:
         raise UserError(f"{path}: not a readable results-bundle table ({type(err).__name__}: {err}). Restore it "
                         "from git (git checkout -- <file>), or delete the bundle folder to collect it anew from "
                         "the run folders.") from None
+    if len(frame) > bound:
+        raise UserError(f"{path}: more than {bound} rows, " + ("the count its bundle's manifest.json sealed" if
+                        bound != manifest.UNSEALED_MAX_ROWS else "the most an unsealed bundle's file may hold")
+                        + ". Restore it from git, or delete the bundle folder to collect it anew.")
     if columns is not None and list(frame.columns) != columns:
         raise UserError(f"{path}: columns {list(frame.columns)} are not the bundle format's {columns}. Restore it "
                         "from git, or delete the bundle folder to collect it anew from the run folders.")
     return frame
+
+
+def _read_table(folder: Path, name: str, columns: list[str] | None, bounds: dict[str, int] | None,
+                **kwargs) -> pd.DataFrame:
+    """One bundle table: its text checked against the schema and the seal's row count, then read typed."""
+    path = folder / name
+    bound = manifest.UNSEALED_MAX_ROWS if bounds is None else bounds.get(name, manifest.UNSEALED_MAX_ROWS)
+    text = _read_csv(path, None, bound, dtype=str).fillna("")
+    validate(path, text, SCHEMAS[name])
+    if bounds is not None and name in bounds and len(text) != bounds[name]:
+        raise UserError(f"{path}: {len(text)} rows, and the bundle's manifest.json sealed {bounds[name]}. Restore it "
+                        "from git.")
+    return text if kwargs.get("dtype") is str else _read_csv(path, columns, bound, **kwargs)
 
 
 def read_bundle(folder: Path) -> Bundle | None:
@@ -163,7 +208,8 @@ def read_bundle(folder: Path) -> Bundle | None:
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{folder} is a file, where a campaign keeps its results bundle (a folder). Move it away, "
                         "or use another --out.")
-    if not (folder / CAMPAIGN).is_file():
+    if not (folder / CAMPAIGN).is_file() or (folder / CAMPAIGN).is_symlink():
+        manifest.bundle_files(folder) if folder.is_dir() else None  # a campaign.json that is a link or a folder
         if folder.is_dir() and any(folder.iterdir()):
             raise UserError(f"{folder}: holds files but no {CAMPAIGN}, so it is no results bundle (or a damaged "
                             "one). Restore it from git, or move it away.")
@@ -176,14 +222,15 @@ def read_bundle(folder: Path) -> Bundle | None:
     except (OSError, ValueError, UnicodeDecodeError) as err:
         raise UserError(f"{folder / CAMPAIGN}: not a results bundle's campaign record ({err}). Restore it from "
                         "git, or delete the bundle folder to collect it anew.") from None
-    if not (folder / RUNS).is_file():
+    bounds = manifest.verify(folder)  # before any table is parsed: a refused file is never read
+    if not (folder / RUNS).exists():
         return Bundle(campaign)
     # every runs.csv column as text: a hex digest such as 1234e567... would otherwise be read as a float
-    runs = _read_csv(folder / RUNS, RUN_COLUMNS, dtype=str).fillna("")
-    results = _read_csv(folder / RESULTS, RESULT_COLUMNS, dtype={"run": str, "task": str})
-    curves = _read_csv(folder / CURVES, CURVE_COLUMNS, dtype={"run": str})
-    trials = _read_csv(folder / TRIALS, None) if (folder / TRIALS).is_file() else pd.DataFrame()
-    reliability = _read_csv(folder / RELIABILITY, RELIABILITY_COLUMNS, dtype=str).fillna("") \
+    runs = _read_table(folder, RUNS, RUN_COLUMNS, bounds, dtype=str)
+    results = _read_table(folder, RESULTS, RESULT_COLUMNS, bounds, dtype={"run": str, "task": str})
+    curves = _read_table(folder, CURVES, CURVE_COLUMNS, bounds, dtype={"run": str})
+    trials = _read_table(folder, TRIALS, None, bounds) if (folder / TRIALS).exists() else pd.DataFrame()
+    reliability = _read_table(folder, RELIABILITY, RELIABILITY_COLUMNS, bounds, dtype=str) \
         if (folder / RELIABILITY).exists() else empty_reliability()
     known = set(runs["run"])  # rows of a run whose runs.csv row was never written do not count
     bundle = Bundle(campaign, runs, results[results["run"].isin(known)].reset_index(drop=True),
@@ -202,30 +249,45 @@ def check_bundle(folder: Path, bundle: Bundle) -> None:
             problems.append(f"{CAMPAIGN}'s {key!r} is not a mapping")
     if problems:  # the checks below read them
         raise UserError(f"{folder}: inconsistent results bundle: {'; '.join(problems)}. Restore it from git.")
-    bad_seed = [r for r, v in zip(runs["run"], runs["seed"]) if not str(v).lstrip("-").isdigit()]
-    if bad_seed:
-        problems.append(f"seed of {', '.join(bad_seed[:3])} in {RUNS} is not a whole number")
-    for name, frame in ((RESULTS, bundle.results), (CURVES, bundle.curves)):
-        values = pd.to_numeric(frame["value"], errors="coerce")
-        if (values.isna() & frame["value"].notna() & (frame["value"].astype(str) != "nan")).any():
-            problems.append(f"a value in {name} is not a number")
-    if runs["run"].duplicated().any():
-        problems.append(f"run(s) listed twice in {RUNS}: {', '.join(runs.loc[runs['run'].duplicated(), 'run'])}")
     if set(runs["campaign"]) - {bundle.name}:
         problems.append(f"rows of another campaign ({', '.join(sorted(set(runs['campaign']) - {bundle.name}))}) "
                         f"in a bundle of {bundle.name!r}")
-    bad_status = sorted(set(runs["status"]) - set(STATUSES))
-    if bad_status:
-        problems.append(f"status {bad_status} (expected one of {', '.join(STATUSES)})")
     specs = {run: record["digest"] if isinstance(record, dict) else record  # a digest alone in older bundles
              for run, record in bundle.campaign.get("specs", {}).items()}
     other = [r for r, d in zip(runs["run"], runs["config_digest"]) if r in specs and specs[r] != d]
     if other:
         problems.append(f"config digests in {RUNS} differ from {CAMPAIGN}'s for {', '.join(other[:3])}")
+    problems += _label_problems(bundle)
     problems += _finished_run_problems(bundle) + reliability_problems(bundle.reliability)
     if problems:
         raise UserError(f"{folder}: inconsistent results bundle: {'; '.join(problems)}. Restore it from git, or "
                         "delete the bundle folder to collect it anew from the run folders.")
+
+
+def _label(key: str, value) -> str:
+    """A label as runs.csv and campaign.json both write it: a ratio as its number, the rest as text."""
+    if key == "ratio" and value not in ("", None):
+        try:
+            return f"{float(value):.6g}"
+        except (TypeError, ValueError):
+            return str(value)
+    return "" if value is None else str(value)
+
+
+def _label_problems(bundle: Bundle) -> list[str]:
+    """runs.csv's labels must be those campaign.json planned the run with (a run relabelled cog_ts -> baseline,
+    synthetic -> celeba would be reported under its new label with its real numbers)."""
+    specs = bundle.campaign.get("specs", {})
+    for row in bundle.runs.to_dict("records"):
+        planned = specs.get(row["run"], {}).get("labels") if isinstance(specs.get(row["run"]), dict) else None
+        if not isinstance(planned, dict):
+            continue  # an older bundle records a digest alone
+        differ = [k for k, v in planned.items() if k in row and _label(k, v) != _label(k, row[k])]
+        if differ:
+            key = differ[0]
+            return [f"run {row['run']}'s {key} in {RUNS} is {row[key]!r}, and {CAMPAIGN} planned it as "
+                    f"{planned[key]!r}"]
+    return []
 
 
 def _finished_run_problems(bundle: Bundle) -> list[str]:

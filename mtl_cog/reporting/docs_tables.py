@@ -2,7 +2,7 @@
 
 A results table in docs/ sits between these markers and is generated from a committed bundle::
 
-    <!-- bundle-table: results/<campaign>/bundle <table> [where <pandas query>] -->
+    <!-- bundle-table: results/<campaign>/bundle <table> [where <filter>] -->
     ... the table, as bundle_report.markdown_of writes it ...
     <!-- /bundle-table -->
 
@@ -12,6 +12,11 @@ drawn from the same table, and linked between markers of its own::
     <!-- bundle-figure: results/<campaign>/bundle curve figures/<name>.svg where metric == 'nll' -->
     ![...](figures/<name>.svg)
     <!-- /bundle-figure -->
+
+A marker is data: the bundle must lie under the repository's ``results/``, the filter is the tiny grammar of
+``marker_filter`` (``column == 'x'``, ``!=``, ``in [...]``, joined by ``and``), never evaluated; a marker
+line (one starting ``<!-- bundle-`` or ``<!-- /bundle-``) that opens no known block or is never closed is an
+error, so no block goes unchecked.
 
 The SVG is text written by ``svg_charts`` (no timestamp, no matplotlib version in it), so the same bundle makes
 the same bytes and a stale figure is found like a stale table.
@@ -33,6 +38,7 @@ from mtl_cog.io import atomic_write_text
 from mtl_cog.reporting.bundle import read_bundle
 from mtl_cog.reporting.bundle_report import TABLE_NAMES, bundle_tables, markdown_of
 from mtl_cog.reporting.leader_curve import curve_charts
+from mtl_cog.reporting.marker_filter import apply_where
 from mtl_cog.reporting.plots import method_colors
 from mtl_cog.reporting.svg_charts import line_chart_svg
 
@@ -40,10 +46,12 @@ from mtl_cog.reporting.svg_charts import line_chart_svg
 # summary before any final run, a curve before its lane ran): it reads PENDING until they exist, so a page can be
 # laid out before its campaign ends and the lanes fill it in. A name no bundle can have is an error.
 PENDING = "*Not in the bundle yet: the runs this table is made of have not finished.*"
-MARKER = re.compile(r"<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: where (?P<query>.+?))? -->\n"
-                    r"(?P<body>.*?)<!-- /bundle-table -->", re.DOTALL)
-FIGURE = re.compile(r"<!-- bundle-figure: (?P<bundle>\S+) (?P<table>\w+) (?P<file>\S+)(?: where (?P<query>.+?))? -->\n"
-                    r"(?P<body>.*?)<!-- /bundle-figure -->", re.DOTALL)
+# A marker starts its line (a marker quoted inside a sentence or a code span is prose); its head is one line.
+MARKER = re.compile(r"^<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: where (?P<query>[^\n]+?))? -->\n"
+                    r"(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-table -->", re.MULTILINE)
+FIGURE = re.compile(r"^<!-- bundle-figure: (?P<bundle>\S+) (?P<table>\w+) (?P<file>\S+)(?: where (?P<query>[^\n]+?))? "
+                    r"-->\n(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-figure -->", re.MULTILINE)
+MARKER_LINE = re.compile(r"^<!-- /?bundle-.*$", re.MULTILINE)  # every line that opens or closes a block
 FIGURE_TABLES = ("curve",)  # the tables a figure can be drawn of
 PENDING_FIGURE = "*Not in the bundle yet: the runs this figure is drawn from have not finished.*"
 
@@ -52,13 +60,34 @@ def _docs_pages(root: Path) -> list[Path]:
     return [p for p in sorted([*(root / "docs").rglob("*.md"), root / "README.md"]) if p.is_file()]
 
 
-def _blocks(text: str):
-    return [*MARKER.finditer(text), *FIGURE.finditer(text)]
+def _blocks(text: str, page: Path | None = None):
+    """The table and figure blocks of a page; with ``page``, a marker line no block consumes (unclosed, a
+    closer without its opener, an unknown kind, a malformed head) is refused with one line naming it."""
+    blocks = [*MARKER.finditer(text), *FIGURE.finditer(text)]
+    if page is not None:
+        covered = {m.start() for m in blocks} | {m.end() - len(m.group(0).rsplit("\n", 1)[-1]) for m in blocks}
+        for line in MARKER_LINE.finditer(text):
+            if line.start() not in covered:
+                number = text.count("\n", 0, line.start()) + 1
+                raise UserError(f"{page}:{number}: {line.group(0)[:80]!r} is no complete bundle-table or "
+                                "bundle-figure block (unclosed, unknown or malformed marker); close it with "
+                                "<!-- /bundle-table --> or <!-- /bundle-figure -->, or fix its head.")
+    return blocks
+
+
+def bundle_path(root: Path, page: Path, bundle: str) -> Path:
+    """The folder a marker names, which must lie under the repository's ``results/`` (where it leads, too)."""
+    results = (root / "results").resolve()
+    path = (root / bundle).resolve()
+    if Path(bundle).is_absolute() or not path.is_relative_to(results) or path == results:
+        raise UserError(f"{page}: a marker names {bundle!r}; a bundle of the docs lies under the repository's "
+                        "results/ (results/<campaign>/bundle).")
+    return path
 
 
 def pages_naming(root: Path, bundle: str) -> list[Path]:
     """The docs pages (and README) with a bundle-table or bundle-figure block of ``bundle`` (as markers name it)."""
-    return [p for p in _docs_pages(root) if any(m["bundle"] == bundle for m in _blocks(p.read_text()))]
+    return [p for p in _docs_pages(root) if any(m["bundle"] == bundle for m in _blocks(p.read_text(), p))]
 
 
 def figures_naming(root: Path, bundle: str) -> list[Path]:
@@ -105,7 +134,8 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
     figures: dict[Path, tuple[str, str | None]] = {}  # file -> (the block that draws it, its SVG or None: removed)
 
     def frame_of(match: re.Match, page: Path, names: tuple[str, ...]) -> pd.DataFrame:
-        path, block = root / match["bundle"], "bundle-table" if names == TABLE_NAMES else "bundle-figure"
+        path, block = bundle_path(root, page, match["bundle"]), "bundle-table" if names == TABLE_NAMES else \
+            "bundle-figure"
         if path not in cache:
             bundle = read_bundle(path)
             if bundle is None:
@@ -115,7 +145,13 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
             raise UserError(f"{page}: {block} names no table {match['table']!r} "
                             f"(those it can name: {', '.join(names)}).")
         frame = cache[path].get(match["table"], pd.DataFrame())
-        return frame.query(match["query"]).reset_index(drop=True) if not frame.empty and match["query"] else frame
+        return apply_where(frame, match["query"], f"{page}: {block} of {match['bundle']}") if match["query"] \
+            else frame
+
+    named = {m["bundle"] for page in _docs_pages(root) for m in _blocks(page.read_text(), page)}
+    if only is not None and only not in named:
+        raise UserError(f"--only {only}: no bundle-table or bundle-figure block names it (the bundles the pages "
+                        f"name: {', '.join(sorted(named)) or 'none'}).")
 
     for page in _docs_pages(root):
         text = page.read_text()
