@@ -43,7 +43,8 @@ from mtl_cog.reporting.bundle_answers import (
     summary_cells,
     verdicts,
 )
-from mtl_cog.reporting.html_report import ReportTables, write_html_report
+from mtl_cog.reporting.bundle_reliability import diagram_bins
+from mtl_cog.reporting.html_report import ALL_TASKS, ReportTables, write_html_report
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
 from mtl_cog.reporting.regime_gate import regime_gate
 from mtl_cog.reporting.sweep_report import sweep_paired, sweep_settings
@@ -305,10 +306,32 @@ def _source_note(bundle: Bundle, tail: str) -> str:
             + ", ".join(f"{n} finished {role} runs" for role, n in roles.sort_index().items()) + f"){tail}")
 
 
+def reliability_of_finals(bundle: Bundle, label) -> pd.DataFrame:
+    """The final runs' test histograms (``reliability.csv.gz``) pooled over seeds per report data set, method and
+    task (and every task pooled): the rows ``html_report`` draws reliability diagrams from."""
+    finals = bundle.done()
+    finals = finals[finals["role"] == "final"]
+    rows = bundle.reliability[bundle.reliability["split"] == "test"].merge(
+        finals[["run", "data", "draw", "method"]], on="run")
+    if rows.empty:
+        return pd.DataFrame()
+    return diagram_bins(rows.assign(dataset=label(rows)), ["dataset", "method"], ALL_TASKS)
+
+
+def _reliability_note(bundle: Bundle, reliability: pd.DataFrame, methods: pd.Series) -> str:
+    """The report's one line on its reliability diagrams: where they come from, or why there are none."""
+    if bundle.reliability.empty:
+        return ("This bundle keeps no reliability histograms (collected before reliability.csv.gz existed): the "
+                "per-task view shows the task metrics without diagrams; compare over the run folders draws them.")
+    missing = sorted(set(methods) - set(reliability.get("method", [])))
+    return ("Reliability diagrams from the bundle's test histograms (reliability.csv.gz, 20 bins, seeds pooled)"
+            + (f"; none for {', '.join(missing)} (a bundle keeps the histogram of a run's own test predictions, "
+               "not after a post-hoc calibrator)" if missing else "") + ".")
+
+
 def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables:
-    """``report.html``'s input from the bundle alone. The per-task panels show the task metrics; reliability
-    diagrams need each prediction's bin, which a bundle does not keep (``compare`` over the run folders draws
-    them)."""
+    """``report.html``'s input from the bundle alone; the per-task panels draw each method's reliability diagram
+    from the bundle's histograms (``reliability.csv.gz``; a bundle from before it shows the task metrics alone)."""
     summary = tables.get("summary_values", pd.DataFrame())
     if summary.empty:
         if "curve" in tables:
@@ -331,7 +354,8 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
     curves = curves[curves["role"] == "final"].assign(dataset=lambda f: label(f))
     leader = tables.get("curve", pd.DataFrame())
     leader = leader.rename(columns={"data": "dataset"}) if not leader.empty else leader
-    notes = [_source_note(bundle, "; per-task reliability diagrams need the run folders (mtl-cog compare).")]
+    reliability = reliability_of_finals(bundle, label)
+    notes = [_source_note(bundle, "."), _reliability_note(bundle, reliability, frame["method"])]
     unsettled = _unsettled(tables)
     sections = [
         ("Does each COG variant beat its counterpart? Both tuning draws", "Per draw: which side the 95 % paired t "
@@ -348,8 +372,8 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
         ("Learned calibrators", CALIBRATORS_NOTE, tables.get("calibrators", pd.DataFrame())),
         ("Runs that did not settle", UNSETTLED_NOTE, unsettled),
     ]
-    return ReportTables(frame, paired=paired_table, per_task=per_task, curves=curves, leader_curve=leader,
-                        notes=notes, notes_title="About this report", sections=sections,
+    return ReportTables(frame, paired=paired_table, per_task=per_task, reliability=reliability, curves=curves,
+                        leader_curve=leader, notes=notes, notes_title="About this report", sections=sections,
                         title=f"Campaign {bundle.name}")
 
 

@@ -184,8 +184,8 @@ def write_comparison(runs_paths: list[Path], out: Path, bins: list[int], summary
     tables = report_tables(records, pooled, summary=summary, paired=paired, per_task=per_task, calibrators=calibrators,
                            convergence=converge, curves=epoch_curve_table(runs), notes=notes, bins=summary_bins,
                            shift=shift_report.method_shift_table(records))
-    figures.append(write_html_report(out / "report.html", tables))
+    report = write_html_report(out / "report.html", tables)
     print(text)
-    print(f"{len(figures) - 1} figure(s) and report.html written")
-    print(str(out))
+    print(f"{len(figures)} figure(s) and the tables written to {out}")
+    print(f"wrote {report}")  # the last line names the page to open
     return out

@@ -5,8 +5,11 @@ feed it: ``compare`` builds them from run folders (``mtl_cog.reporting.compariso
 bundle can build them from its CSV files. The page needs no network: figures are inline SVG
 (``mtl_cog.reporting.svg_charts``), style and script are inline (``mtl_cog.reporting.html_assets``).
 Sections appear only when their table has rows, in this order per data set: summary (sortable),
-paired verdicts, leader curves, convergence, learned calibrators, per task (a picker over every task:
-each method's reliability diagram side by side and the task's metrics), subgroups, shift.
+Pareto fronts (accuracy vs NLL and Brier), paired verdicts, leader curves, convergence, learned
+calibrators, worst tasks and per-task ECE (multi-task data), per task (a picker over every task, worst
+first by a chosen metric, with a filter: each method's reliability diagram side by side and the task's
+metrics), subgroups, shift. The cross-task sections and the picker live in ``html_tasks``. Every table
+sorts from a header's click or, focused, Enter or Space (``aria-sort`` says how it is sorted).
 """
 
 from __future__ import annotations
@@ -19,17 +22,27 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.colors import to_hex
 
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.evaluation.metrics import lower_is_better
 from mtl_cog.io import atomic_write_text
 from mtl_cog.reporting.html_assets import SCRIPT, STYLE, SVG_DEFS
+from mtl_cog.reporting.html_tasks import (
+    ALL_TASKS,
+    WORST_K,
+    order_metrics,
+    ordered_tasks,
+    pareto_html,
+    per_task_chart,
+    picker_html,
+    task_scores,
+    worst_tasks_html,
+)
 from mtl_cog.reporting.leader_curve import curve_charts
-from mtl_cog.reporting.plots import method_colors
-from mtl_cog.reporting.svg_charts import Chart, Series, dot_strip_svg, line_chart_svg, reliability_svg
+from mtl_cog.reporting.plots import MethodStyle, method_styles
+from mtl_cog.reporting.svg_charts import Chart, Series, dot_strip_svg, legend_key_svg, line_chart_svg, reliability_svg
 
-ALL_TASKS = "all tasks pooled"  # the reliability table's task for every task of a data set pooled
+__all__ = ["ALL_TASKS", "ReportTables", "report_html", "write_html_report"]
 
 
 @dataclass
@@ -111,15 +124,19 @@ def _cell(value, std=None, klass: str = "") -> str:
     """A numeric cell: the value to sort by in data-v, mean ± std as text."""
     if value is None or pd.isna(value):
         return f'<td{klass} data-v="">–</td>'
-    text = _number(float(value)) + ("" if std is None or pd.isna(std) else f" ± {float(std):.4f}")
-    return f'<td{klass} data-v="{float(value):.10g}">{text}</td>'
+    spread = "" if std is None or pd.isna(std) else f'<span class="sd">± {float(std):.4f}</span>'  # a second line
+    return f'<td{klass} data-v="{float(value):.10g}">{_number(float(value))}{spread}</td>'
 
 
-def _header(names: list[str], tips: dict[str, str] | None = None) -> str:
-    tips = tips or {}
-    cells = "".join(f'<th title="{escape(tips.get(n, ""))}">{escape(n)}</th>' if n in tips else
-                    f"<th>{escape(n)}</th>" for n in names)
-    return f"<thead><tr>{cells}</tr></thead>"
+def _header(names: list[str], sorted_by: str | None = None) -> str:
+    """A sortable table's header row: every header focusable (Tab, then Enter or Space sorts), long names allowed
+    to wrap after ``_`` and before ``@`` (every column fits at 1,400 px), ``aria-sort`` on the column the rows
+    are already sorted by (ascending)."""
+    def cell(name: str) -> str:
+        text = escape(name).replace("_", "_<wbr>").replace("@", "<wbr>@")
+        state = ' aria-sort="ascending"' if name == sorted_by else ""
+        return f'<th tabindex="0" scope="col"{state}>{text}</th>'
+    return f"<thead><tr>{''.join(map(cell, names))}</tr></thead>"
 
 
 def _arrow(metric: str) -> str:
@@ -129,18 +146,19 @@ def _arrow(metric: str) -> str:
 def summary_html(rows: pd.DataFrame, bins: int) -> str:
     metrics = [m for m in shown_metrics(bins) if m in rows and rows[m].notna().any()]
     ranked = "avg_rank" in rows
-    names = ["method", "seeds", *map(_arrow, metrics), *(["avg rank ↓"] if ranked else [])]
+    # the average rank next to the method: the column a reader looks for first, never the one off-screen
+    names = ["method", *(["avg rank ↓"] if ranked else []), "seeds", *map(_arrow, metrics)]
     body = []
     order = rows.sort_values("avg_rank", kind="stable") if ranked else rows
     for _, row in order.iterrows():
         top = bool(row.get("top_ranked", False))
         cells = [f'<td>{escape(str(row["method"]))}{" ★" if top else ""}</td>',
+                 *([_cell(row["avg_rank"])] if ranked else []),
                  f'<td data-v="{row.get("n_seeds", "")}">{row.get("n_seeds", "")}</td>']
         cells += [_cell(row[m], row.get(f"{m}_std")) for m in metrics]
-        if ranked:
-            cells.append(_cell(row["avg_rank"]))
         body.append(f'<tr{" class=top" if top else ""}>{"".join(cells)}</tr>')
-    return (f'<div class="scroll"><table class="sortable summary">{_header(names)}<tbody>{"".join(body)}'
+    header = _header(names, "avg rank ↓" if ranked else None)
+    return (f'<div class="scroll"><table class="sortable summary">{header}<tbody>{"".join(body)}'
             "</tbody></table></div>")
 
 
@@ -175,16 +193,28 @@ def paired_html(rows: pd.DataFrame) -> str:
     return (f'<table class="sortable paired">{_header(names)}<tbody>{"".join(body)}</tbody></table>')
 
 
-def _legend(colors: dict[str, str]) -> str:
-    return '<div class="legend">' + "".join(f'<span style="--c:{c}">{escape(m)}</span>' for m, c in
-                                            colors.items()) + "</div>"
+def _legend(styles: dict[str, MethodStyle], shown: list[str]) -> str:
+    """Each method's key (colour, marker, dash: what tells 13+ methods apart in every chart) and name."""
+    return '<div class="legend">' + "".join(
+        f"<span>{legend_key_svg(styles[m].color, styles[m].marker, styles[m].dash)}{escape(m)}</span>"
+        for m in shown) + "</div>"
 
 
-def leader_html(rows: pd.DataFrame, colors: dict[str, str]) -> str:
-    return f'<div class="charts">{"".join(line_chart_svg(c) for c in curve_charts(rows, colors))}</div>'
+def _series(label: str, style: MethodStyle | None, x: list, y: list) -> Series:
+    style = style or MethodStyle("#555555", "o", "")
+    return Series(label, style.color, x, y, marker=style.marker, dash=style.dash)
 
 
-def convergence_html(curves: pd.DataFrame, table: pd.DataFrame, colors: dict[str, str]) -> str:
+def leader_html(rows: pd.DataFrame, styles: dict[str, MethodStyle]) -> str:
+    charts = curve_charts(rows, {m: s.color for m, s in styles.items()})
+    for chart in charts:  # curve_charts colours each arm; its marker and dash come from the same style
+        for series in chart.series:
+            if series.label in styles:
+                series.marker, series.dash = styles[series.label].marker, styles[series.label].dash
+    return f'<div class="charts">{"".join(line_chart_svg(c) for c in charts)}</div>'
+
+
+def convergence_html(curves: pd.DataFrame, table: pd.DataFrame, styles: dict[str, MethodStyle]) -> str:
     parts = []
     if not curves.empty:
         charts = []
@@ -192,8 +222,7 @@ def convergence_html(curves: pd.DataFrame, table: pd.DataFrame, colors: dict[str
             chart = Chart(f"{split} {metric} per epoch (mean over seeds)", "epoch", metric)
             for method, points in group.groupby("method", sort=False):
                 mean = points.groupby("epoch")["value"].mean()
-                chart.series.append(Series(str(method), colors.get(method, "#555"), mean.index.tolist(),
-                                           mean.tolist()))
+                chart.series.append(_series(str(method), styles.get(method), mean.index.tolist(), mean.tolist()))
             charts.append(line_chart_svg(chart))
         parts.append(f'<div class="charts">{"".join(charts)}</div>')
     if not table.empty:
@@ -210,7 +239,7 @@ def convergence_html(curves: pd.DataFrame, table: pd.DataFrame, colors: dict[str
     return "".join(parts)
 
 
-def calibrators_html(rows: pd.DataFrame, colors: dict[str, str]) -> str:
+def calibrators_html(rows: pd.DataFrame, styles: dict[str, MethodStyle]) -> str:
     names = ["method", "parameter", "median", "min", "max", "left the identity"]
     body, strips = [], []
     for (method, parameter), group in rows.groupby(["method", "parameter"], sort=False):
@@ -222,7 +251,7 @@ def calibrators_html(rows: pd.DataFrame, colors: dict[str, str]) -> str:
                     f"<td class=l>{escape(str(parameter))}</td>{_cell(values.median())}{_cell(values.min())}"
                     f"{_cell(values.max())}<td class=l>{flag}</td></tr>")
         per_task = group.groupby("task", sort=False)["last_epoch_value"].mean()
-        strips.append((f"{method}: {parameter}", colors.get(method, "#555"),
+        strips.append((f"{method}: {parameter}", styles[method].color if method in styles else "#555",
                        [(str(t), float(v)) for t, v in per_task.items()]))
     strip = dot_strip_svg(strips, "last-epoch value per task (mean over seeds); dashed: the identity",
                           "calibrator value", reference=1.0 if all("temperature" in s[0] or "scale" in s[0]
@@ -254,16 +283,17 @@ def _diagram(method: str, rows: pd.DataFrame, label: str) -> str:
 
 def tasks_html(dataset: str, reliability: pd.DataFrame, per_task: pd.DataFrame, methods: list[str],
                summary: pd.DataFrame, bins: int) -> str:
-    """The task picker and one hidden panel per task: each method's reliability diagram and the task's metrics."""
-    tasks = list(dict.fromkeys([*reliability.get("task", []), *per_task.get("task", [])]))
-    tasks = ([ALL_TASKS] if ALL_TASKS in tasks else []) + [t for t in tasks if t != ALL_TASKS]
+    """The task picker (worst first by a chosen metric, a filter box) and one hidden panel per task: each method's
+    reliability diagram and the task's metrics."""
+    orders = order_metrics(per_task, bins)
+    scores = task_scores(per_task, orders)
+    tasks = ordered_tasks(reliability, per_task, scores, orders)
     if not tasks:
         return ""
     by_task = {task: group for task, group in reliability.groupby("task", sort=False)} if not reliability.empty \
         else {}
     metrics_by_task = {task: group for task, group in per_task.groupby("task", sort=False)} if not per_task.empty \
         else {}
-    options = "".join(f'<option value="{escape(t)}">{escape(t)}</option>' for t in tasks)
     panels = []
     for task in tasks:
         diagrams = []
@@ -280,14 +310,10 @@ def tasks_html(dataset: str, reliability: pd.DataFrame, per_task: pd.DataFrame, 
                       f'{"" if task == tasks[0] else " hidden"}><div class="diagrams">{"".join(diagrams)}</div>'
                       f"{table}</div>")
     return (f'<div class="task-view" data-dataset="{escape(dataset)}" data-shown="{escape(tasks[0])}">'
-            f'<div class="picker"><label>task <select aria-label="task">{options}</select></label>'
-            '<button type="button" data-step="-1">◀ previous</button>'
-            f'<button type="button" data-step="1">next ▶</button><span>{len(tasks)} entries; '
-            "link to one with #task=NAME</span></div>"
-            f'{"".join(panels)}</div>')
+            f'{picker_html(tasks, scores, orders)}{"".join(panels)}</div>')
 
 
-def shift_html(rows: pd.DataFrame, colors: dict[str, str], bins: int) -> str:
+def shift_html(rows: pd.DataFrame, styles: dict[str, MethodStyle], bins: int) -> str:
     metrics = [m for m in ("accuracy", "nll", "brier", f"ece@{bins}", "smece", "aurc") if m in rows]
     means = rows.drop(columns=[c for c in ("dataset", "seed") if c in rows]).groupby(
         ["method", "severity"], sort=False)[metrics].mean().reset_index()
@@ -296,8 +322,8 @@ def shift_html(rows: pd.DataFrame, colors: dict[str, str], bins: int) -> str:
         chart = Chart(f"{metric} under corruption", "severity (0 = clean)", metric)
         for method, points in means.groupby("method", sort=False):
             points = points.sort_values("severity")
-            chart.series.append(Series(str(method), colors.get(method, "#555"), points["severity"].tolist(),
-                                       points[metric].tolist()))
+            chart.series.append(_series(str(method), styles.get(method), points["severity"].tolist(),
+                                        points[metric].tolist()))
         charts.append(line_chart_svg(chart, width=320, height=220))
     return f'<div class="charts">{"".join(charts)}</div>'
 
@@ -325,14 +351,19 @@ def subgroups_html(rows: pd.DataFrame, methods: list[str], bins: int) -> str:
 def dataset_html(dataset: str, tables: ReportTables) -> str:
     summary = _rows(tables.summary, dataset)
     methods = list(dict.fromkeys(summary["method"]))
-    colors = {m: to_hex(c) for m, c in method_colors(methods + [
-        a for a in _rows(tables.leader_curve, dataset).get("arm", []) if a not in methods]).items()}
+    styles = method_styles(methods + [a for a in _rows(tables.leader_curve, dataset).get("arm", []) if a not in methods])
     anchor = _slug(dataset)
     parts = [f'<section class="dataset" id="ds-{anchor}"><h2>{escape(dataset)}</h2>', "<h3>Summary</h3>",
              '<p class="note">Test-set metrics, mean ± std over distinct seeds (no ± with one seed); task mean for '
              "multi-task data." + (" Average rank over accuracy, NLL and Brier (1 = best); ★ = top-ranked."
                                    if "avg_rank" in summary else "")
-             + " Click a header to sort.</p>", summary_html(summary, tables.bins), _legend(colors)]
+             + " Click a header (or focus it and press Enter) to sort.</p>", summary_html(summary, tables.bins),
+             _legend(styles, methods)]
+    pareto = pareto_html(summary, styles)
+    if pareto:
+        parts += ["<h3>Pareto fronts</h3>", '<p class="note">Accuracy against NLL and against Brier, one marker per '
+                  "method (test, task mean, mean over seeds). Ringed, named and joined: the methods no other method "
+                  "beats on both axes at once (the Pareto front).</p>", pareto]
     paired = _rows(tables.paired, dataset)
     if not paired.empty:
         parts += ["<h3>COG variants against their counterparts (paired)</h3>",
@@ -342,18 +373,26 @@ def dataset_html(dataset: str, tables: ReportTables) -> str:
     leader = _rows(tables.leader_curve, dataset)
     if not leader.empty:
         parts += ["<h3>Leader curves</h3>", '<p class="note">Each metric against the leader/follower ratio (mean '
-                  "over seeds, 95% interval shaded); dashed bands: reference methods.</p>", leader_html(leader, colors)]
+                  "over seeds, 95% interval shaded); dashed bands: reference methods.</p>", leader_html(leader, styles)]
     curves, converge = _rows(tables.curves, dataset), _rows(tables.convergence, dataset)
     if not curves.empty or not converge.empty:
         parts += ["<h3>Convergence</h3>", '<p class="note">Settled: the best validation NLL improved by at most 1% '
                   "in the last 20% of epochs and the calibrator made at most 10% of its move there.</p>",
-                  convergence_html(curves, converge, colors)]
+                  convergence_html(curves, converge, styles)]
     calibrators = _rows(tables.calibrators, dataset)
     if not calibrators.empty:
-        parts += ["<h3>Learned calibrators</h3>", calibrators_html(calibrators, colors)]
+        parts += ["<h3>Learned calibrators</h3>", calibrators_html(calibrators, styles)]
     task_view = tasks_html(dataset, _rows(tables.reliability, dataset), _rows(tables.per_task, dataset), methods,
                            summary, tables.bins)
     per_task = _rows(tables.per_task, dataset)
+    ece = f"ece@{tables.bins}" if f"ece@{tables.bins}" in per_task else "smece"
+    if per_task.get("task", pd.Series()).nunique() > 1 and ece in per_task and per_task[ece].notna().any():
+        parts += ["<h3>Worst tasks</h3>", f'<p class="note">Each method\'s {WORST_K} worst-calibrated tasks by {ece} '
+                  "(test, mean over seeds), the worst first; a task opens in the per-task view below.</p>",
+                  worst_tasks_html(per_task, methods, ece), "<h3>Per-task ECE</h3>",
+                  f'<p class="note">Every task\'s {ece} for every method: a row per task, the worst (mean over methods) '
+                  "on top; hover a marker for its value.</p>",
+                  f'<div class="scroll">{per_task_chart(per_task, methods, ece, styles)}</div>']
     spread = "mean ± std" if any(str(c).endswith("_std") for c in per_task.columns) else "the mean"
     if task_view and tables.reliability.empty:  # a results bundle: the task metrics, no reliability diagrams
         parts += [f'<h3 id="tasks-{anchor}">Per task</h3>',
@@ -377,7 +416,7 @@ def dataset_html(dataset: str, tables: ReportTables) -> str:
         suite = str(label)[len(dataset):].strip()
         parts += [f"<h3>Under corruption shift{(' ' + escape(suite)) if suite else ''}</h3>",
                   '<p class="note">Task means averaged over corruptions and seeds, against severity.</p>',
-                  shift_html(rows, colors, tables.bins)]
+                  shift_html(rows, styles, tables.bins)]
     return "".join(parts) + "</section>"
 
 

@@ -78,9 +78,32 @@ def reliability_svg(count, mean_confidence, frequency, title: str, subtitle: str
     return "".join(parts) + "</svg>"
 
 
+def marker_svg(shape: str, cx: float, cy: float, r: float, color: str, extra: str = "") -> str:
+    """One point drawn as ``shape`` (``plots.common.MARKERS``: o s ^ D v P), so methods that share a colour
+    stay apart; ``extra``: more attributes (a stroke, an opacity)."""
+    fill = f'fill="{color}"{extra}'
+    if shape == "s":
+        return f'<rect x="{_n(cx - r)}" y="{_n(cy - r)}" width="{_n(2 * r)}" height="{_n(2 * r)}" {fill}/>'
+    points = {"^": [(0, -1.25), (1.1, 0.85), (-1.1, 0.85)], "v": [(0, 1.25), (1.1, -0.85), (-1.1, -0.85)],
+              "D": [(0, -1.3), (1.3, 0), (0, 1.3), (-1.3, 0)],
+              "P": [(-.4, -1.2), (.4, -1.2), (.4, -.4), (1.2, -.4), (1.2, .4), (.4, .4), (.4, 1.2), (-.4, 1.2),
+                    (-.4, .4), (-1.2, .4), (-1.2, -.4), (-.4, -.4)]}.get(shape)
+    if points is None:
+        return f'<circle cx="{_n(cx)}" cy="{_n(cy)}" r="{_n(r)}" {fill}/>'
+    return f'<polygon points="{" ".join(f"{_n(cx + a * r)},{_n(cy + b * r)}" for a, b in points)}" {fill}/>'
+
+
+def legend_key_svg(color: str, marker: str = "o", dash: str = "") -> str:
+    """A legend's key: a short line in the method's dash with its marker on it (report.html's legends)."""
+    dashed = f' stroke-dasharray="{dash}"' if dash else ""
+    return (f'<svg width="26" height="12" viewBox="0 0 26 12" aria-hidden="true"><line x1="1" x2="25" y1="6" y2="6" '
+            f'stroke="{color}" stroke-width="2"{dashed}/>{marker_svg(marker, 13, 6, 3.6, color)}</svg>')
+
+
 @dataclass
 class Series:
-    """One line of a line chart; ``low``/``high`` (same length as ``y``) draw a band around it."""
+    """One line of a line chart; ``low``/``high`` (same length as ``y``) draw a band around it; ``marker`` and
+    ``dash`` (``plots.common.method_styles``) tell apart methods that share a colour."""
 
     label: str
     color: str
@@ -88,6 +111,8 @@ class Series:
     y: list[float]
     low: list[float] | None = None
     high: list[float] | None = None
+    marker: str = "o"
+    dash: str = ""
 
 
 @dataclass
@@ -219,10 +244,12 @@ def line_chart_svg(chart: Chart, width: int = 360, height: int = 240, standalone
                 parts.append(f'<polygon points="{" ".join(outline)}" fill="{series.color}" opacity="0.15"/>')
         if len(points) > 1:
             line = " ".join(f"{_n(u)},{_n(v)}" for u, v, _, _ in points)
-            parts.append(f'<polyline points="{line}" fill="none" stroke="{series.color}" stroke-width="1.6"/>')
+            dash = f' stroke-dasharray="{series.dash}"' if series.dash else ""
+            parts.append(f'<polyline points="{line}" fill="none" stroke="{series.color}" stroke-width="1.6"{dash}/>')
         for u, v, a, b in points:
-            parts.append(f'<circle cx="{_n(u)}" cy="{_n(v)}" r="2.5" fill="{series.color}">'
-                         f'<title>{escape(series.label)}: {_fmt(b)} at {_fmt(a)}</title></circle>')
+            tip = f"<title>{escape(series.label)}: {_fmt(b)} at {_fmt(a)}</title>"
+            parts.append(f'<circle cx="{_n(u)}" cy="{_n(v)}" r="2.5" fill="{series.color}">{tip}</circle>'
+                         if series.marker == "o" else f"<g>{tip}{marker_svg(series.marker, u, v, 2.8, series.color)}</g>")
     return "".join(parts) + "</svg>"
 
 
@@ -258,6 +285,102 @@ def dot_strip_svg(rows: list[tuple[str, str, list[tuple[str, float]]]], title: s
             if np.isfinite(value):
                 parts.append(f'<circle cx="{_n(px(value))}" cy="{_n(cy)}" r="3" fill="{color}" opacity="0.7">'
                              f'<title>{escape(name)}: {_fmt(value)}</title></circle>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 4}" class="k" text-anchor="middle">'
+                 f'{escape(x_label)}</text>')
+    return "".join(parts) + "</svg>"
+
+
+@dataclass
+class Point:
+    """One method in a scatter: its style (``plots.common.MethodStyle``), position and whether it is on the front."""
+
+    label: str
+    style: object
+    x: float
+    y: float
+    front: bool = False
+
+
+def _axis(values: list[float]) -> tuple[float, float]:
+    low, high = min(values), max(values)
+    pad = (high - low) * 0.08 or abs(high) * 0.05 or 1.0
+    return low - pad, high + pad
+
+
+def scatter_svg(points: list[Point], title: str, x_label: str, y_label: str, width: int = 400,
+                height: int = 280) -> str:
+    """Methods as points (x higher is better, y lower is better: accuracy against a loss); the non-dominated
+    ones (``front``) ringed in black, named, and joined by a thick line: the Pareto front."""
+    points = [p for p in points if np.isfinite(p.x) and np.isfinite(p.y)]
+    if not points:
+        return ""
+    left, right, top, bottom = 58, 12, 24, 38
+    plot_w, plot_h = width - left - right, height - top - bottom
+    (x_low, x_high), (y_low, y_high) = _axis([p.x for p in points]), _axis([p.y for p in points])
+    px = lambda v: left + (v - x_low) / (x_high - x_low) * plot_w  # noqa: E731
+    py = lambda v: top + (1 - (v - y_low) / (y_high - y_low)) * plot_h  # noqa: E731
+    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+             f'<text x="{left}" y="14" class="t">{escape(title)}</text>',
+             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
+    for tick in nice_ticks(y_low, y_high):
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{_n(py(tick))}" y2="{_n(py(tick))}" class="grid"/>'
+                     f'<text x="{left - 4}" y="{_n(py(tick) + 3)}" class="k" text-anchor="end">{tick:.4g}</text>')
+    for tick in nice_ticks(x_low, x_high, 6):
+        parts.append(f'<text x="{_n(px(tick))}" y="{top + plot_h + 13}" class="k" text-anchor="middle">{tick:.4g}</text>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" class="k" text-anchor="middle">{escape(x_label)}</text>'
+                 f'<text x="12" y="{top + plot_h / 2}" class="k" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {top + plot_h / 2})">{escape(y_label)}</text>')
+    front = sorted((p for p in points if p.front), key=lambda p: p.x)
+    if len(front) > 1:
+        line = " ".join(f"{_n(px(p.x))},{_n(py(p.y))}" for p in front)
+        parts.append(f'<polyline points="{line}" class="front"/>')
+    for p in sorted(points, key=lambda p: p.front):  # the front drawn last, on top
+        ring = ' stroke="#000" stroke-width="1.4"' if p.front else ""
+        parts.append(f"<g><title>{escape(p.label)}: {x_label.split()[0]} {_fmt(p.x)}, {y_label.split()[0]} "
+                     f"{_fmt(p.y)}{' (on the front)' if p.front else ''}</title>"
+                     f"{marker_svg(p.style.marker, px(p.x), py(p.y), 5 if p.front else 4, p.style.color, ring)}</g>")
+        if p.front:  # named beside the marker, on the side with room (right of it in the plot's left 60 %)
+            right_side = px(p.x) < left + 0.6 * plot_w
+            anchor = "" if right_side else ' text-anchor="end"'
+            parts.append(f'<text x="{_n(px(p.x) + (7 if right_side else -7))}" y="{_n(py(p.y) - 5)}" class="k"'
+                         f"{anchor}>{escape(p.label)}</text>")
+    return "".join(parts) + "</svg>"
+
+
+OPAQUE = ' opacity="0.85"'  # overlapping markers of one task stay visible under each other
+
+
+def task_dots_svg(rows: list[tuple[str, list[tuple[str, object, float]]]], title: str, x_label: str,
+                  link: str = "", width: int = 760) -> str:
+    """One row per task (``rows`` = (task, [(method, style, value), ...]), in the order given), each method's
+    value as its marker; a task's name links to ``#<link>task=NAME`` (the task picker) when ``link`` is set."""
+    values = [v for _, dots in rows for _, _, v in dots if np.isfinite(v)]
+    if not values:
+        return ""
+    left, right, top, row_h = 150, 14, 24, 16
+    height = top + row_h * len(rows) + 32
+    pad = (max(values) - min(values)) * 0.05 or abs(max(values)) * 0.05 or 0.05
+    low, high = min(values) - pad, max(values) + pad  # the values' range: differences between methods show
+    plot_w = width - left - right
+    px = lambda v: left + (v - low) / (high - low) * plot_w  # noqa: E731
+    bottom = top + row_h * len(rows)
+    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+             f'<text x="4" y="14" class="t">{escape(title)}</text>']
+    for tick in nice_ticks(low, high):
+        parts.append(f'<line x1="{_n(px(tick))}" x2="{_n(px(tick))}" y1="{top}" y2="{bottom}" class="grid"/>'
+                     f'<text x="{_n(px(tick))}" y="{bottom + 12}" class="k" text-anchor="middle">{tick:.4g}</text>')
+    for i, (task, dots) in enumerate(rows):
+        cy = top + row_h * i + row_h / 2
+        if i % 2:
+            parts.append(f'<rect x="{left}" y="{_n(cy - row_h / 2)}" width="{plot_w}" height="{row_h}" class="band"/>')
+        name = f'<text x="{left - 6}" y="{_n(cy + 3)}" class="k" text-anchor="end">{escape(task)}</text>'
+        parts.append(f'<a href="#task={escape(task)}">{name}</a>' if link else name)
+        for method, style, value in dots:
+            if np.isfinite(value):
+                parts.append(f"<g><title>{escape(task)}, {escape(method)}: {_fmt(value)}</title>"
+                             + marker_svg(style.marker, px(value), cy, 3.6, style.color, OPAQUE) + "</g>")
     parts.append(f'<text x="{left + plot_w / 2}" y="{height - 4}" class="k" text-anchor="middle">'
                  f'{escape(x_label)}</text>')
     return "".join(parts) + "</svg>"

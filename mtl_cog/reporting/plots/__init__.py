@@ -5,7 +5,7 @@
 - ``comparison``: figures across runs from the comparison tables (Pareto fronts, per-task and
   worst-task ECE, errors against the number of bins, label-based vs true error, LiST's front);
 - ``training``: what happened during training (calibration drift, the learned calibrator);
-- ``common``: the PNG writer and one colour per method.
+- ``common``: the PNG writer and one style per method (colour-blind-safe colour, marker, dash).
 
 Binary tasks plot the positive-class probability against the label frequency, multi-class tasks
 the top-label confidence against accuracy (the conventions of mtl_cog/evaluation/metrics.py).
@@ -16,7 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # before any submodule imports pyplot: files only, never a window
 
-from mtl_cog.reporting.plots.common import DPI, method_colors, save_figure  # noqa: E402
+from mtl_cog.reporting.plots.common import DPI, MethodStyle, method_colors, method_styles, save_figure  # noqa: E402
 from mtl_cog.reporting.plots.comparison import (  # noqa: E402
     OUTLIER_FENCE,
     bins_figure,
@@ -41,8 +41,8 @@ from mtl_cog.reporting.plots.reliability import (  # noqa: E402
 from mtl_cog.reporting.plots.training import calibrator_figure, drift_figure  # noqa: E402
 
 __all__ = [
-    "DPI", "OUTLIER_FENCE", "bin_count_strip", "bins_figure", "calibration_inputs", "calibrator_figure",
-    "count_calibration_figure", "drift_figure", "lipschitz_front_figure", "method_colors", "outlier_limit",
+    "DPI", "MethodStyle", "OUTLIER_FENCE", "bin_count_strip", "bins_figure", "calibration_inputs", "calibrator_figure",
+    "count_calibration_figure", "drift_figure", "lipschitz_front_figure", "method_colors", "method_styles", "outlier_limit",
     "pareto_figure", "pareto_front", "per_task_ece_figure", "reliability_comparison_figure", "reliability_figure",
     "reliability_panel", "save_figure", "smooth_reliability_figure", "smooth_reliability_panel", "truth_figure",
     "worst_tasks_figure",

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from mtl_cog.reporting.plots.common import method_colors
+from mtl_cog.reporting.plots.common import method_styles
 
 
 def pareto_front(accuracy: np.ndarray, loss: np.ndarray) -> np.ndarray:
@@ -81,7 +81,7 @@ def pareto_figure(summary: pd.DataFrame, dataset: str) -> Figure:
     with their value in a note under the panel (``outlier_limit``).
     """
     rows = summary[summary["dataset"] == dataset].reset_index(drop=True)
-    colors = method_colors(list(rows["method"]))
+    styles = method_styles(list(rows["method"]))
     figure, axes = plt.subplots(1, 2, figsize=(12, 5.6))
     for ax, metric, label in ((axes[0], "nll", "NLL (nats) ↓"), (axes[1], "brier", "Brier score ↓")):
         front = pareto_front(rows["accuracy"], rows[metric])
@@ -97,15 +97,16 @@ def pareto_figure(summary: pd.DataFrame, dataset: str) -> Figure:
             outside = x_shown[i] != row["accuracy"] or y_shown[i] != row[metric]
             xerr, yerr = (0, 0) if outside else (np.nan_to_num(row.get("accuracy_std", 0)),
                                                  np.nan_to_num(row.get(f"{metric}_std", 0)))
+            style = styles[str(row["method"])]
             ax.errorbar(x_shown[i], y_shown[i], xerr=xerr, yerr=yerr,
-                        fmt="^" if outside else "o", ms=9 if front[i] else 6, color=colors[row["method"]], ecolor="0.6",
-                        elinewidth=1, capsize=2, mec="black" if front[i] else colors[row["method"]],
+                        fmt=">" if outside else style.marker, ms=9 if front[i] else 6, color=style.color, ecolor="0.6",
+                        elinewidth=1, capsize=2, mec="black" if front[i] else style.color,
                         mew=1.5 if front[i] else 0.5, zorder=3, label=row["method"], clip_on=not outside)
             if outside:
                 clipped.append(f"{row['method']} (accuracy {row['accuracy']:.3f}, {metric.upper()} {row[metric]:.3f})")
         _label_points(ax, x_shown, y_shown, list(rows["method"]), front)
         if clipped:
-            ax.text(0.0, -0.16, "axes clipped; ▲ on the edge: " + "; ".join(clipped), transform=ax.transAxes,
+            ax.text(0.0, -0.16, "axes clipped; ▶ on the edge: " + "; ".join(clipped), transform=ax.transAxes,
                     fontsize=8, va="top", wrap=True)
         ax.set_xlabel("accuracy ↑")
         ax.set_ylabel(label)
@@ -128,14 +129,14 @@ def per_task_ece_figure(per_task: pd.DataFrame, dataset: str, metric: str = "ece
     rows = per_task[per_task["dataset"] == dataset]
     methods = list(dict.fromkeys(rows["method"]))
     tasks = list(dict.fromkeys(rows["task"]))
-    colors = method_colors(methods)
+    styles = method_styles(methods)
     figure, axes = plt.subplots(len(methods), 1, figsize=(max(8.0, 0.28 * len(tasks) + 2), 1.7 * len(methods) + 1.4),
                                 sharex=True, sharey=True, squeeze=False)
     x = np.arange(len(tasks))
     for ax, method in zip(axes[:, 0], methods):
         values = rows[rows["method"] == method].set_index("task").reindex(tasks)
         std = values[f"{metric}_std"] if f"{metric}_std" in values else None
-        ax.bar(x, values[metric], yerr=std, color=colors[method], ecolor="0.35", capsize=1.5, width=0.75)
+        ax.bar(x, values[metric], yerr=std, color=styles[method].color, ecolor="0.35", capsize=1.5, width=0.75)
         mean = values[metric].mean()
         ax.axhline(mean, color="black", ls="--", lw=0.8)
         ax.text(1.005, 0.5, f"{method}\nmean {mean:.3f}", transform=ax.transAxes, fontsize=9, va="center")
@@ -154,15 +155,15 @@ def bins_figure(errors: pd.DataFrame, dataset: str) -> Figure:
     rows = errors[errors["dataset"] == dataset]
     norms = [n for n in ("ece", "rmsce", "mce", "nf_ece", "nf_rmsce", "nf_mce") if n in set(rows["norm"])]
     methods = list(dict.fromkeys(rows.sort_values("method")["method"]))
-    colors = method_colors(methods)
+    styles = method_styles(methods)
     cols = 3
     nrows = int(np.ceil(len(norms) / cols))
     figure, axes = plt.subplots(nrows, cols, figsize=(13, 3.8 * nrows), squeeze=False)
     for ax, norm in zip(axes.reshape(-1), norms):
         for method in methods:
             line = rows[(rows["norm"] == norm) & (rows["method"] == method)].sort_values("bins")
-            ax.errorbar(line["bins"], line["mean"], yerr=line["std"], marker="o", ms=4, capsize=2,
-                        color=colors[method], label=method)
+            ax.errorbar(line["bins"], line["mean"], yerr=line["std"], marker=styles[method].marker, ms=4, capsize=2,
+                        color=styles[method].color, ls=styles[method].linestyle, label=method)
         ax.set_xscale("log")
         ticks = sorted(set(rows["bins"]))
         ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -207,7 +208,7 @@ def worst_tasks_figure(per_task: pd.DataFrame, dataset: str, metric: str = "ece@
     """One panel per method: its ``k`` worst-calibrated tasks by ``metric``, sorted, worst on top."""
     rows = per_task[per_task["dataset"] == dataset]
     methods = list(dict.fromkeys(rows["method"]))
-    colors = method_colors(methods)
+    styles = method_styles(methods)
     cols = min(3, len(methods))
     nrows = int(np.ceil(len(methods) / cols))
     figure, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 0.28 * k * nrows + 1.2 * nrows + 0.6),
@@ -216,7 +217,7 @@ def worst_tasks_figure(per_task: pd.DataFrame, dataset: str, metric: str = "ece@
         mine = rows[rows["method"] == method].sort_values(metric, ascending=False).head(k)
         y = np.arange(len(mine))[::-1]
         std = mine[f"{metric}_std"] if f"{metric}_std" in mine else None
-        ax.barh(y, mine[metric], xerr=None if std is None else std.fillna(0), color=colors[method],
+        ax.barh(y, mine[metric], xerr=None if std is None else std.fillna(0), color=styles[method].color,
                 ecolor="0.35", capsize=1.5, height=0.7)
         ax.set_yticks(y, mine["task"], fontsize=8)
         ax.tick_params(labelbottom=True)  # a shared axis, but every panel is read on its own

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from mtl_cog.constants import IDENTITY_VALUES, SUMMARY_BINS
-from mtl_cog.reporting.plots.common import method_colors
+from mtl_cog.reporting.plots.common import method_styles
 
 
 def drift_figure(lines: list[dict], title: str, ece_key: str = f"val_ece@{SUMMARY_BINS}") -> Figure:
@@ -73,7 +73,7 @@ def calibrator_figure(trajectories: pd.DataFrame, dataset: str,
     """
     parameters = list(dict.fromkeys(trajectories["parameter"]))
     methods = sorted(set(trajectories["method"]))
-    colors = method_colors(methods)
+    styles = method_styles(methods)
     flags = identity_flags or {}
     figure, axes = plt.subplots(len(parameters), 2, figsize=(13, 3.9 * len(parameters)), squeeze=False)
     for row, parameter in enumerate(parameters):
@@ -89,11 +89,13 @@ def calibrator_figure(trajectories: pd.DataFrame, dataset: str,
             x = np.arange(len(per_task))
             across.errorbar(x, per_task["mean"], yerr=[per_task["mean"] - per_task["min"],
                                                        per_task["max"] - per_task["mean"]],
-                            fmt="o-", ms=3, lw=1, capsize=1.5, color=colors[method], label=label)
+                            fmt=styles[method].marker, ls=styles[method].linestyle, ms=3, lw=1, capsize=1.5,
+                            color=styles[method].color, label=label)
             by_epoch = mine.groupby("epoch")["value"]
             epochs = np.array(sorted(mine["epoch"].unique()))
-            over.plot(epochs, by_epoch.median().loc[epochs], color=colors[method], lw=1.5, label=label)
-            over.fill_between(epochs, by_epoch.min().loc[epochs], by_epoch.max().loc[epochs], color=colors[method],
+            over.plot(epochs, by_epoch.median().loc[epochs], color=styles[method].color, ls=styles[method].linestyle,
+                      marker=styles[method].marker, ms=3, lw=1.5, label=label)
+            over.fill_between(epochs, by_epoch.min().loc[epochs], by_epoch.max().loc[epochs], color=styles[method].color,
                               alpha=0.15, lw=0)
         for ax in (across, over):
             if parameter in IDENTITY_VALUES:
