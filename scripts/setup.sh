@@ -12,3 +12,4 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch>=2.4" "torchvision>=0.19"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
 bash scripts/get_fashion_mnist.sh  # never fails; prints one line when it cannot install
+echo "setup done: .venv/bin/mtl-cog --help lists the commands (or source .venv/bin/activate, then mtl-cog)"
