@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from mtl_cog.cli.config_args import add_config_arguments, given, resolve_files
+from mtl_cog.cli.config_args import add_config_arguments, add_out_argument, given, overrides, resolve_files
 from mtl_cog.config import load_config
 from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.constants import SUMMARY_BINS
@@ -110,6 +110,7 @@ def ece_curvature_correlation(lines: list[dict], ece_key: str) -> dict[str, floa
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser, default=False)
+    add_out_argument(parser)
     parser.add_argument("--every", type=whole_number(1, None, "epochs >= 1"), default=5,
                         help="report every N epochs (and the last)")
     parser.add_argument("--curvature", choices=CURVATURE, default="top_eigenvalue",
@@ -146,7 +147,7 @@ class FixedBatch:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    cfg = load_config(resolve_files(args, default=False), [*args.overrides, "tracking=none"])
+    cfg = load_config(resolve_files(args, default=False), [*overrides(args), "tracking=none"])
     batch = None if args.curvature == "none" else FixedBatch(cfg.data, args.curvature_batch)
     lines: list[dict] = []
 

@@ -2,9 +2,12 @@
 
     mtl-cog train --data celeba --method cog_fc [--config extra.yaml ...] [key=value ...]
     mtl-cog train --config configs/celeba/cog_fc.yaml [key=value ...]        # the same run
+    mtl-cog train --data celeba --method cog_fc --out runs/celeba             # the run folder goes in runs/celeba
 
 ``--data <d> --method <m>`` stands for ``configs/<d>/<m>.yaml`` (``mtl_cog.config.compose``); each
-``--config`` file is merged on top in the order given, then the ``key=value`` overrides.
+``--config`` file is merged on top in the order given, then the ``key=value`` overrides. ``--out DIR``
+is the folder the run creates its own folder in (config key ``output_dir``), the flag every command that
+writes takes; ``output_dir=DIR`` still works as an override.
 """
 
 from __future__ import annotations
@@ -30,6 +33,21 @@ def add_config_arguments(parser: argparse.ArgumentParser, default: bool = True) 
                         + fallback)
     parser.add_argument("--config", type=Path, action="append", default=None, metavar="YAML",
                         help="YAML experiment config; with --data/--method, or repeated, merged on top in order")
+
+
+def add_out_argument(parser: argparse.ArgumentParser) -> None:
+    """``--out DIR``: where the run creates its folder (``output_dir``)."""
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="the folder the run creates its own folder in (config key output_dir; default runs)")
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The ``key=value`` overrides, with ``--out DIR`` as ``output_dir=DIR`` first; both at once are refused."""
+    if args.out is None:
+        return list(args.overrides)
+    if any(item.startswith("output_dir=") for item in args.overrides):
+        raise UserError("--out and output_dir= both name the folder for the run: give one of them.")
+    return [f"output_dir={args.out}", *args.overrides]
 
 
 def given(args: argparse.Namespace) -> bool:

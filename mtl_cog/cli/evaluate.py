@@ -3,6 +3,7 @@
     python scripts/evaluate.py --predictions FILE.npz [--bins 5 10 15 20 50] --out metrics.json
     accelerate launch scripts/evaluate.py --run RUN_DIR [--split test] --out metrics.json [--unfinished]
     python scripts/evaluate.py --run RUN_DIR --posthoc ts vs ms svs sms isotonic histogram
+    mtl-cog evaluate --run RUN_DIR --posthoc ts vs isotonic    # temperature, vector scaling, isotonic regression
 
 With ``--posthoc``, each named calibrator is fitted (one per task) on the run's
 predictions_val.npz and applied to its predictions_test.npz, without re-running the network
@@ -37,6 +38,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+import numpy as np
+
 from mtl_cog.config.arguments import Parser, whole_number
 from mtl_cog.config.schema import check_bins, check_corruptions, check_severities
 from mtl_cog.constants import DEFAULT_BINS, SHIFT_SUITES
@@ -44,12 +47,13 @@ from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.evaluation.assess import AssessSettings, assess, assess_split
+from mtl_cog.evaluation.binning import CLAMP
 from mtl_cog.evaluation.groups import check_groups
 from mtl_cog.evaluation.inference import predict_split
 from mtl_cog.evaluation.metrics import format_table
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
-from mtl_cog.evaluation.posthoc import POSTHOC_METHODS
-from mtl_cog.evaluation.predictions import load_predictions
+from mtl_cog.evaluation.posthoc import POSTHOC, POSTHOC_METHODS
+from mtl_cog.evaluation.predictions import Predictions, labelled_rows, load_predictions
 from mtl_cog.evaluation.shift import evaluate_shift, summary
 from mtl_cog.io import atomic_write_json, check_writable
 from mtl_cog.reporting.posthoc_run import fit_posthoc_run, posthoc_method_names
@@ -77,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="where to write the metrics JSON (required without --posthoc)")
     parser.add_argument("--posthoc", nargs="+", choices=posthoc_method_names(), metavar="METHOD",
                         help="with --run: fit post-hoc calibrators on the validation predictions, score them on the "
-                        f"test predictions ({', '.join(posthoc_method_names())})")
+                        f"test predictions ({', '.join(map(posthoc_title, posthoc_method_names()))})")
     parser.add_argument("--shift", nargs="*", metavar="CORRUPTION", default=None,
                         help="with --run: score the test split under these corruptions (none named: all 15)")
     parser.add_argument("--severities", default=None,
@@ -87,6 +91,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--groups", nargs="+", metavar="TASK",
                         help="per-group metrics and multicalibration, groups defined by these tasks' labels")
     return parser.parse_args(argv)
+
+
+def posthoc_title(name: str) -> str:
+    """``vs (vector scaling)``: a post-hoc method's short name with what it stands for."""
+    title = POSTHOC.get(name).title
+    return f"{name} ({title})" if title else name
+
+
+def certain_mistakes_note(method: str, predictions: Predictions) -> str | None:
+    """What a calibrator's NLL means when it gives some test labels probability ~0 (None when it gives none).
+
+    Binning calibrators (isotonic, histogram) map a whole score range to the one frequency they saw
+    there on the validation set, 0 or 1 at the ends (probmetrics writes them as logits of +-69, a
+    probability of 1e-30); every test label in such a range that goes the other way costs 69 nats. A
+    handful of them dominate the mean NLL, which then counts certain mistakes, not miscalibration.
+    """
+    certain, total, cost = 0, 0, 0.0
+    for logits, labels in zip(predictions.logits, predictions.labels):
+        z, y = labelled_rows(np.asarray(logits, dtype=np.float64), np.asarray(labels))
+        if z.ndim == 1:  # binary: the logit of the positive class
+            log_p = -np.logaddexp(0.0, np.where(y == 1, -z, z))
+        else:
+            log_p = z[np.arange(len(y)), y.astype(np.int64)] - np.logaddexp.reduce(z, axis=1)
+        wrong = log_p <= np.log(CLAMP)
+        certain, total, cost = certain + int(wrong.sum()), total + len(y), cost - float(log_p[wrong].sum())
+    if certain == 0:
+        return None
+    return (f"note: {method} gave {certain:,} of {total:,} test labels ({certain / total:.1%}) probability ~0; "
+            f"they add about {cost / total:.2f} to its NLL: that NLL counts those certain mistakes, not its "
+            "calibration; compare it on ECE and Brier.")
 
 
 def parse_severities(text: str) -> list[int]:
@@ -122,7 +156,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.posthoc:
         if args.run is None:
             raise UserError("--posthoc needs --run RUN_DIR (it reads the run's validation and test predictions).")
-        return fit_posthoc_run(args.run, args.posthoc, args.bins, args.out, args.pairs)
+        print(f"post-hoc calibrators: {', '.join(map(posthoc_title, args.posthoc))}")
+        results = fit_posthoc_run(args.run, args.posthoc, args.bins, args.out, args.pairs)
+        for name in args.posthoc:
+            note = certain_mistakes_note(name, load_predictions(args.run / rundir.posthoc_predictions_file("test",
+                                                                                                          name)))
+            if note:
+                print(note)
+        return results
     if args.out is None:
         raise UserError("--out is required (where to write the metrics JSON).")
     if args.predictions is not None:

@@ -2,6 +2,7 @@
 
     accelerate launch scripts/train_mtl.py [--data <dataset> --method <method>] [--config extra.yaml] [key=value ...]
     accelerate launch scripts/train_mtl.py --config configs/<dataset>/<method>.yaml [key=value ...]   # the same
+    mtl-cog train --data synthetic --method cog_ts --out runs/tour        # the run folder goes in runs/tour/
     accelerate launch scripts/train_mtl.py --resume RUN_DIR [key=value ...]   # continue a killed run
     python scripts/train_mtl.py --config ... --dry-run [--gpu-check gpu_check.json]  # the plan and its time
     mtl-cog train ...                                                          # the same, once installed
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mtl_cog.cli.config_args import add_config_arguments, given, resolve_files
+from mtl_cog.cli.config_args import add_config_arguments, add_out_argument, given, overrides, resolve_files
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config, method_identity
 from mtl_cog.config.arguments import Parser
@@ -35,6 +36,7 @@ from mtl_cog.training.preflight import check_before_writing
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser)
+    add_out_argument(parser)
     parser.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its last saved state (overrides apply on top)")
     parser.add_argument("--overwrite", action="store_true", help="replace a run folder that already holds a run")
@@ -48,16 +50,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     if args.resume is not None:
-        if given(args) or args.overwrite:
-            raise UserError("--resume continues a run with its saved config: no --config or --overwrite with it "
-                            "(nor --data, --method).")
+        if given(args) or args.overwrite or args.out is not None:
+            raise UserError("--resume continues a run in its own folder with its saved config: no --config, "
+                            "--overwrite or --out with it (nor --data, --method).")
         rundir.check_resumable(args.resume)
         saved = load_config(args.resume / rundir.CONFIG)  # read once: fit diffs against this very config
         cfg = with_overrides(saved, args.overrides)
         if args.overrides:
             print(f"resuming with changed settings: {' '.join(args.overrides)}")
     else:
-        saved, cfg = None, load_config(resolve_files(args), args.overrides)
+        saved, cfg = None, load_config(resolve_files(args), overrides(args))
     if args.dry_run:
         check_before_writing(cfg, args.resume, args.overwrite, saved)  # the real run's checks: both refuse alike
         return dry_run(cfg, args.gpu_check)

@@ -69,6 +69,7 @@ class PosthocCalibrator:
     """
 
     needs_network: ClassVar[bool] = False
+    title: ClassVar[str] = ""  # what the short name stands for, in help and beside tables ("vs" is not "versus")
 
     def fit(self, val: Predictions, images: torch.Tensor | None = None) -> PosthocCalibrator:
         raise NotImplementedError
@@ -105,6 +106,7 @@ class LearnedScaling(PosthocCalibrator):
 
 @POSTHOC.register("ts")
 class TemperatureScaling(LearnedScaling):
+    title = "temperature scaling"
     calibrator = "temperature"
 
 
@@ -146,6 +148,8 @@ class GuoTemperatureScaling(PosthocCalibrator):
     no usable logits and is refused.
     """
 
+    title = "temperature scaling, Guo et al.'s recipe"
+
     def fit(self, val: Predictions, images: torch.Tensor | None = None) -> GuoTemperatureScaling:
         self.temperatures, reversed_tasks = [], []
         for name, z, y in zip(val.task_names, val.logits, val.labels):
@@ -177,11 +181,13 @@ class GuoTemperatureScaling(PosthocCalibrator):
 
 @POSTHOC.register("vs")
 class VectorScaling(LearnedScaling):
+    title = "vector scaling"
     calibrator = "vector"
 
 
 @POSTHOC.register("ms")
 class MatrixScaling(LearnedScaling):
+    title = "matrix scaling"
     calibrator = "matrix"
 
 
@@ -235,21 +241,25 @@ class ProbmetricsCalibration(PosthocCalibrator):
 
 @POSTHOC.register("svs")
 class RegularisedVectorScaling(ProbmetricsCalibration):
+    title = "structured vector scaling"
     name, options = "svs", {"svs_print_init_info": False}
 
 
 @POSTHOC.register("sms")
 class RegularisedMatrixScaling(ProbmetricsCalibration):
+    title = "structured matrix scaling"
     name, options = "sms", {"sms_print_init_info": False}
 
 
 @POSTHOC.register("isotonic")
 class IsotonicRegression(ProbmetricsCalibration):
+    title = "isotonic regression"
     name = "isotonic"
 
 
 @POSTHOC.register("histogram")
 class HistogramBinning(ProbmetricsCalibration):
+    title = "histogram binning"
     name = "histogram"
 
     def make(self):  # multi-class: one-vs-rest
@@ -261,6 +271,8 @@ class HistogramBinning(ProbmetricsCalibration):
 class StabilityScaling(PosthocCalibrator):
     """Stability scaling (``mtl_cog.evaluation.stability``): a temperature per sample from how stable the
     network's prediction is under perturbations; validation perturbed with seed 0, other splits with seed 1."""
+
+    title = "stability scaling"
 
     needs_network = True
 
