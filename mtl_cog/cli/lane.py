@@ -17,7 +17,8 @@ what is committed. A lane makes that automatic:
   committed one has (older than what another machine committed) is refused, at the start and before
   every sync, instead of overwriting the newer bundle; one lane per name and work folder
   (``WORK/NAME/lane.lock``);
-- every ``--every`` seconds, and when the command ends or is interrupted (SIGINT, SIGTERM or SIGHUP to the
+- every ``--every`` seconds (default 30 minutes: a commit per half hour keeps the history readable, and a lost
+  machine loses at most that much), and when the command ends or is interrupted (SIGINT, SIGTERM or SIGHUP to the
   lane: SIGINT to the campaign, its clean stop; a second signal: SIGTERM; a lane killed outright: the
   campaign gets SIGINT from the kernel), ``out/bundle`` is copied
   (under the campaign's own bundle lock, so never half-written) to ``results/NAME/bundle`` and
@@ -25,6 +26,9 @@ what is committed. A lane makes that automatic:
   the docs tables made from it (the ``bundle-table`` blocks naming it, regenerated in the same commit, so
   no commit holds docs that disagree with their bundle; a page with uncommitted edits is left out, with a
   warning). A lost machine loses only the runs in flight.
+
+The frozen copy runs only what was committed: a committed link that leads out of it (``scripts/x.py`` ->
+a file elsewhere) would run the live file, so the lane refuses it, naming the link.
 
 Leader-rate curves read the protocol's committed bundle: give ``--protocol-dir`` as an absolute path
 into the checkout's ``results/`` (the frozen copy's ``results/`` is as old as the lane).
@@ -36,6 +40,7 @@ import argparse
 import csv
 import ctypes
 import fcntl
+import math
 import os
 import re
 import shutil
@@ -53,6 +58,7 @@ from mtl_cog.errors import UserError, run_cli
 from mtl_cog.reporting.docs_tables import figures_naming, pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
+DEFAULT_EVERY_SECONDS = 1800.0  # commit the bundle at most every 30 minutes, and when the command ends
 STOP_GRACE_SECONDS = 120  # after SIGINT, how long a campaign may take to record what finished before SIGTERM
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one folder under results/, no git pathspec magic
 COMMITTED, UNCHANGED, FAILED = "committed", "unchanged", "failed"
@@ -71,6 +77,20 @@ def freeze_code(repo: Path, commit: str, into: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
     if archive.wait() != 0:
         raise UserError(f"lane: git archive {commit[:10]} failed in {repo}.")
+    check_no_link_leaves(into)
+
+
+def check_no_link_leaves(code: Path) -> None:
+    """Refuse a frozen copy holding a symbolic link whose target lies outside it (named): the campaign would run
+    or read the live file, not the committed one."""
+    root = code.resolve()
+    for folder, dirs, files in os.walk(code):
+        for name in [*dirs, *files]:
+            path = Path(folder) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise UserError(f"lane: {path.relative_to(code)} in commit is a link to {os.readlink(path)}, outside "
+                                "the frozen copy: the lane would run the live file, not the committed one. Commit the "
+                                "file itself instead of a link.")
 
 
 def run_states(bundle: Path) -> dict[str, str]:
@@ -124,7 +144,11 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
     package has uncommitted changes (they would make tables no commit's code makes); the lane says so, and the
     tables wait for ``scripts/regenerate_docs_tables.py`` and a commit.
     """
-    pages = [str(p.relative_to(repo)) for p in pages_naming(repo, bundle)]
+    try:
+        pages = [str(p.relative_to(repo)) for p in pages_naming(repo, bundle)]
+    except UserError as err:  # a page's marker is malformed: the bundle goes alone, the campaign runs on
+        print(f"lane {name}: docs tables not regenerated: {err}", file=sys.stderr)
+        return []
     if not pages:
         return []
     dirty = git(repo, "status", "--porcelain", "--", *pages).stdout.strip()
@@ -180,7 +204,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="the campaign's name: results/NAME/bundle is what the lane commits")
     parser.add_argument("--work", default=None, help="where the frozen code and the output live "
                         "(default: $MTL_COG_LANES or ~/.cache/mtl_cog/lanes)")
-    parser.add_argument("--every", type=float, default=300.0, help="seconds between syncs (default 300)")
+    parser.add_argument("--every", type=float, default=DEFAULT_EVERY_SECONDS,
+                        help="seconds between syncs (default 1800: at most one commit per 30 minutes, and one at exit)")
     parser.add_argument("--repo", default=str(CONFIGS.parent), help=argparse.SUPPRESS)  # tests: another checkout
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- then the campaign's script and its arguments (without --out)")
@@ -195,12 +220,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "that the frozen copy runs, not the live file.")
     if any(arg == "--out" or arg.startswith("--out=") for arg in command):
         raise UserError("lane: leave --out out of the command; the lane runs it with --out WORK/NAME/out.")
-    if args.every <= 0:
-        raise UserError(f"lane: --every {args.every:g}: give a positive number of seconds.")
+    if not math.isfinite(args.every) or args.every <= 0:  # nan compared false with 0: it turned the syncs off
+        raise UserError(f"lane: --every {args.every:g}: give a finite, positive number of seconds.")
     if not NAME.fullmatch(args.name):
-        raise UserError(f"lane: --name {args.name!r}: one folder name under results/ (letters, digits, _ . -).")
+        raise UserError(f"lane: --name {args.name[:40]!r}: one folder name under results/ (letters, digits, _ . -).")
+    longest = _name_max(Path(args.repo))
+    if len(args.name.encode()) > longest:
+        raise UserError(f"lane: --name is {len(args.name.encode())} bytes long; the file system takes at most "
+                        f"{longest} for a folder name under results/. Give a shorter name.")
     args.command = command
     return args
+
+
+def _name_max(where: Path) -> int:
+    """The longest file name the file system of ``where`` takes (255 on most); a lane's name is a folder name."""
+    try:
+        return os.pathconf(where if where.is_dir() else Path.cwd(), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def _child_setup() -> None:
@@ -274,7 +311,7 @@ def run_lane(args: argparse.Namespace, repo: Path, lane: Path, published: Path, 
     if not script.is_file():
         raise UserError(f"lane: {args.command[0]} is not a script of the checkout (looked in {code}).")
     env = {**os.environ, "PYTHONPATH": str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "MTL_COG_CODE_COMMIT": commit[:12]}
+           "MTL_COG_CODE_COMMIT": commit[:12], "MTL_COG_REPO": str(repo)}  # paths recorded relative to it
     # --out right after the script: after a "--" in the command it would be read as an override
     child = subprocess.Popen([sys.executable, str(script), "--out", str(out), *args.command[1:]], cwd=code, env=env,
                              start_new_session=True, preexec_fn=_child_setup, pass_fds=(lock,))

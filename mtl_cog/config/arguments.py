@@ -35,6 +35,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own: usage on stderr + SystemExit(2)
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help).")
 
+    def _get_values(self, action, arg_strings):  # every option's values pass here (argparse's own hook)
+        if action.option_strings and any(not text.strip() for text in arg_strings):
+            # "--method ''" fell back to the default method: an empty value is a mistake, never a choice
+            self.error(f"{'/'.join(action.option_strings)}: an empty value; give a value or leave the option out")
+        return super()._get_values(action, arg_strings)
+
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
         if any(action.nargs == argparse.REMAINDER for action in self._actions):  # the rest is another command's

@@ -51,10 +51,18 @@ MIN_SIDE = 32  # imagecorruptions refuses smaller images
 CHUNK = 64  # images per job of a worker process
 
 
+MAX_SEED = 2**32 - 1  # numpy's global seeding takes [0, 2**32 - 1]
+
+
+def _whole(value) -> bool:
+    """An int (or numpy integer), not a bool or a float that happens to be whole (2.0 == 2 in Python)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def check_corruption(name: str, severity: int) -> None:
     if name not in CORRUPTIONS:
         raise ConfigError(f"unknown corruption {name!r}. Known: {', '.join(CORRUPTIONS)}.")
-    if severity not in (0, *SEVERITIES):
+    if not _whole(severity) or severity not in (0, *SEVERITIES):
         raise ConfigError(f"corruption severity must be 1..5 (0 = none). Got {severity!r}.")
 
 
@@ -79,6 +87,9 @@ def corrupt(images: np.ndarray, name: str, severity: int, suite: str = "cifar10c
     ``name`` one of ``mtl_cog.constants.CORRUPTIONS``, ``severity`` 1..5 (0: unchanged), ``suite``
     cifar10c or imagenetc; picture i gets the seed of index i under ``seed``, as in a corrupted split.
     """
+    if not _whole(seed) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"corrupt(): seed must be a whole number in [0, {MAX_SEED}]; got {seed!r}.")
+    check_corruption(name, severity)
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3 or images.shape[1] != images.shape[2]:
         raise ConfigError(f"corrupt() takes square uint8 pictures (n, H, W, 3); got {images.dtype} {images.shape}.")

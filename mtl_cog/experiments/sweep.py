@@ -50,6 +50,9 @@ def parse_grid(items: list[str]) -> list[GridAxis]:
         values = split_values(text)
         if not key.strip() or any(v == "" for v in values):
             raise ConfigError(f"--grid item {item!r} has an empty key or value.")
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:  # the same run planned twice (two folders of one setting, or one folder trained twice)
+            raise ConfigError(f"--grid item {item!r} lists {', '.join(twice)} more than once; give each value once.")
         if key.strip() in {a.key for a in axes}:
             raise ConfigError(f"--grid names {key.strip()!r} twice.")
         axes.append(GridAxis(key.strip(), values))

@@ -18,6 +18,7 @@ from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.reporting.html_report import ALL_TASKS, ReportTables
 from mtl_cog.reporting.plots.reliability import pool_task
 from mtl_cog.runs import rundir
+from mtl_cog.runs.digests import verify_digests
 
 BIN_COLUMNS = ["dataset", "method", "task", "bin", "n_bins", "count", "mean_confidence", "frequency", "mean_truth"]
 
@@ -38,9 +39,11 @@ def reliability_table(pooled: dict[tuple[str, str], list[Predictions]], n_bins: 
 
 def subgroup_table(records) -> pd.DataFrame:
     """Every run's ``group_metrics.csv`` (``eval.groups``), with its data set, method and seed."""
+    present = [r for r in records if (Path(r.run_dir) / rundir.GROUP_METRICS).is_file()]
+    for r in present:
+        verify_digests(r.run_dir, [rundir.GROUP_METRICS])  # the file its run wrote (digests.json)
     frames = [pd.read_csv(Path(r.run_dir) / rundir.GROUP_METRICS).assign(dataset=r.dataset, method=r.method,
-                                                                         seed=r.seed)
-              for r in records if (Path(r.run_dir) / rundir.GROUP_METRICS).is_file()]
+                                                                         seed=r.seed) for r in present]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

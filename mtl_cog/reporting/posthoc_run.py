@@ -22,6 +22,7 @@ from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import atomic_write, atomic_write_json
 from mtl_cog.progress import track
 from mtl_cog.runs import rundir
+from mtl_cog.runs.digests import add_digests
 from mtl_cog.runs.finished import finished_predictions
 from mtl_cog.runs.trained import TrainedRun, load_run
 
@@ -60,6 +61,7 @@ def fit_posthoc_run(run_dir: Path, methods: list[str], bins: list[int] | None, o
     frame = pd.concat([metrics_frame(m).assign(method=name) for name, m in results.items()], ignore_index=True)
     frame = frame[["method", *[c for c in frame.columns if c != "method"]]]
     atomic_write(run_dir / rundir.POSTHOC_METRICS, lambda tmp: frame.to_csv(tmp, index=False))
+    add_digests(run_dir, [rundir.POSTHOC_METRICS, *(rundir.posthoc_predictions_file("test", m) for m in calibrated)])
     summary = pd.DataFrame([{"method": name, **m["mean"], **m.get("multitask", {})} for name, m in results.items()])
     columns = ["method", "accuracy", "nll", "brier", *[c for c in summary.columns if c.startswith("ece@")], "smece",
                *[c for c in (f"pooled_ece@{SUMMARY_BINS}", "count_ece", "pair_joint_ece") if c in summary.columns]]

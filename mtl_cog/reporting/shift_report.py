@@ -29,6 +29,7 @@ from mtl_cog.evaluation.selective import risk_coverage, task_confidence_error
 from mtl_cog.io import atomic_write
 from mtl_cog.reporting.plots import method_colors, save_figure  # (sets matplotlib's Agg backend first)
 from mtl_cog.runs import rundir
+from mtl_cog.runs.digests import add_digests, verify_digests
 
 SHIFT_PANELS = (("accuracy", "accuracy"), ("nll", "NLL"), (f"ece@{SUMMARY_BINS}", f"ECE@{SUMMARY_BINS}"))
 
@@ -84,6 +85,7 @@ def write_shift_files(run_dir: Path, frame: pd.DataFrame) -> tuple[Path, Path]:
     """``shift_metrics.csv`` (every row) and ``shift_test.png`` (the summary curves) into ``run_dir``."""
     csv = Path(run_dir) / rundir.SHIFT_METRICS
     atomic_write(csv, lambda tmp: frame.to_csv(tmp, index=False))
+    add_digests(run_dir, [rundir.SHIFT_METRICS])  # into a finished run's record (its readers check it)
     suites = ", ".join(sorted(frame.suite.unique())) if "suite" in frame else "imagenetc"
     png = save_figure(shift_figure(shift.summary(frame),
                                    f"{Path(run_dir).name}: test split under corruptions ({suites} severities)"),
@@ -95,6 +97,7 @@ def write_group_files(run_dir: Path, report: dict) -> Path:
     path = Path(run_dir) / rundir.GROUP_METRICS
     frame = cells_frame(report)
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+    add_digests(run_dir, [rundir.GROUP_METRICS])
     return path
 
 
@@ -110,6 +113,7 @@ def method_shift_table(records) -> pd.DataFrame:
         path = Path(record.run_dir) / rundir.SHIFT_METRICS
         if not path.is_file():
             continue
+        verify_digests(record.run_dir, [rundir.SHIFT_METRICS])
         rows = pd.read_csv(path)
         # runs scored under different severity suites are never averaged together: the suite names the data set
         suite = ", ".join(sorted(rows.suite.unique())) if "suite" in rows else "imagenetc"
