@@ -19,9 +19,9 @@ import ast
 import importlib
 import importlib.util
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from mtl_cog import __version__
 from mtl_cog.errors import UserError, run_cli
 
 
@@ -66,7 +66,10 @@ def main(argv: list[str] | None = None) -> object:
         print(usage())
         return None
     if argv[0] in ("-V", "--version"):
-        print(f"mtl-cog {__version__}")
+        try:
+            print(f"mtl-cog {version('mtl_cog')}")  # the installed package's (pyproject.toml's) version
+        except PackageNotFoundError:
+            raise UserError("mtl_cog is not installed, so it has no version: run bash scripts/setup.sh.") from None
         return None
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
