@@ -3,12 +3,11 @@
     python scripts/reproduce.py --protocol fair [--budget 4] [--seeds 0 1 2 3 4] --dry-run   # the plan and its time
     python scripts/reproduce.py --protocol fair                  # CPU scale: digits + synthetic, ~1-2 h on 2 cores
     python scripts/reproduce.py                                  # --protocol configs: the shipped settings as they are
-    python scripts/reproduce.py --scale paper --dry-run          # the paper's full grid and its GPU time
     python scripts/reproduce.py --scale paper --protocol fair --launcher slurm --partition gpu --gpus-per-run 1
-    python scripts/reproduce.py --protocol fair --scale full --data fashion_mnist --method baseline cog_fc --draws 2
+    python scripts/reproduce.py --protocol paper --scale overconfident --data fashion_mnist --draws 2 --dry-run
 
 Every ``configs/<dataset>/*.yaml`` is a method (new method configs are picked up without changing
-this script). Two protocols:
+this script). Three protocols: ``paper`` (the COG paper's: ``mtl_cog/experiments/protocol.py``) and
 
 - ``fair`` (docs/explanation/protocol.md): per data set and method, an Optuna study of ``--budget`` trials on
   validation NLL over the same knobs for everyone (the follower learning rate for every method,
@@ -17,8 +16,7 @@ this script). Two protocols:
   chosen setting. The studies live in OUT/tuning/optuna.db (``optuna-dashboard
   sqlite:///OUT/tuning/optuna.db``); the chosen settings are written to
   OUT/report/chosen_settings.{csv,md}, every trial to OUT/tuning/<dataset>-<method>/trials.csv.
-- ``configs``: each config as shipped. Not an equal-budget comparison (at CPU scale the
-  head-leader COG variants use learning rates tuned for them, the others none); the report says so.
+- ``configs``: each config as shipped, not an equal-budget comparison (the report says so).
 
 A scale is a folder of config files, ``configs/scales/<NAME>/<data set>.yaml`` (and
 ``methods/<method>.yaml`` where a method needs its own), merged on top of each run's config:
