@@ -40,7 +40,7 @@ from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import ConfigError, UserError, run_cli
-from mtl_cog.experiments import campaign, gpu_time
+from mtl_cog.experiments import campaign, gpu_time, reuse
 from mtl_cog.experiments.launcher import (
     add_launcher_arguments,
     check_launcher,
@@ -108,12 +108,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.config, args.grid, args.overrides, args.out = Path(spec["config"]), spec["grid"], spec["overrides"], \
             args.resume
         args.posthoc = spec.get("posthoc", [])  # sweeps saved before --posthoc fitted none
+        args.threads = resumed_threads(args.threads, spec, saved)
         if not isinstance(args.posthoc, list) or not set(args.posthoc) <= set(posthoc_method_names()):
             raise UserError(f"--resume: {saved} names post-hoc calibrators {args.posthoc!r}; known: "
                             f"{', '.join(posthoc_method_names())}. Restore the file.")
     elif args.config is None or args.grid is None:
         raise UserError("--config and --grid are required (or --resume SWEEP_DIR).")
     return args
+
+
+def resumed_threads(given: int | None, spec: dict, saved: Path) -> int | None:
+    """The thread count a resumed sweep trains on: the one it started with (sweep_args.json, or its bundle's
+    campaign.json for a sweep saved before it was recorded there), which a contradicting --threads cannot change."""
+    recorded = spec.get("threads")
+    if recorded is not None and (not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1):
+        raise UserError(f"--resume: {saved} records threads {recorded!r}, not a positive whole number. Restore it.")
+    recorded = recorded or reuse.recorded_threads(saved.parent)
+    if given is not None and recorded is not None and given != recorded:
+        raise UserError(f"--resume {saved.parent}: the sweep trained on --threads {recorded}; resuming on {given} "
+                        "would give other numbers (a thread count orders float sums). Leave --threads out.")
+    return recorded or given
 
 
 def campaign_of(args: argparse.Namespace, out: Path) -> tuple[campaign.Campaign, list[dict[str, str]]]:
@@ -145,6 +159,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     check_launcher(args, executor)
     parallel = args.parallel or 1
     env = thread_env(parallel, args.threads, gpus=torch_gpus())
+    reuse.with_threads(plan, env)  # a thread count the bundle contradicts: refused before anything is written
     if args.dry_run:
         measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
         for p, combo in zip(planned, combos):
@@ -155,7 +170,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     launcher = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)
     make_folder(out)  # a file or a read-only folder: one error line
     atomic_write_json(out / SWEEP_ARGS, {"config": str(args.config), "grid": args.grid, "overrides": args.overrides,
-                                        "posthoc": args.posthoc})
+                                        "posthoc": args.posthoc, "threads": reuse.env_threads(env)})
     campaign.run(plan, planned, launcher, env, f"mtl-cog sweep --resume {out}", processes_per_run(args))
     return write_results(out, plan, combos, base)
 

@@ -41,8 +41,9 @@ from filelock import FileLock
 
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import ConfigError, RunFolderError, UserError
-from mtl_cog.experiments import gpu_time
+from mtl_cog.experiments import gpu_time, reuse
 from mtl_cog.experiments.launcher import PACKAGE_PARENT, RunJob, train_command
+from mtl_cog.experiments.portable import portable_command
 from mtl_cog.experiments.sweep import DONE, LOCATION_KEYS, NEW, TRACKING_KEYS, UNFINISHED, run_state
 from mtl_cog.io import output_folder
 from mtl_cog.reporting import bundle as bundles
@@ -94,6 +95,7 @@ class Campaign:
     command: list[str] = field(default_factory=lambda: list(sys.argv))
     counterparts: dict[str, str] = field(default_factory=dict)  # {method: counterpart} for paired verdicts
     budget: int | None = None  # the tuning budget per study (fair protocol), recorded for the reports
+    threads: int | None = None  # torch threads per CPU run, recorded: a resume trains on them (reuse.with_threads)
 
 
 @dataclass
@@ -224,10 +226,8 @@ def plan(campaign: Campaign, settings_chosen_later: bool = False) -> list[Planne
             raise UserError(f"{bundles.bundle_dir(campaign.out) / bundles.RUNS}: run {spec.run} was recorded with "
                             f"config digest {recorded[spec.run][0]}, and this campaign plans it as {digest} (another "
                             "setting). Use another --out, or the settings the bundle was made with.")
-        if spec.run in recorded and recorded[spec.run][1] == "done":
-            state = BUNDLED
-        else:
-            state = run_state(spec.run_dir, cfg)
+        state = (reuse.check_run_folder(bundle, spec.run, spec.run_dir) or BUNDLED) if spec.run in recorded and \
+            recorded[spec.run][1] == "done" else run_state(spec.run_dir, cfg)  # a folder still there must agree
         planned.append(Planned(spec, cfg, digest, state))
     if not settings_chosen_later:
         check_same_settings(bundle, planned, bundles.bundle_dir(campaign.out))
@@ -333,10 +333,10 @@ class Collector:
     def _campaign_record(self, old: dict | None) -> dict:
         specs = dict((old or {}).get("specs", {}))
         specs.update({name: spec_record(p) for name, p in self.planned.items()})
-        command = self.campaign.command or (old or {}).get("command", [])  # a tuning worker keeps the driver's
+        command = portable_command(self.campaign.command, self.campaign.out) or (old or {}).get("command", [])
         budget = self.campaign.budget or (old or {}).get("budget")
         record = {"format": bundles.FORMAT, "campaign": self.campaign.name, "command": command,
-                  **({"budget": budget} if budget else {}),
+                  **({"budget": budget} if budget else {}), **reuse.threads_record(self.campaign.threads, old),
                   "counterparts": {**(old or {}).get("counterparts", {}), **self.campaign.counterparts},
                   "environment": {**self.env, "commit": self.commit}, "specs": specs}
         return {**(old or {}), **record}  # keys others keep there (a curve's ``reused``) stay
@@ -416,7 +416,7 @@ def run(campaign: Campaign, planned: list[Planned], runner, env: tuple[tuple[str
         processes: int = 1, what: str = "runs") -> list[Planned]:
     """Collect what already finished, train the rest (each run collected as it ends); -> the failed runs."""
     print_counts(planned, what)
-    collector = Collector(campaign, planned)
+    collector = Collector(reuse.with_threads(campaign, env), planned)
     # finished before, not yet in the bundle; one the bundle refuses (damaged, swapped files) counts as failed
     refused = set(collector.collect([p.spec.run for p in planned if p.state == DONE]))
     todo = jobs(planned, env, processes)
