@@ -337,9 +337,10 @@ def test_paper_grid_dry_run_lists_every_run_and_sums_the_estimates(capsys, tmp_p
     assert f"final runs: {5 * sum(methods.values())} planned" in text  # 5 seeds by default, the paper's count
     assert f"celeba: {methods['celeba']} methods × 5 seeds" in text
     total = 0.0
+    measured = gpu_time.find_gpu_check(None, REPO)  # the device benchmarks committed in results/benchmarks/
     for dataset in ("celeba", "svhn", "cifar10", "cifar100"):
         for config in sorted((REPO / "configs" / dataset).glob("*.yaml")):
-            total += 5 * gpu_time.estimate_run(load_config(config)).seconds
+            total += 5 * gpu_time.estimate_run(load_config(config), measured).seconds
     assert f"estimated: {total / 3600:.1f} GPU-hours (~{gpu_time.format_duration(total)} of one device)" in text
     assert not (tmp_path / "out").exists()
 

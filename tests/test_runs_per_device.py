@@ -3,6 +3,7 @@
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,8 @@ from mtl_cog.experiments.launcher import (
     memory_bytes,
     times_memory,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class FakeDevices:
@@ -182,3 +185,61 @@ def test_submitit_with_k_runs_per_job_reports_every_run(submitit_local, tmp_path
     job_of = dict(line.split(": submitted as job ") for line in capsys.readouterr().out.splitlines()
                   if "submitted as job" in line)
     assert job_of["[1/3] r0"] == job_of["[2/3] r1"] != job_of["[3/3] r2"]  # two jobs: runs 0 and 1, then run 2
+
+
+# ------------------------------------------------------------------ the price of K runs per device, from measurements
+
+
+def device_check_json(cases: list[dict], measured_at: str = "2026-12-01T10:00:00+00:00") -> str:
+    import json
+
+    return json.dumps({"format": "mtl_cog.device_check/1", "tiny": False, "device": "NVIDIA H200",
+                       "measured_at": measured_at, "cases": [
+                           {"kind": "throughput", "baseline": True, "image_size": 32, "precision": "bf16", **c}
+                           for c in cases]})
+
+
+def test_dry_runs_price_from_the_latest_committed_benchmark_for_the_backbone_and_k(tmp_path, monkeypatch):
+    import json
+
+    from mtl_cog.config import load_config
+    from mtl_cog.experiments import gpu_time
+
+    monkeypatch.chdir(tmp_path)  # no ./gpu_check.json
+    folder = tmp_path / "clone" / "results" / "benchmarks"
+    folder.mkdir(parents=True)
+    (folder / "gpu_check_old.json").write_text(json.dumps({"images_per_s": 5000.0, "backbone": "resnet101",
+                                                           "image_size": 32, "precision": "bf16", "device": "H200",
+                                                           "measured_at": "2026-01-01T00:00:00+00:00"}))
+    (folder / "gpu_check_compiled.json").write_text(json.dumps({"images_per_s": 9e9, "backbone": "resnet101",
+                                                                "image_size": 32, "compile": True}))
+    (folder / "device_check_new.json").write_text(device_check_json([
+        {"backbone": "resnet101", "runs_per_device": 1, "images_per_s": 6000.0},
+        {"backbone": "resnet101", "runs_per_device": 4, "images_per_s": 20000.0},
+        {"backbone": "resnet101", "runs_per_device": 2, "images_per_s": 1.0, "baseline": False},  # an option tried
+        {"backbone": "resnet18", "runs_per_device": 2, "images_per_s": 50000.0, "error": "OOM"}]))
+    cfg = load_config(REPO / "configs" / "cifar10" / "baseline.yaml", ["train.precision=bf16"])
+    one = gpu_time.find_gpu_check(None, tmp_path / "clone")
+    rate, source, _ = gpu_time.training_rate(cfg, one)
+    assert rate == 6000.0 and "results/benchmarks/device_check_new.json" in source and "1 run per device" in source
+    four = gpu_time.find_gpu_check(None, tmp_path / "clone", runs_per_device=4)
+    alone = gpu_time.estimate_run(cfg, gpu_time.MeasuredRates(1, (gpu_time.Throughput(5000.0, "resnet101", 32, "x"),)))
+    shared = gpu_time.estimate_run(cfg, four)
+    # 4 runs share a device at 20,000 images/s in all: each run's device time is its wall time (5,000/s) over 4
+    assert shared.seconds == pytest.approx(alone.seconds / 4) and "4 runs per device" in shared.source
+    eight = gpu_time.find_gpu_check(None, tmp_path / "clone", runs_per_device=8)
+    unmeasured = gpu_time.estimate_run(cfg, eight)
+    assert unmeasured.seconds == gpu_time.estimate_run(cfg, one).seconds  # priced at one run per device
+    assert "no measurement of 8 resnet101 runs side by side" in unmeasured.source
+    other = gpu_time.estimate_run(load_config(REPO / "configs" / "cifar10" / "baseline.yaml",
+                                              ["train.precision=bf16", "model.backbone=resnet18"]), one)
+    assert "not measured" in other.source  # resnet18's only case failed: the stated defaults, said
+
+
+def test_the_committed_h200_benchmarks_price_the_paper_backbones():
+    from mtl_cog.experiments import gpu_time
+
+    rates = gpu_time.find_gpu_check(None, REPO)
+    resnet101, note = rates.for_backbone("resnet101")
+    assert note == "" and "results/benchmarks/" in resnet101.source and resnet101.runs_per_device == 1
+    assert "compile" not in resnet101.source  # the --compile measurement is no price of an uncompiled config

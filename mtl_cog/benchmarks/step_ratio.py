@@ -98,7 +98,18 @@ def measure_step_ratios(workload: Workload, methods_dir: Path, methods: list[str
         f"profile_{profiled}_step": top_ops,
     }
     result.update({ratio_key(m): median[m] / median[REFERENCE] for m in names if m != REFERENCE})
+    result["per_task_gradients"] = {m: gradient_path(t) for m, t in trainees.items() if t.aggregation is not None}
     return result
+
+
+def gradient_path(trainee: Trainee) -> str:
+    """How an aggregator's per-task gradients were taken in the timed steps (``aggregated_step.per_task_gradients``):
+    one vmapped backward, or one backward per task (on a CPU through the parameters, or after vmap failed)."""
+    aggregation = trainee.aggregation
+    on_cpu = trainee.accelerator.device.type == "cpu"
+    if aggregation.batched and not (aggregation.on == "parameters" and on_cpu):
+        return "vmapped"
+    return "one backward per task" + (" (the CPU path)" if aggregation.batched else " (vmap failed and fell back)")
 
 
 def profile_top_ops(trainee: Trainee, workload: Workload, steps: int) -> list | None:

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     protocol = curve.read_protocol_bundle(args.protocol_dir) if reuse else None
     twins = curve.protocol_matches(planned, protocol, threads_of(env))
     if args.dry_run:
-        measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
+        measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent, args.runs_per_device)
         _say_reused(twins, "would be recorded")
         left = [dataclasses.replace(p, state=campaign.BUNDLED) if p.spec.run in twins else p for p in planned]
         campaign.print_estimate(left, measured, parallel, "leader curve")

@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         tuning.check_storage(fair_tuning.study_url(args))
     report_dir = args.out / "report"
     name = f"reproduce-{args.protocol}-{args.scale}"
-    measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
+    measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent, args.runs_per_device)
     studies = study_specs(args) if args.protocol in TUNED else {}
     recorded = read_bundle(bundle_dir(args.out))
     fair_tuning.check_start_rule(studies, recorded, args.budget)  # dry runs too

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     env = thread_env(parallel, args.threads, gpus=torch_gpus())
     reuse.with_threads(plan, env)  # a thread count the bundle contradicts: refused before anything is written
     if args.dry_run:
-        measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent)
+        measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent, args.runs_per_device)
         for p, combo in zip(planned, combos):
             print(f"  {p.spec.run}  {p.state:<10} {' '.join(f'{k}={v}' for k, v in combo.items())}")
         campaign.print_estimate(planned, measured, parallel)

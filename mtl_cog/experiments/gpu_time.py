@@ -21,6 +21,12 @@ The throughput (training images/s of one run) comes from, in this order:
    with ``value``), ``backbone``, ``image_size`` and, if present, ``device``/``precision``. It
    applies to runs of the same backbone; another image size is scaled by the pixel count
    (a conv net's FLOPs per image are proportional to H x W);
+   then, for a backbone that file does not cover, the latest device benchmark committed in
+   ``results/benchmarks/`` (``committed_rates``: the device check's cases run with the paper's settings,
+   one-run gpu_check / epoch_check files, never a ``torch.compile`` one), for the K of
+   ``--runs-per-device`` (``MeasuredRates``). With K runs sharing a device a run's estimate is its share
+   of the device's time (its wall time / K, at the K runs' aggregate rate); K never measured for the
+   backbone is priced at one run per device, and the source says so;
 2. otherwise the stated defaults below: ResNet-101 training on **one H100-class GPU** (bf16
    autocast, channels_last, images on the GPU), which are estimates, not measurements; a run
    with ``train.precision=no`` (fp32, the shipped configs' setting) is assumed half as fast;
@@ -36,8 +42,10 @@ for the small CNNs). Every estimate carries a one-line ``source`` that the dry r
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +55,8 @@ from mtl_cog.errors import UserError
 from mtl_cog.training.accelerator import cpu_has_native_bf16
 
 EVAL_SPEEDUP = 3.0
+BENCHMARKS = Path("results") / "benchmarks"  # committed device measurements, read by every dry run
+DEVICE_CHECK_FORMAT = "mtl_cog.device_check/1"  # scripts/gpu_check.sh's JSON (mtl_cog/benchmarks/device_check.py)
 START_SECONDS = 30.0  # process start, data loading from the cache, model build (GPU runs)
 # A CPU run's own process beyond the fitted start: python, torch and the package imported, and at the end the
 # best checkpoint's test scoring (every metric of every task), its figures and files, which dry runs left out.
@@ -104,6 +114,7 @@ class Throughput:
     image_size: int
     source: str
     precision: str = "bf16"  # the train.precision it was measured with
+    runs_per_device: int = 1  # K runs side by side: images_per_s is their sum, the device's aggregate
 
 
 @dataclass(frozen=True)
@@ -133,33 +144,138 @@ def read_gpu_check(path: Path) -> Throughput | None:
         return None
     where = ", ".join(str(data[k]) for k in ("device", "precision") if data.get(k))
     precision = data.get("precision") if data.get("precision") in PRECISION_SPEED else "bf16"
-    return Throughput(float(rate), backbone, size, f"measured in {path}" + (f" ({where})" if where else ""), precision)
+    k = data.get("runs_per_device", 1)
+    return Throughput(float(rate), backbone, size, f"measured in {path}" + (f" ({where})" if where else ""), precision,
+                      k if isinstance(k, int) and k >= 1 else 1)
 
 
-def find_gpu_check(given: Path | None, clone: Path) -> Throughput | None:
-    """``given`` (must be readable), else ./gpu_check.json, else <clone>/gpu_check.json."""
+def read_device_check(path: Path, name: str | None = None) -> list[Throughput]:
+    """The priced rates of a ``scripts/gpu_check.sh`` JSON (``mtl_cog.benchmarks.device_check``): one per case run
+    with the paper's settings (``baseline``), K runs side by side included; [] for another format."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != DEVICE_CHECK_FORMAT or data.get("tiny"):
+        return []
+    found = []
+    for case in data.get("cases", []):
+        rate = case.get("images_per_s") if isinstance(case, dict) else None
+        if (case.get("kind") != "throughput" or not case.get("baseline") or "error" in case
+                or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0):
+            continue
+        k = int(case.get("runs_per_device", 1))
+        found.append(Throughput(float(rate), case["backbone"], int(case["image_size"]),
+                                f"measured in {name or path} ({data.get('device', '?')}, {case['precision']}, "
+                                f"{k} run{'s' if k > 1 else ''} per device)",
+                                case["precision"] if case.get("precision") in PRECISION_SPEED else "bf16", k))
+    return found
+
+
+def committed_rates(clone: Path) -> list[tuple[float, Throughput]]:
+    """Every device rate committed in ``<clone>/results/benchmarks/`` with the time it was measured (its
+    ``measured_at``, else the file's last commit, else 0): device-check cases and one-run gpu_check files,
+    ``torch.compile`` measurements left out (no shipped config compiles)."""
+    out = []
+    for path in sorted((clone / BENCHMARKS).glob("*.json")):
+        name = str(path.relative_to(clone))
+        when = _measured_at(path)
+        rates = read_device_check(path, name)
+        if not rates:
+            try:
+                compiled = json.loads(path.read_text()).get("compile") is True
+            except (OSError, ValueError, AttributeError):
+                continue
+            single = None if compiled else read_gpu_check(path)
+            rates = [] if single is None or "cpu" in single.source else [
+                Throughput(single.images_per_s, single.backbone, single.image_size,
+                           single.source.replace(str(path), name), single.precision, single.runs_per_device)]
+        out += [(when, rate) for rate in rates]
+    return out
+
+
+def _measured_at(path: Path) -> float:
+    try:
+        stamp = json.loads(path.read_text()).get("measured_at")
+        return datetime.datetime.fromisoformat(stamp).timestamp()
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    try:
+        done = subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%ct", "--", path.name],
+                              capture_output=True, text=True, timeout=10)
+        return float(done.stdout.strip() or 0)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class MeasuredRates:
+    """The measured rates a dry run may use: a named or local gpu_check.json first, then the latest committed
+    device benchmark for the run's backbone at ``runs_per_device`` (K; at K = 1 when K was not measured, said)."""
+
+    runs_per_device: int = 1
+    explicit: tuple[Throughput, ...] = ()  # --gpu-check's file, or ./gpu_check.json
+    committed: tuple[tuple[float, Throughput], ...] = ()
+
+    def for_backbone(self, backbone: str) -> tuple[Throughput | None, str]:
+        """(the rate, a note when K runs side by side were asked for and not measured)."""
+        def latest(k: int) -> Throughput | None:
+            for rate in self.explicit:
+                if rate.backbone == backbone and rate.runs_per_device == k:
+                    return rate
+            mine = [(when, rate) for when, rate in self.committed if rate.backbone == backbone
+                    and rate.runs_per_device == k]
+            return max(mine, key=lambda item: (item[0], item[1].source))[1] if mine else None
+
+        k = self.runs_per_device
+        if (found := latest(k)) is not None or k == 1:
+            return found, ""
+        single = latest(1)
+        return single, "" if single is None else (
+            f"; no measurement of {k} {backbone} runs side by side in {BENCHMARKS}: priced at one run per device, "
+            f"the device time {k} runs per device would save is unknown (measure it: bash scripts/gpu_check.sh)")
+
+
+def find_gpu_check(given: Path | None, clone: Path, runs_per_device: int = 1) -> MeasuredRates | None:
+    """``given`` (must be readable), else ./gpu_check.json, else <clone>/gpu_check.json; with the latest device
+    benchmarks committed in <clone>/results/benchmarks/ for the backbones that file does not cover."""
+    explicit: list[Throughput] = []
     if given is not None:
-        measured = read_gpu_check(given)
-        if measured is None:
+        explicit = read_device_check(given) or [r for r in [read_gpu_check(given)] if r is not None]
+        if not explicit:
             raise UserError(f"--gpu-check {given}: no usable images_per_s/backbone/image_size in it "
                             "(write it with bash scripts/gpu_check.sh).")
-        return measured
     for candidate in (Path("gpu_check.json"), clone / "gpu_check.json"):
-        if candidate.is_file() and (measured := read_gpu_check(candidate)) is not None:
-            return measured
-    return None
+        if not explicit and candidate.is_file():
+            explicit = read_device_check(candidate) or [r for r in [read_gpu_check(candidate)] if r is not None]
+    committed = tuple(committed_rates(clone))
+    if not explicit and not committed:
+        return None
+    return MeasuredRates(runs_per_device, tuple(explicit), committed)
+
+
+def rate_for(measured: Throughput | MeasuredRates | None, backbone: str) -> tuple[Throughput | None, str]:
+    """The measured rate that applies to ``backbone`` (and the note on it), from either kind of ``measured``."""
+    if isinstance(measured, MeasuredRates):
+        return measured.for_backbone(backbone)
+    return (measured, "") if measured is not None and measured.backbone == backbone else (None, "")
 
 
 def training_rate(cfg: Config, measured: Throughput | None) -> tuple[float, str, bool]:
     """-> (training images/s for this run, where that number comes from, whether it is a CPU rate)."""
     size, backbone = cfg.data.image_size, cfg.model.backbone
     speed = PRECISION_SPEED.get(cfg.train.precision, 1.0)
-    if measured is not None and measured.backbone == backbone:
-        rate = measured.images_per_s * (measured.image_size / size) ** 2 * speed / PRECISION_SPEED[measured.precision]
-        scaled = "" if measured.image_size == size else f", scaled from {measured.image_size} px by pixel count"
-        if cfg.train.precision != measured.precision:
-            scaled += f", x{speed / PRECISION_SPEED[measured.precision]:g} for precision {cfg.train.precision}"
-        return rate, f"{measured.source}{scaled}", False
+    found, note = rate_for(measured, backbone)
+    if found is not None:
+        per_run = found.images_per_s / found.runs_per_device  # K runs side by side share the aggregate rate
+        rate = per_run * (found.image_size / size) ** 2 * speed / PRECISION_SPEED[found.precision]
+        scaled = "" if found.image_size == size else f", scaled from {found.image_size} px by pixel count"
+        if cfg.train.precision != found.precision:
+            scaled += f", x{speed / PRECISION_SPEED[found.precision]:g} for precision {cfg.train.precision} (assumed)"
+        if found.runs_per_device > 1:
+            scaled += (f"; the device time of one of {found.runs_per_device} runs sharing a device (each run's wall "
+                       f"time is {found.runs_per_device}x it)")
+        return rate, f"{found.source}{scaled}{note}", False
     if backbone in CPU_BACKBONES:
         rated_size, relative_speed = CPU_BACKBONES[backbone]
         rate = CPU_TINY_RATE * relative_speed * (rated_size / size) ** 2
@@ -190,6 +306,8 @@ def training_rate(cfg: Config, measured: Throughput | None) -> tuple[float, str,
 def estimate_run(cfg: Config, measured: Throughput | None = None) -> RunEstimate:
     """Estimated wall time of one run of ``cfg`` on one device (see the module docstring)."""
     rate, source, on_cpu = training_rate(cfg, measured)
+    found, _ = (None, "") if on_cpu else rate_for(measured, cfg.model.backbone)
+    share = found.runs_per_device if found is not None else 1  # K runs share a device: each costs 1/K of its time
     task = TASKS.get(cfg.data.task) if cfg.data.task in TASKS else None
     sizes_of = getattr(task, "split_sizes", None)
     sizes = trained_sizes(sizes_of(cfg.data), cfg.data.train_size) if sizes_of is not None else None
@@ -205,7 +323,7 @@ def estimate_run(cfg: Config, measured: Throughput | None = None) -> RunEstimate
         evaluations += cfg.two_stage.epochs
     num_tasks = getattr(task, "num_tasks", None)
     seconds += evaluations * (num_tasks(cfg.data) if num_tasks is not None else 1) * SCORE_SECONDS_PER_TASK
-    return RunEstimate(seconds, sizes, source, on_cpu)
+    return RunEstimate(seconds / share, sizes, source, on_cpu)
 
 
 def format_duration(seconds: float) -> str:
