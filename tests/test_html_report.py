@@ -203,7 +203,7 @@ def test_the_report_renders_in_chromium_and_its_picker_works(tmp_path):
         visible = re.findall(r'<div class="task-panel" data-task="([^"]*)">', result.stdout)  # no hidden attribute
         assert views == [task] and visible == [task]
         shown[task] = out / f"screenshot_{task}.png"
-        result = chromium("--window-size=1400,3000", f"--screenshot={shown[task]}", f"{report.as_uri()}#task={task}")
+        result = chromium("--window-size=1400,4500", f"--screenshot={shown[task]}", f"{report.as_uri()}#task={task}")
         assert result.returncode == 0 and console_lines(result) == [], console_lines(result)
     inked, colours = screenshot_stats(shown["attr17"])
     assert inked > 0.05 and colours > 20, (inked, colours)  # tables, bars and text drawn, not a blank page

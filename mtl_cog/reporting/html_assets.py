@@ -5,8 +5,8 @@ Enter or Space (``aria-sort`` on the sorted header); orders a data set's task pi
 chosen metric (each option's ``data-m`` holds its task's means over methods, the picker's
 ``data-metrics`` and ``data-directions`` name them) and narrows it to the tasks whose name holds the
 filter box's text; shows the task chosen (also from the address's ``#task=NAME``, so a link can point
-at one attribute; a clicked link scrolls to it); and marks the page ready (``data-report-ready`` on ``<html>``) once it ran to the end,
-which the browser test reads.
+at one attribute; a clicked link scrolls to it); and marks the page ready (``data-report-ready`` on
+``<html>``) once it ran to the end, which the browser test reads.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ bundle can build them from its CSV files. The page needs no network: figures are
 (``mtl_cog.reporting.svg_charts``), style and script are inline (``mtl_cog.reporting.html_assets``).
 Sections appear only when their table has rows, in this order per data set: summary (sortable),
 Pareto fronts (accuracy vs NLL and Brier), paired verdicts, leader curves, convergence, learned
-calibrators, worst tasks and per-task ECE (multi-task data), per task (a picker over every task, worst
-first by a chosen metric, with a filter: each method's reliability diagram side by side and the task's
-metrics), subgroups, shift. The cross-task sections and the picker live in ``html_tasks``. Every table
+calibrators, per task (a picker over every task, worst first by a chosen metric, with a filter: each
+method's reliability diagram side by side and the task's metrics), worst tasks and per-task ECE
+(multi-task data), subgroups, shift. The cross-task sections and the picker live in ``html_tasks``. Every table
 sorts from a header's click or, focused, Enter or Space (``aria-sort`` says how it is sorted).
 """
 
@@ -351,7 +351,8 @@ def subgroups_html(rows: pd.DataFrame, methods: list[str], bins: int) -> str:
 def dataset_html(dataset: str, tables: ReportTables) -> str:
     summary = _rows(tables.summary, dataset)
     methods = list(dict.fromkeys(summary["method"]))
-    styles = method_styles(methods + [a for a in _rows(tables.leader_curve, dataset).get("arm", []) if a not in methods])
+    arms = [a for a in _rows(tables.leader_curve, dataset).get("arm", []) if a not in methods]
+    styles = method_styles(methods + arms)
     anchor = _slug(dataset)
     parts = [f'<section class="dataset" id="ds-{anchor}"><h2>{escape(dataset)}</h2>', "<h3>Summary</h3>",
              '<p class="note">Test-set metrics, mean ± std over distinct seeds (no ± with one seed); task mean for '
@@ -385,14 +386,6 @@ def dataset_html(dataset: str, tables: ReportTables) -> str:
     task_view = tasks_html(dataset, _rows(tables.reliability, dataset), _rows(tables.per_task, dataset), methods,
                            summary, tables.bins)
     per_task = _rows(tables.per_task, dataset)
-    ece = f"ece@{tables.bins}" if f"ece@{tables.bins}" in per_task else "smece"
-    if per_task.get("task", pd.Series()).nunique() > 1 and ece in per_task and per_task[ece].notna().any():
-        parts += ["<h3>Worst tasks</h3>", f'<p class="note">Each method\'s {WORST_K} worst-calibrated tasks by {ece} '
-                  "(test, mean over seeds), the worst first; a task opens in the per-task view below.</p>",
-                  worst_tasks_html(per_task, methods, ece), "<h3>Per-task ECE</h3>",
-                  f'<p class="note">Every task\'s {ece} for every method: a row per task, the worst (mean over methods) '
-                  "on top; hover a marker for its value.</p>",
-                  f'<div class="scroll">{per_task_chart(per_task, methods, ece, styles)}</div>']
     spread = "mean ± std" if any(str(c).endswith("_std") for c in per_task.columns) else "the mean"
     if task_view and tables.reliability.empty:  # a results bundle: the task metrics, no reliability diagrams
         parts += [f'<h3 id="tasks-{anchor}">Per task</h3>',
@@ -405,6 +398,14 @@ def dataset_html(dataset: str, tables: ReportTables) -> str:
                   "observed frequency per bin; hatched red, the gap to the bin's mean confidence; black dots, mean "
                   "true probability where known; grey, predictions per bin (log). "
                   "Hover a bar for its numbers.</p>", task_view]
+    ece = f"ece@{tables.bins}" if f"ece@{tables.bins}" in per_task else "smece"
+    if per_task.get("task", pd.Series()).nunique() > 1 and ece in per_task and per_task[ece].notna().any():
+        parts += ["<h3>Worst tasks</h3>", f'<p class="note">Each method\'s {WORST_K} worst-calibrated tasks by {ece} '
+                  "(test, mean over seeds), the worst first; a task opens in the per-task view above.</p>",
+                  worst_tasks_html(per_task, methods, ece), "<h3>Per-task ECE</h3>",
+                  f'<p class="note">Every task\'s {ece} for every method: a row per task, the worst (mean over '
+                  "methods) on top; hover a marker for its value.</p>",
+                  f'<div class="scroll">{per_task_chart(per_task, methods, ece, styles)}</div>']
     subgroups = _rows(tables.subgroups, dataset)
     if not subgroups.empty:
         parts += ["<h3>Subgroups</h3>", subgroups_html(subgroups, methods, tables.bins)]

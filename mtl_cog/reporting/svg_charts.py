@@ -248,8 +248,9 @@ def line_chart_svg(chart: Chart, width: int = 360, height: int = 240, standalone
             parts.append(f'<polyline points="{line}" fill="none" stroke="{series.color}" stroke-width="1.6"{dash}/>')
         for u, v, a, b in points:
             tip = f"<title>{escape(series.label)}: {_fmt(b)} at {_fmt(a)}</title>"
+            shape = marker_svg(series.marker, u, v, 2.8, series.color)
             parts.append(f'<circle cx="{_n(u)}" cy="{_n(v)}" r="2.5" fill="{series.color}">{tip}</circle>'
-                         if series.marker == "o" else f"<g>{tip}{marker_svg(series.marker, u, v, 2.8, series.color)}</g>")
+                         if series.marker == "o" else f"<g>{tip}{shape}</g>")
     return "".join(parts) + "</svg>"
 
 
@@ -327,8 +328,10 @@ def scatter_svg(points: list[Point], title: str, x_label: str, y_label: str, wid
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{_n(py(tick))}" y2="{_n(py(tick))}" class="grid"/>'
                      f'<text x="{left - 4}" y="{_n(py(tick) + 3)}" class="k" text-anchor="end">{tick:.4g}</text>')
     for tick in nice_ticks(x_low, x_high, 6):
-        parts.append(f'<text x="{_n(px(tick))}" y="{top + plot_h + 13}" class="k" text-anchor="middle">{tick:.4g}</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" class="k" text-anchor="middle">{escape(x_label)}</text>'
+        parts.append(f'<text x="{_n(px(tick))}" y="{top + plot_h + 13}" class="k" text-anchor="middle">'
+                     f"{tick:.4g}</text>")
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" class="k" text-anchor="middle">'
+                 f"{escape(x_label)}</text>"
                  f'<text x="12" y="{top + plot_h / 2}" class="k" text-anchor="middle" '
                  f'transform="rotate(-90 12 {top + plot_h / 2})">{escape(y_label)}</text>')
     front = sorted((p for p in points if p.front), key=lambda p: p.x)

@@ -42,7 +42,8 @@ from mtl_cog.reporting.plots.training import calibrator_figure, drift_figure  # 
 
 __all__ = [
     "DPI", "MethodStyle", "OUTLIER_FENCE", "bin_count_strip", "bins_figure", "calibration_inputs", "calibrator_figure",
-    "count_calibration_figure", "drift_figure", "lipschitz_front_figure", "method_colors", "method_styles", "outlier_limit",
+    "count_calibration_figure", "drift_figure", "lipschitz_front_figure", "method_colors", "method_styles",
+    "outlier_limit",
     "pareto_figure", "pareto_front", "per_task_ece_figure", "reliability_comparison_figure", "reliability_figure",
     "reliability_panel", "save_figure", "smooth_reliability_figure", "smooth_reliability_panel", "truth_figure",
     "worst_tasks_figure",

@@ -95,7 +95,8 @@ def calibrator_figure(trajectories: pd.DataFrame, dataset: str,
             epochs = np.array(sorted(mine["epoch"].unique()))
             over.plot(epochs, by_epoch.median().loc[epochs], color=styles[method].color, ls=styles[method].linestyle,
                       marker=styles[method].marker, ms=3, lw=1.5, label=label)
-            over.fill_between(epochs, by_epoch.min().loc[epochs], by_epoch.max().loc[epochs], color=styles[method].color,
+            over.fill_between(epochs, by_epoch.min().loc[epochs], by_epoch.max().loc[epochs],
+                              color=styles[method].color,
                               alpha=0.15, lw=0)
         for ax in (across, over):
             if parameter in IDENTITY_VALUES:
