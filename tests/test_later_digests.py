@@ -83,3 +83,13 @@ def test_a_run_recorded_before_v2_still_loads_and_is_upgraded_by_the_next_writer
     assert upgraded["format"] == "mtl_cog.run_digests.v2"
     assert {rundir.SHIFT_METRICS, rundir.POSTHOC_METRICS} <= set(upgraded["files"]) and "/v1" not in upgraded["files"]
     digests.verify_digests(run, digests.later_files(run))
+
+
+def test_the_last_epochs_predictions_are_no_post_hoc_variant(tmp_path):
+    from mtl_cog.reporting.run_records import _posthoc_variants
+
+    run = tmp_path / "r"
+    run.mkdir()
+    for split in ("test_last", "test_ts"):  # the last epoch's network (eval.score_last_epoch), a calibrator's
+        (run / f"predictions_{split}.npz").write_bytes(b"")
+    assert [v.method for v in _posthoc_variants(run, "baseline")] == ["baseline+ts"]

@@ -35,7 +35,7 @@ from mtl_cog.evaluation.metrics import (
 from mtl_cog.evaluation.multitask_metrics import is_multitask_metric
 from mtl_cog.evaluation.predictions import Predictions, load_predictions
 from mtl_cog.runs import rundir
-from mtl_cog.runs.digests import later_files, verify_digests
+from mtl_cog.runs.digests import covered_files, later_files, verify_digests
 from mtl_cog.runs.finished import check_run_files
 from mtl_cog.runs.task_spec import load_task_spec
 
@@ -169,6 +169,8 @@ def _posthoc_variants(run_dir: Path, method: str) -> list[Variant]:
     variants = {}
     verify_digests(run_dir, later_files(run_dir))  # written after the run finished, recorded by their writer
     for path in sorted(run_dir.glob(f"{POSTHOC_PREFIX}*.npz")):
+        if path.name in covered_files():  # the run's own predictions (predictions_test_last.npz), no calibrator
+            continue
         name = path.stem[len(POSTHOC_PREFIX):]
         variants[name] = Variant(f"{method}+{name}", predictions=path)
     csv = run_dir / rundir.POSTHOC_METRICS
