@@ -336,8 +336,7 @@ def test_paper_grid_dry_run_lists_every_run_and_sums_the_estimates(capsys, tmp_p
     methods = {d: len(list((REPO / "configs" / d).glob("*.yaml"))) for d in ("celeba", "svhn", "cifar10", "cifar100")}
     assert f"final runs: {5 * sum(methods.values())} planned" in text  # 5 seeds by default, the paper's count
     assert f"celeba: {methods['celeba']} methods × 5 seeds" in text
-    total = 0.0
-    measured = gpu_time.find_gpu_check(None, REPO)  # the device benchmarks committed in results/benchmarks/
+    total, measured = 0.0, gpu_time.find_gpu_check(None, REPO)  # with the benchmarks in results/benchmarks/
     for dataset in ("celeba", "svhn", "cifar10", "cifar100"):
         for config in sorted((REPO / "configs" / dataset).glob("*.yaml")):
             total += 5 * gpu_time.estimate_run(load_config(config), measured).seconds

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from mtl_cog.benchmarks.common import Workload
 from mtl_cog.benchmarks.device_cases import Case
+from mtl_cog.benchmarks.epoch_check import BF16_PEAK_TFLOPS
 from mtl_cog.errors import ConfigError, run_cli
 from mtl_cog.io import atomic_write_json
 
@@ -192,8 +193,6 @@ def judged_targets(cases: list[dict], tiny: bool) -> dict:
 
 def run_check(sizes: Sizes, out: Path, budget: float, peak_tflops: float | None, tiny: bool) -> dict:
     """Every stage in turn within ``budget`` seconds; the JSON is written after each."""
-    from mtl_cog.benchmarks.epoch_check import BF16_PEAK_TFLOPS  # the data-sheet table (a dict: no torch work)
-
     start = time.monotonic()
     planned = stages(sizes)
     result = {"format": FORMAT, "tiny": tiny, "measured_at": datetime.datetime.now(datetime.UTC).isoformat(
