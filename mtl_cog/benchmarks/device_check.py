@@ -59,7 +59,7 @@ FORMAT = "mtl_cog.device_check/1"
 PROCESS_START, WARMUP, COMPILE = 15.0, 5.0, 60.0  # seconds, as planned in the module docstring
 BACKBONES = ("resnet18", "resnet50", "resnet101")
 SIDE_BY_SIDE = (2, 4, 8)  # ResNet-18 runs per device; 1 is the single run
-TARGETS = {  # issue 47's targets, judged only on a device (never on --tiny)
+TARGETS = {  # the speed targets set for the paper's scale, judged only on a device (never on --tiny)
     "resnet18_k4_over_k1": (">=", 3.0), "resnet101_fraction_of_peak": (">=", 0.15),
     "upgrad_parameters_step_ratio": ("<=", 3.0)}
 
@@ -177,7 +177,7 @@ def merge(case: Case, lines: list[dict], peak_known: bool) -> dict:
 
 
 def judged_targets(cases: list[dict], tiny: bool) -> dict:
-    """Issue 47's targets from the measured cases: the value, the target, and met (None on --tiny or unmeasured)."""
+    """The speed targets from the measured cases: the value, the target, and met (None on --tiny or unmeasured)."""
     by_name = {c["name"]: c for c in cases if "error" not in c}
     k1, k4 = by_name.get("resnet18_k1"), by_name.get("resnet18_k4")
     values = {"resnet18_k4_over_k1": k4["images_per_s"] / k1["images_per_s"] if k1 and k4 else None,
