@@ -88,7 +88,8 @@ def test_tuning_seeds_among_a_later_draws_final_seeds_are_refused(tmp_path, monk
 
 
 @pytest.mark.parametrize("epochs, multitask, expected", [(300, False, 10), (100, True, 3), (30, False, 1),
-                                                         (30, True, 1), (60, False, 2), (5, True, 1)])
+                                                         (30, True, 1), (60, False, 2), (5, True, 1), (75, False, 3),
+                                                         (150, True, 5)])
 def test_the_papers_step_period_scaled_to_the_epochs(epochs, multitask, expected):
     assert protocol.paper_step_epochs(epochs, multitask) == expected
 
@@ -169,3 +170,53 @@ def test_the_plan_is_recorded_once_and_a_changed_plan_is_refused(tmp_path, monke
     for bad in ("missing.md", str(plan), "../plan.md"):
         with pytest.raises(UserError, match="--plan"):
             preregistration.plan_record(type(plan)(bad), "abc")
+    (tmp_path / "empty.md").write_text("\n")
+    (tmp_path / "link.md").symlink_to(plan)
+    for bad, message in (("empty.md", "is empty"), ("link.md", "not a link")):
+        with pytest.raises(UserError, match=message):
+            preregistration.plan_record(type(plan)(bad), "abc")
+    import subprocess
+    subprocess.run(["git", "init", "-q"], check=True)  # in a checkout, an uncommitted plan is refused
+    with pytest.raises(UserError, match="not committed"):
+        preregistration.plan_record(type(plan)("plan.md"), "abc")
+    late = Bundle({"campaign": "c"})
+    late.runs = late.runs.reindex(range(3))  # a bundle that already holds three runs
+    preregistration.keep_first(late, record)
+    assert late.campaign["plan"]["runs_before"] == 3
+
+
+def test_flags_that_would_do_nothing_or_the_wrong_thing_are_refused():
+    from mtl_cog.cli import reproduce
+
+    with pytest.raises(UserError, match="--legacy-tuning only resumes fair"):
+        reproduce.parse_args(["--protocol", "paper", "--legacy-tuning", "--data", "digits"])
+    with pytest.raises(UserError, match="--widen re-tunes studies"):
+        reproduce.parse_args(["--protocol", "configs", "--widen", "--data", "digits"])
+
+
+def test_the_paper_protocol_note_without_tuned_methods_says_nothing_of_the_configs_protocol(tmp_path):
+    from mtl_cog.cli import reproduce
+    from mtl_cog.cli.protocol_note import write_protocol_note
+
+    args = reproduce.parse_args(["--protocol", "paper", "--data", "synthetic", "--method", "baseline", "ls"])
+    write_protocol_note(tmp_path, args, None, [[0, 1, 2, 3, 4]])
+    text = (tmp_path / "protocol.md").read_text()
+    assert "COG paper's procedure" in text and "shipped config" not in text and "tuned for them" not in text
+
+
+def test_a_two_stage_method_cannot_score_its_last_stage_one_epoch():
+    from mtl_cog.config import load_config
+    from mtl_cog.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.score_last_epoch"):
+        load_config("configs/synthetic/tst.yaml", ["eval.score_last_epoch=true"])
+
+
+def test_a_dry_run_refuses_a_train_size_the_run_would_refuse():
+    from mtl_cog.config import load_config
+    from mtl_cog.errors import ConfigError
+    from mtl_cog.experiments import gpu_time
+
+    with pytest.raises(ConfigError, match="data.train_size=97 is more than the 96"):
+        gpu_time.estimate_run(load_config("configs/synthetic/baseline.yaml", ["data.synthetic.train_size=96",
+                                                                              "data.train_size=97"]))

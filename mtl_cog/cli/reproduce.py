@@ -47,6 +47,7 @@ import pandas as pd
 import torch
 
 from mtl_cog.cli.paths import CONFIGS
+from mtl_cog.cli.protocol_note import HEAD_LEADER_LRS, write_protocol_note
 from mtl_cog.config import load_config
 from mtl_cog.config.arguments import Parser, add_deprecated_alias, distinct, whole_number
 from mtl_cog.config.compose import scale_datasets, scale_files, scale_names
@@ -62,28 +63,17 @@ from mtl_cog.experiments.launcher import (
     processes_per_run,
     thread_env,
 )
-from mtl_cog.io import atomic_write, atomic_write_text, check_writable
+from mtl_cog.io import check_writable
 from mtl_cog.reporting.bundle import bundle_dir, read_bundle
 from mtl_cog.reporting.bundle_report import write_bundle_report
 from mtl_cog.reporting.comparison import write_comparison
 from mtl_cog.reporting.paired import counterpart_pairs
 from mtl_cog.reporting.posthoc_run import posthoc_method_names
-from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.runs import rundir
 
 PROTOCOLS = ("configs", "fair", "paper")
 TUNED = ("fair", "paper")  # the protocols with tuning studies (and so with draws)
 DEFAULT_DATA = {"cpu": ("digits", "synthetic"), "paper": ("celeba", "svhn", "cifar10", "cifar100")}
-# --protocol configs only: the head-leader methods (cog_fc, cog_ls, cog_tst) update their whole
-# classifier at the leader rate; in short CPU runs the configs' 1e-4 leaves them underconfident.
-# These rates came from a sweep of cog_fc alone, so this protocol favours those methods; the fair
-# protocol tunes every method instead. The real-image data sets have no such sweep: their head
-# leaders keep the configs' rates under --protocol configs.
-HEAD_LEADER_LRS = {
-    "digits": ["optim.leader_lr=1e-3", "optim.follower_lr=4e-3"],
-    "synthetic": ["optim.leader_lr=1e-3", "optim.follower_lr=4e-3"],
-}
-CHOSEN = "chosen_settings"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -114,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              f"{protocol.TUNE_SEED}; never one of --seeds). Several seeds damp the tuning's own "
                              "noise")
     parser.add_argument("--draws", type=whole_number(1, 10, "a number of tuning draws"), default=1,
-                        help="fair: tune every method this many times independently (other tuning seeds, another "
+                        help="fair/paper: tune every method this many times independently (other tuning seeds, another "
                              "sampler seed); the report sets the draws' verdicts side by side (default 1)")
     parser.add_argument("--legacy-tuning", action="store_true",
                         help="fair: the tuning rules of campaigns tuned before 2026-12-04 (results/fashion_*_full): "
@@ -142,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_launcher_arguments(parser, parallel_flag="--jobs")
     campaign.add_campaign_arguments(parser)
     args = parser.parse_args(argv)
+    if args.legacy_tuning and args.protocol != "fair" or args.widen and args.protocol not in TUNED:
+        raise UserError(f"--protocol {args.protocol}: " + ("--legacy-tuning only resumes fair-protocol campaigns tuned "
+                        "before 2026-12-04" if args.legacy_tuning else "--widen re-tunes studies, which only the fair "
+                        "and paper protocols have") + "; leave it out.")
     for flag, values in (("--seeds", args.seeds), ("--tuning-seeds", args.tuning_seeds), ("--data", args.data),
                          ("--method", args.method)):
         distinct(values, flag)  # one folder per (dataset, method, seed): a repeat would race two jobs on it
@@ -358,7 +352,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     # only when every final run's folder is here (a fresh clone has the bundle alone: its tables are complete)
     if args.draws == 1 and all((p.spec.run_dir / rundir.DONE).is_file() for p in planned):
         write_comparison([args.out / "runs"], report_dir / "figures", list(DEFAULT_BINS), SUMMARY_BINS)
-    write_protocol_note(report_dir, args, chosen)
+    write_protocol_note(report_dir, args, chosen, [final_seeds(args, d) for d in range(1, args.draws + 1)])
     if failed:
         raise UserError(f"{len(failed)} run(s) failed, so the report lacks them: "
                         + ", ".join(str(p.spec.run_dir) for p in failed) + ". Run the same command again to continue "
@@ -393,53 +387,6 @@ def print_plan(args: argparse.Namespace, studies: fair_tuning.Studies, final: ca
             "at the same budget each")
         print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them"
               f"{widening})")
-
-
-def write_protocol_note(report_dir: Path, args: argparse.Namespace, chosen: pd.DataFrame | None) -> None:
-    """protocol.md beside the report (and chosen_settings.csv/md for the fair protocol)."""
-    lines = [f"# Protocol: {args.protocol} (scale {args.scale})", ""]
-    if args.protocol == "paper":
-        lines += ["The COG paper's procedure (App. B): the COG variants' leader and follower rates tuned on validation "
-                  "NLL with its step schedule (÷10 every 1/30 of the epochs, 3/100 with several tasks), the baseline "
-                  f"at Adam {protocol.PAPER_BASELINE_LR:g} and label smoothing {protocol.PAPER_LABEL_SMOOTHING:g} "
-                  "not tuned, at a constant rate. This is **not** an equal-budget comparison: it is the paper's, run "
-                  "beside the fair protocol to measure what its asymmetry contributes "
-                  "(mtl_cog/experiments/protocol.py).", ""]
-    if chosen is None:
-        lines += ["Every method ran with its shipped config. This is **not** an equal-budget comparison"
-                  + (": at CPU scale the head-leader COG variants (cog_fc, cog_ls, cog_tst) use learning rates "
-                     f"tuned for them ({' '.join(HEAD_LEADER_LRS[args.data[0]])}), no other method was tuned"
-                     if args.scale == "cpu" and args.data[0] in HEAD_LEADER_LRS else "")
-                  + ". Use --protocol fair for that.", ""]
-    else:
-        atomic_write(report_dir / f"{CHOSEN}.csv", lambda tmp: chosen.to_csv(tmp, index=False))
-        atomic_write_text(report_dir / f"{CHOSEN}.md", markdown_table(chosen))
-        lines += [f"{'Every COG variant' if args.protocol == 'paper' else 'Every method'} had an Optuna study of "
-                  f"{args.budget} trials (each trial trained with seed(s) "
-                  f"{' '.join(map(str, args.tuning_seeds))}, valued by the mean; "
-                  f"{tuning.start_count(args.budget)} Halton start points, then TPE"
-                  + (", successive halving" if args.prune else "") + ") on validation NLL"
-                  + (f", in each of {args.draws} independent draws" if args.draws > 1 else "") + "; failed trials "
-                  "count toward the budget. The chosen settings (chosen_settings.csv) were then run with seeds "
-                  + "; ".join(f"{' '.join(map(str, final_seeds(args, d)))} (draw {d})"
-                              for d in range(1, args.draws + 1))
-                  + ". See docs/explanation/protocol.md.", "", markdown_table(chosen)]
-        if args.prune:
-            share = (chosen["epoch_share"] * chosen["trials"]).sum() / chosen["trials"].sum()
-            lines += ["", f"Pruning: {int(chosen['pruned'].sum())} of {int(chosen['trials'].sum())} trials stopped "
-                      f"early; the tuning trained {share:.0%} of the epochs it would have without pruning."]
-        in_sample = chosen[chosen["val_in_sample"]]
-        if len(in_sample):
-            lines += ["", f"`val_in_sample`: {', '.join(sorted(set(in_sample['method'])))} fit part of the network on "
-                      "the validation split while training (LiST's L), so their validation NLL, which chose their "
-                      "setting and checkpoint, is in-sample and optimistic; their test metrics are not."]
-        edges = chosen[chosen["at_edge"] != ""]
-        if len(edges):
-            lines += ["", f"**{len(edges)} of {len(chosen)} choices lie at the edge of their search range** "
-                      f"(`at_edge`: in its outer {protocol.EDGE_SHARE:.0%}; a leader ratio at its top, 1, means no "
-                      "hierarchy): their best setting may lie outside it (mtl_cog/experiments/protocol.py)."]
-    atomic_write_text(report_dir / "protocol.md", "\n".join(lines) + "\n")
-    print(report_dir / "protocol.md")
 
 
 def cli() -> None:

@@ -528,6 +528,10 @@ class Config:
         self.eval.validate()
         self.two_stage.validate()
         self.mtl.validate()
+        if self.eval.score_last_epoch and self.two_stage.enabled:  # the last epoch would lack the second stage
+            raise ConfigError("eval.score_last_epoch scores stage one's last network, which TST / V-TST replace with "
+                              "a second-stage head: it would name a network the method never trains. Leave it off "
+                              "with two_stage.enabled.")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -13,7 +13,7 @@ import torch
 from mtl_cog.config import DataConfig
 from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.data.cache import load_cached
-from mtl_cog.data.task_api import TASKS, TaskData, check_labels
+from mtl_cog.data.task_api import TASKS, TaskData, check_labels, too_few_training_images
 from mtl_cog.errors import ConfigError, DataError, UnknownNameError
 
 
@@ -38,8 +38,7 @@ def load_task(data_cfg: DataConfig) -> TaskData:
     if data_cfg.train_size is not None:
         train = task_data.splits["train"]
         if data_cfg.train_size > len(train):
-            raise ConfigError(f"data.train_size={data_cfg.train_size} is more than the {len(train):,} training images "
-                              f"of {data_cfg.task!r}; use at most {len(train)} or null (all).")
+            raise ConfigError(too_few_training_images(data_cfg.train_size, len(train), data_cfg.task))
         task_data.splits["train"] = train.subset(data_cfg.train_size, data_cfg.train_size_seed)
     if not data_cfg.augment:  # the task's augmentation lives in its spec; batches read it from there
         task_data = TaskData(dataclasses.replace(task_data.spec, pad_crop=0, hflip=False), task_data.splits)

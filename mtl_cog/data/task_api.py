@@ -348,9 +348,17 @@ def capped_sizes(sizes: dict[str, int], max_samples: int | None) -> dict[str, in
     return {split: n if max_samples is None else min(n, max_samples) for split, n in sizes.items()}
 
 
-def trained_sizes(sizes: dict[str, int], train_size: int | None) -> dict[str, int]:
-    """A task's ``split_sizes`` after ``data.train_size`` (the training images kept; ``loading.load_task``)."""
-    return {**sizes, "train": sizes["train"] if train_size is None else min(sizes["train"], train_size)}
+def trained_sizes(sizes: dict[str, int], train_size: int | None, task: str = "") -> dict[str, int]:
+    """A task's ``split_sizes`` after ``data.train_size`` (the training images kept; ``loading.load_task``), refused
+    where the split is smaller, as the run itself would refuse it (dry runs say so before any run starts)."""
+    if train_size is not None and train_size > sizes["train"]:
+        raise ConfigError(too_few_training_images(train_size, sizes["train"], task))
+    return {**sizes, "train": sizes["train"] if train_size is None else train_size}
+
+
+def too_few_training_images(train_size: int, available: int, task: str) -> str:
+    return (f"data.train_size={train_size} is more than the {available:,} training images of {task!r} (after "
+            f"data.max_samples, if set); use at most {available} or null (all).")
 
 
 TASKS: Registry[Task] = Registry("task", plugins="tasks")  # the built-in data sets, imported on first lookup

@@ -310,7 +310,7 @@ def estimate_run(cfg: Config, measured: Throughput | None = None) -> RunEstimate
     share = found.runs_per_device if found is not None else 1  # K runs share a device: each costs 1/K of its time
     task = TASKS.get(cfg.data.task) if cfg.data.task in TASKS else None
     sizes_of = getattr(task, "split_sizes", None)
-    sizes = trained_sizes(sizes_of(cfg.data), cfg.data.train_size) if sizes_of is not None else None
+    sizes = trained_sizes(sizes_of(cfg.data), cfg.data.train_size, cfg.data.task) if sizes_of is not None else None
     if sizes is None:
         return RunEstimate(math.nan, None, source + f"; split sizes of {cfg.data.task!r} unknown", on_cpu)
     forward = EVAL_SPEEDUP * rate

@@ -16,6 +16,7 @@ recorded one plan is refused with another. A campaign run without ``--plan`` kee
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
 
 from mtl_cog.errors import UserError
@@ -25,16 +26,33 @@ PLAN_KEY = "plan"
 
 
 def plan_record(path: Path, code_commit: str) -> dict:
-    """The record of the plan in ``path`` (a readable file, a relative path)."""
-    if path.is_absolute() or ".." in path.parts:
+    """The record of the plan in ``path``: a non-empty regular file inside the working directory, committed as it is
+    (in a git checkout; a lane's frozen copy is a ``git archive``, so what it holds is committed)."""
+    if path.is_absolute() or ".." in path.parts or path.is_symlink():
         raise UserError(f"--plan {path}: give the plan's path relative to the repository root (where campaigns run), "
-                        "e.g. docs/results/<campaign>-plan.md.")
+                        "not a link, e.g. docs/results/<campaign>-plan.md.")
     try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        content = path.read_bytes()
     except OSError as err:
         raise UserError(f"--plan {path}: cannot be read ({err.strerror or err}). Commit the plan first; the "
                         "campaign records which one it ran under.") from None
-    return {"path": path.as_posix(), "sha256": digest, "code_commit": code_commit}
+    if not content.strip():
+        raise UserError(f"--plan {path} is empty: a plan states hypotheses, metrics, seeds, a decision rule and a "
+                        "budget before the runs.")
+    if uncommitted(path):
+        raise UserError(f"--plan {path} is not committed as it is: commit it first, so that the commit the runs "
+                        "record holds it.")
+    return {"path": path.as_posix(), "sha256": hashlib.sha256(content).hexdigest(), "code_commit": code_commit}
+
+
+def uncommitted(path: Path) -> bool:
+    """Whether git (where this is a checkout) shows ``path`` untracked or changed against HEAD."""
+    try:
+        result = subprocess.run(["git", "status", "--porcelain", "--", str(path)], capture_output=True, text=True,
+                                timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False  # no git: a lane's frozen copy (committed by construction) or an installed package
+    return result.returncode == 0 and bool(result.stdout.strip())
 
 
 def check_plan(recorded: Bundle | None, record: dict) -> None:
@@ -53,5 +71,7 @@ def check_plan(recorded: Bundle | None, record: dict) -> None:
 
 
 def keep_first(bundle: Bundle, record: dict) -> None:
-    """Record the plan in ``bundle`` unless it holds one already (then ``check_plan`` has found it the same)."""
-    bundle.campaign.setdefault(PLAN_KEY, record)
+    """Record the plan in ``bundle`` unless it holds one already (then ``check_plan`` has found it the same); a plan
+    given to a campaign whose bundle already holds runs says how many (``runs_before``): it came after them."""
+    if PLAN_KEY not in bundle.campaign:
+        bundle.campaign[PLAN_KEY] = {**record, "runs_before": int(len(bundle.runs))}

@@ -221,7 +221,7 @@ CONSTANT_RATE_EPOCHS = 1_000_000  # a step period no run reaches: a constant rat
 
 def paper_step_epochs(epochs: int, multitask: bool) -> int:
     """The paper's decay period scaled to ``epochs`` (see above), at least one epoch."""
-    return max(1, round(epochs * PAPER_STEP_SHARE[multitask]))
+    return max(1, math.floor(epochs * PAPER_STEP_SHARE[multitask] + 0.5))  # half up: 75 epochs -> 3, not 2
 
 
 def paper_overrides(cfg: Config, multitask: bool) -> list[str]:

@@ -65,7 +65,7 @@ def results_rows(run_dir: Path, posthoc: tuple[str, ...] = ()) -> pd.DataFrame:
     val, test = finished_predictions(run_dir, ("val", "test")).values()
     rows = _checkpoint_rows(val, test, posthoc)
     last = tuple(rundir.last_epoch_split(s) for s in ("val", "test"))
-    if all((run_dir / rundir.predictions_file(s)).is_file() for s in last):
+    if rundir.load_run_config(run_dir).eval.score_last_epoch:  # a file it should have and lacks is refused there
         rows += _checkpoint_rows(*finished_predictions(run_dir, last).values(), posthoc, LAST)
     frame = pd.DataFrame(rows, columns=["split", "task", "metric", "value"])
     frame.attrs["sizes"] = {"val": len(val.labels[0]), "test": len(test.labels[0])}

@@ -16,11 +16,13 @@ A report shows from them
   of its total move (max abs change over all its parameters, first to last epoch) in that part;
   a calibrator whose total move is below ``CALIBRATOR_FLOOR`` (1 %) of its size counts as settled.
   A decayed learning rate must not pass this by itself (epochs at 1/100 of the rate are flat whatever the
-  network had reached), so the NLL rule is applied a second time to the *live* epochs alone, those whose
-  follower rate is at least ``LIVE_RATE_SHARE`` (1/10) of the first epoch's: a run must have settled
-  while it could still learn, and a run with fewer than two live epochs has not shown that it did (the
-  paper's step schedule, ÷10 every epoch when scaled to 30 epochs, fails here). Curves without the rate
-  (bundles collected before it was recorded) count every epoch as live: the rule is then the old one.
+  network had reached), so the NLL rule is applied a second time to the *live* epochs alone, the first
+  epochs whose follower rate is at least ``LIVE_RATE_SHARE`` (1/10) of the highest rate before them: a run
+  must have settled while it could still learn, and a run with fewer than two live epochs has not shown that
+  it did. (The paper's step schedule scaled to 30 epochs, ÷10 every epoch, leaves two live epochs: such a run
+  settles only when its validation NLL did not fall by more than 1 % from the first to the second.) Curves
+  without the rate on every epoch (bundles collected before it was recorded) count every epoch as live: the
+  rule is then the old one, and ``live_epochs`` is None.
   A two-stage run (TST, V-TST) is judged on its second stage too (``two_stage_metrics.jsonl``,
   the same NLL rule): a post-hoc head still learning at its last epoch is not a finished baseline.
 """
@@ -252,8 +254,9 @@ def convergence_of_curves(curves: pd.DataFrame) -> Convergence | None:
     stage_two = _series(curves, STAGE_TWO_SPLIT, "nll")
     rate = _series(curves, "train", "lr")
     live_epochs, gain_live = None, 0.0
-    if len(rate) == len(nll) and rate[0] > 0:
-        live = rate >= LIVE_RATE_SHARE * rate[0] * (1 - 1e-9)  # a rate exactly at the share (0.1 after 1/10) is live
+    if len(rate) == len(nll) and rate.max() > 0:
+        peak = np.maximum.accumulate(rate)  # a rate that rose (a warm-up, a resume at a higher rate) sets the scale
+        live = rate >= LIVE_RATE_SHARE * peak * (1 - 1e-9)  # a rate exactly at the share (0.1 after 1/10) is live
         live_epochs = int(np.argmin(live)) if not live.all() else len(live)  # the epochs before the rate fell
         gain_live = _nll_gain_last(nll[:live_epochs]) if live_epochs >= 2 else 0.0
     return Convergence(len(nll), _nll_gain_last(nll), move,
