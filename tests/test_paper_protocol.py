@@ -9,7 +9,7 @@ from scipy import stats
 from mtl_cog.config import load_config
 from mtl_cog.config.search_ranges import Knob
 from mtl_cog.errors import UserError
-from mtl_cog.experiments import fair_tuning, protocol, tuning
+from mtl_cog.experiments import protocol, study_rules, tuning
 
 KNOBS = [Knob("optim.follower_lr", 1e-4, 1e-2, log=True), Knob(protocol.LEADER_RATIO_KEY, 1e-3, 1.0, log=True)]
 
@@ -127,12 +127,12 @@ def test_a_retuning_is_offered_to_every_method_of_the_data_set_and_draw():
     chosen = pd.DataFrame([{"dataset": "fashion_mosaic", "method": m, "draw": d,
                             "at_edge": "optim.follower_lr=highest" if (m, d) == ("cog_fc", "1") else ""}
                            for m in ("baseline", "cog_fc") for d in ("1", "2")])
-    alike = fair_tuning.widen(studies, chosen, 1, alike=True)
+    alike = study_rules.widen(studies, chosen, 1, alike=True)
     assert sorted(alike) == [("fashion_mosaic", "baseline", "1"), ("fashion_mosaic", "cog_fc", "1")]
     assert alike["fashion_mosaic", "baseline", "1"].knobs == studies["fashion_mosaic", "baseline", "1"].knobs
     assert alike["fashion_mosaic", "cog_fc", "1"].knobs[0].high == pytest.approx(0.1)  # ten times wider
     assert all(s.widening == 1 and s.rotation == 1 for s in alike.values())  # new points for both
-    legacy = fair_tuning.widen(studies, chosen, 1, alike=False)
+    legacy = study_rules.widen(studies, chosen, 1, alike=False)
     assert sorted(legacy) == [("fashion_mosaic", "cog_fc", "1")]
 
 

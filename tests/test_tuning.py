@@ -226,7 +226,7 @@ def test_a_range_is_widened_past_the_edge_its_choice_sat_at_within_the_knobs_lim
 def test_legacy_widen_makes_a_new_study_only_for_choices_at_an_edge(tmp_path):
     import pandas as pd
 
-    from mtl_cog.experiments import fair_tuning
+    from mtl_cog.experiments import study_rules
 
     def spec(method):
         return tuning.StudySpec("d", method, (Path("c.yaml"),), (f"output_dir={tmp_path / ('d-' + method)}",), 1e-3,
@@ -235,7 +235,7 @@ def test_legacy_widen_makes_a_new_study_only_for_choices_at_an_edge(tmp_path):
     studies = {("d", m, "1"): spec(m) for m in ("a", "b")}
     chosen = pd.DataFrame([{"dataset": "d", "method": "a", "draw": "1", "at_edge": "optim.follower_lr=highest"},
                            {"dataset": "d", "method": "b", "draw": "1", "at_edge": ""}])
-    wider = fair_tuning.widen(studies, chosen, 1, alike=False)  # the legacy rule (tests/test_paper_protocol.py: alike)
+    wider = study_rules.widen(studies, chosen, 1, alike=False)  # the legacy rule (tests/test_paper_protocol.py: alike)
     assert list(wider) == [("d", "a", "1")]
     new = wider[("d", "a", "1")]
     assert new.name == "d-a-w1" and new.knobs[0].high == pytest.approx(0.1) and new.folder.name == "d-a-w1"

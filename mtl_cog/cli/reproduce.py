@@ -55,7 +55,7 @@ from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UserError, run_cli
-from mtl_cog.experiments import campaign, fair_tuning, gpu_time, preregistration, protocol, tuning
+from mtl_cog.experiments import campaign, fair_tuning, gpu_time, preregistration, protocol, study_rules, tuning
 from mtl_cog.experiments.launcher import (
     add_launcher_arguments,
     check_launcher,
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent, args.runs_per_device)
     studies = study_specs(args) if args.protocol in TUNED else {}
     recorded = read_bundle(bundle_dir(args.out))
-    fair_tuning.check_start_rule(studies, recorded, args.budget)  # dry runs too
+    study_rules.check_start_rule(studies, recorded, args.budget)  # dry runs too
     plan = preregistration.plan_record(args.plan, campaign.code_commit()) if args.plan else None
     if plan is not None:
         preregistration.check_plan(recorded, plan)
@@ -328,12 +328,12 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     if studies:
         fair_tuning.run_workers(studies, args, runner, env, name)
         chosen = fair_tuning.choose_settings(studies, args)
-        widenings = fair_tuning.MAX_WIDENINGS if args.legacy_tuning or args.widen else 0
+        widenings = study_rules.MAX_WIDENINGS if args.legacy_tuning or args.widen else 0
         for widening in range(1, widenings + 1):  # a choice at a range edge: re-tune wider
-            wider = fair_tuning.widen(studies, chosen, widening, alike=not args.legacy_tuning)
+            wider = study_rules.widen(studies, chosen, widening, alike=not args.legacy_tuning)
             if not wider:
                 break
-            print(f"re-tuning over widened ranges ({widening} of at most {fair_tuning.MAX_WIDENINGS}): "
+            print(f"re-tuning over widened ranges ({widening} of at most {study_rules.MAX_WIDENINGS}): "
                   + ", ".join(f"{s.dataset}/{s.method}" + ("" if s.draw == "1" else f" (draw {s.draw})")
                               for s in wider.values()), flush=True)
             studies.update(wider)
@@ -383,7 +383,7 @@ def print_plan(args: argparse.Namespace, studies: fair_tuning.Studies, final: ca
     if studies:
         who = "that method" if args.legacy_tuning else "every method of its data set and draw"
         widening = "" if not (args.legacy_tuning or args.widen) else (
-            f"; a choice at a range edge re-tunes {who} over a wider range, up to {fair_tuning.MAX_WIDENINGS} times, "
+            f"; a choice at a range edge re-tunes {who} over a wider range, up to {study_rules.MAX_WIDENINGS} times, "
             "at the same budget each")
         print("(the final runs' learning rates and knobs are chosen after tuning; times do not depend on them"
               f"{widening})")

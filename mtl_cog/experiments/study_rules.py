@@ -1,0 +1,73 @@
+"""The rules a campaign's tuning studies keep across draws and re-tunings (``reproduce``, fair and paper protocols).
+
+- ``check_start_rule``: a bundle's recorded studies must start from the points this command's rule draws (shifted
+  per draw, or unshifted under ``--legacy-tuning``), refused before anything runs, dry runs included;
+- ``widen``: after a choice sat at a range edge, new studies over the widened range (``--widen``: every method of
+  that data set and draw alike; the legacy rule: the method at the edge alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+
+from mtl_cog.errors import UserError
+from mtl_cog.experiments import protocol, tuning
+from mtl_cog.reporting import bundle as bundles
+
+Studies = dict[tuple[str, str, str], tuning.StudySpec]  # (data, method, draw) -> study
+
+
+def check_start_rule(studies: Studies, recorded: bundles.Bundle | None, budget: int) -> None:
+    """Refuse, before anything runs (dry runs included), studies whose recorded start points are not the ones this
+    campaign's rule draws (``--legacy-tuning`` or not, another sampler seed): their trials would be ranked with
+    trials of another search, and ``tuning.enqueue_start`` would refuse them only once the tuning starts."""
+    if recorded is None or recorded.trials.empty or "study" not in recorded.trials:
+        return
+    for spec in studies.values():
+        rows = recorded.trials[recorded.trials["study"] == spec.name].sort_values("trial")
+        starts = protocol.start_points(list(spec.knobs), tuning.start_count(budget), spec.sampler_seed, spec.rotation)
+        for row, point in zip(rows.to_dict("records"), starts):
+            held = {key: pd.to_numeric(row.get(key), errors="coerce") for key in point}
+            if any(not math.isclose(float(held[key]), value, rel_tol=1e-6) for key, value in point.items()):
+                rule = "shifted start points" if spec.rotate else "unshifted start points (--legacy-tuning)"
+                raise UserError(f"the results bundle's study {spec.name} starts from trial {row.get('trial')} at "
+                                f"{ {k: float(v) for k, v in held.items()} }, not at {point}, where this command's "
+                                f"rule ({rule}) starts: it was tuned under another rule. A campaign tuned before "
+                                "2026-12-04 resumes with --legacy-tuning; otherwise use a new --out.")
+
+
+MAX_WIDENINGS = 2  # at most this many re-tunings of one method; a choice still at an edge is then reported
+
+
+def widen(studies: Studies, chosen: pd.DataFrame, widening: int, alike: bool = True) -> Studies:
+    """New studies after a choice sat at a widenable edge of a knob's range: the same budget over the range
+    extended past that edge (``protocol.widened``); the earlier studies stay recorded.
+
+    A chosen knob in the outer 5 % of its range means the range, not the method, bounded the result, so
+    the method is tuned again rather than compared at a setting it was not allowed to leave. ``alike``: every
+    method of that data set and draw is tuned again (its own edge knobs widened, the others' ranges kept), so
+    that every method's choice comes from one study of the same budget; otherwise (the legacy rule) only the
+    method at the edge is, which gave it twice the trials of the others.
+    """
+    out = {}
+    edges = {}
+    for row in chosen.itertuples():
+        spec = studies[(row.dataset, row.method, str(row.draw))]
+        sides = dict(edge.split("=") for edge in str(row.at_edge).split())
+        knobs = [(protocol.widened(k, sides[k.key]) or k) if k.key in sides else k for k in spec.knobs]
+        edges[(row.dataset, row.method, str(row.draw))] = tuple(knobs)
+    widened = {(key[0], key[2]) for key, knobs in edges.items() if knobs != studies[key].knobs}
+    for key, knobs in edges.items():
+        spec = studies[key]
+        if knobs == spec.knobs and not (alike and (key[0], key[2]) in widened):
+            continue
+        name = dataclasses.replace(spec, widening=widening).name
+        out[key] = dataclasses.replace(spec, knobs=tuple(knobs), widening=widening,
+                                       folder=spec.folder.parent / name,
+                                       overrides=tuple(o if not o.startswith("output_dir=") else
+                                                       f"output_dir={spec.folder.parent / name}"
+                                                       for o in spec.overrides))
+    return out
