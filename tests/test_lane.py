@@ -86,7 +86,7 @@ def test_a_failed_campaign_is_the_lanes_exit_code_and_what_finished_is_still_com
 
 @pytest.mark.parametrize("argv, message", [
     (["--name", "x"], "after --"),
-    (["--name", "", "--", "scripts/reproduce.py"], "one folder name"),
+    (["--name", "", "--", "scripts/reproduce.py"], "an empty value"),
     (["--name", "x", "--", "/abs/scripts/reproduce.py"], "inside the checkout"),
     (["--name", "x", "--", "scripts/../../x.py"], "inside the checkout"),
     (["--name", "x", "--", "scripts/reproduce.py", "--out", "o"], "leave --out out"),
@@ -310,6 +310,7 @@ def test_a_figure_list_the_lane_cannot_read_leaves_the_docs_out_and_commits_the_
     assert lane.commit_bundle(repo, published, "k") == lane.COMMITTED
     assert "docs tables not committed" in capsys.readouterr().err
     assert set(git(repo, "show", "--name-only", "--format=", "HEAD").split()) <= {
-        f"results/k/bundle/{f}" for f in ("runs.csv", "results.csv.gz", "curves.csv.gz", "trials.csv", "campaign.json")}
+        f"results/k/bundle/{f}" for f in ("runs.csv", "results.csv.gz", "curves.csv.gz", "trials.csv", "campaign.json",
+                                          "manifest.json")}
     assert git(repo, "show", "HEAD:docs/r.md") == FIGURE_BLOCK.format(body="old\n")
     assert "docs/r.md" not in git(repo, "status", "--porcelain")  # restored
