@@ -320,7 +320,7 @@ def scatter_svg(points: list[Point], title: str, x_label: str, y_label: str, wid
     (x_low, x_high), (y_low, y_high) = _axis([p.x for p in points]), _axis([p.y for p in points])
     px = lambda v: left + (v - x_low) / (x_high - x_low) * plot_w  # noqa: E731
     py = lambda v: top + (1 - (v - y_low) / (y_high - y_low)) * plot_h  # noqa: E731
-    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+    parts = [f'<svg class="chart" width="{width}" height="{height}" '  # inline only: no namespace needed
              f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
              f'<text x="{left}" y="14" class="t">{escape(title)}</text>',
              f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
@@ -368,7 +368,7 @@ def task_dots_svg(rows: list[tuple[str, list[tuple[str, object, float]]]], title
     plot_w = width - left - right
     px = lambda v: left + (v - low) / (high - low) * plot_w  # noqa: E731
     bottom = top + row_h * len(rows)
-    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+    parts = [f'<svg class="chart" width="{width}" height="{height}" '  # inline only: no namespace needed
              f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
              f'<text x="4" y="14" class="t">{escape(title)}</text>']
     for tick in nice_ticks(low, high):
