@@ -203,12 +203,13 @@ def test_a_campaign_run_from_a_lane_records_the_lanes_commit(monkeypatch):
 
 
 def change(bundle: Path) -> None:
-    """A new version of the bundle (a later sync): its command grows by one word."""
-    import json
+    """A new version of the bundle (a later sync, written and sealed as a campaign writes it): its command grows by
+    one word."""
+    from mtl_cog.reporting import bundle as bundles
 
-    record = json.loads((bundle / "campaign.json").read_text())
-    record["command"] = [*record.get("command", []), "x"]
-    (bundle / "campaign.json").write_text(json.dumps(record))
+    record = bundles.read_bundle(bundle)
+    record.campaign["command"] = [*record.campaign.get("command", []), "x"]
+    bundles.write_bundle(bundle, record)
 
 
 def test_a_lane_commit_carries_the_docs_tables_of_its_bundle_and_nothing_else(repo, tmp_path, capsys):

@@ -203,7 +203,7 @@ TRAIN_CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
     "--resume: no such folder": (lambda t: ["--resume", str(t / "gone")], ["no such folder"]),
     "--resume: finished run": (lambda t: ["--resume", str(run_dir_with(t, rundir.DONE))], ["already finished"]),
     "--resume with --config": (lambda t: ["--resume", str(run_dir_with(t)), "--config", "x.yaml"],
-                               ["no --config or --overwrite with it"]),
+                               ["no --config, --overwrite or --out with it"]),
     "new run over a finished run": (lambda t: over(t, rundir.DONE), ["already holds a finished run", "--overwrite"]),
     "new run over an unfinished run": (lambda t: over(t), ["holds an unfinished run", "--resume"]),
     "new run over a folder that is not a run": (lambda t: over(t, config=False), ["is not an mtl_cog run folder"]),

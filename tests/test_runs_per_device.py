@@ -193,7 +193,7 @@ def test_submitit_with_k_runs_per_job_reports_every_run(submitit_local, tmp_path
 def device_check_json(cases: list[dict], measured_at: str = "2026-12-01T10:00:00+00:00") -> str:
     import json
 
-    return json.dumps({"format": "mtl_cog.device_check/1", "tiny": False, "device": "NVIDIA H200",
+    return json.dumps({"format": "mtl-cog-device-check/1", "tiny": False, "device": "NVIDIA H200",
                        "measured_at": measured_at, "cases": [
                            {"kind": "throughput", "baseline": True, "image_size": 32, "precision": "bf16", **c}
                            for c in cases]})

@@ -55,7 +55,7 @@ from mtl_cog.benchmarks.epoch_check import BF16_PEAK_TFLOPS
 from mtl_cog.errors import ConfigError, run_cli
 from mtl_cog.io import atomic_write_json
 
-FORMAT = "mtl_cog.device_check/1"
+FORMAT = "mtl-cog-device-check/1"
 PROCESS_START, WARMUP, COMPILE = 15.0, 5.0, 60.0  # seconds, as planned in the module docstring
 BACKBONES = ("resnet18", "resnet50", "resnet101")
 SIDE_BY_SIDE = (2, 4, 8)  # ResNet-18 runs per device; 1 is the single run

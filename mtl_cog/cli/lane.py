@@ -27,7 +27,7 @@ what is committed. A lane makes that automatic:
   no commit holds docs that disagree with their bundle; a page with uncommitted edits is left out, with a
   warning). A lost machine loses only the runs in flight.
 
-The frozen copy runs only what was committed: a committed link that leads out of it (``scripts/x.py`` ->
+The frozen copy runs only what was committed: a committed link that leads out of it (a script under ``scripts/`` ->
 a file elsewhere) would run the live file, so the lane refuses it, naming the link.
 
 Leader-rate curves read the protocol's committed bundle: give ``--protocol-dir`` as an absolute path

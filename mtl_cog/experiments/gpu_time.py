@@ -56,7 +56,7 @@ from mtl_cog.training.accelerator import cpu_has_native_bf16
 
 EVAL_SPEEDUP = 3.0
 BENCHMARKS = Path("results") / "benchmarks"  # committed device measurements, read by every dry run
-DEVICE_CHECK_FORMAT = "mtl_cog.device_check/1"  # scripts/gpu_check.sh's JSON (mtl_cog/benchmarks/device_check.py)
+DEVICE_CHECK_FORMAT = "mtl-cog-device-check/1"  # scripts/gpu_check.sh's JSON (mtl_cog/benchmarks/device_check.py)
 START_SECONDS = 30.0  # process start, data loading from the cache, model build (GPU runs)
 # A CPU run's own process beyond the fitted start: python, torch and the package imported, and at the end the
 # best checkpoint's test scoring (every metric of every task), its figures and files, which dry runs left out.

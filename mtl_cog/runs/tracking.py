@@ -138,9 +138,10 @@ def quiet_by_default() -> bool:
 
 def where_line(run: Any, run_dir: Path, reason: str | None) -> str | None:
     """The one console line saying where the run's W&B data went (None when W&B is disabled)."""
-    if getattr(run, "disabled", False) or run.settings.mode == "disabled":
+    settings = getattr(run, "settings", None)  # None: no W&B run behind the tracker (nothing to say where)
+    if getattr(run, "disabled", False) or settings is None or settings.mode == "disabled":
         return None
-    if run.settings._offline:
+    if settings._offline:
         why = f" ({reason})" if reason else ""
         return f"W&B offline{why}; upload later with `wandb sync {run_dir / rundir.WANDB_DIR}/offline-run-*`"
     return f"W&B: {run.url}"
