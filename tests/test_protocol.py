@@ -323,6 +323,18 @@ def test_fair_dry_run_plans_tuning_then_seeds(capsys, tmp_path, monkeypatch):
     assert "estimated: 0." in text and "CPU core-hours" in text and not (tmp_path / "out").exists()
 
 
+def test_a_fair_dry_run_counts_a_started_final_run_it_cannot_compare_yet(capsys, tmp_path, monkeypatch):
+    """Finals run with tuned settings the dry run does not know (choosing writes): an interrupted one is counted."""
+    from mtl_cog.cli import reproduce
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out/runs/digits-baseline-seed0").mkdir(parents=True)
+    (tmp_path / "out/runs/digits-baseline-seed0/config.yaml").write_text("optim: {follower_lr: 0.000825938}\n")
+    reproduce.main(["--protocol", "fair", "--dry-run", "--budget", "3", "--method", "baseline", "--data", "digits",
+                    "--seeds", "0", "1", "--out", "out"])
+    assert "final runs: 2 planned (0 in the bundle, 0 finished, 1 to resume, 1 to train)" in capsys.readouterr().out
+
+
 def test_the_old_option_spellings_work_with_one_deprecation_line(capsys, tmp_path, monkeypatch):
     from mtl_cog.cli import reproduce
 

@@ -226,12 +226,23 @@ def plan(campaign: Campaign, settings_chosen_later: bool = False) -> list[Planne
             raise UserError(f"{bundles.bundle_dir(campaign.out) / bundles.RUNS}: run {spec.run} was recorded with "
                             f"config digest {recorded[spec.run][0]}, and this campaign plans it as {digest} (another "
                             "setting). Use another --out, or the settings the bundle was made with.")
-        state = (reuse.check_run_folder(bundle, spec.run, spec.run_dir) or BUNDLED) if spec.run in recorded and \
-            recorded[spec.run][1] == "done" else run_state(spec.run_dir, cfg)  # a folder still there must agree
+        if spec.run in recorded and recorded[spec.run][1] == "done":
+            state = reuse.check_run_folder(bundle, spec.run, spec.run_dir) or BUNDLED
+        elif settings_chosen_later:  # a folder's settings cannot be compared yet: counted by what it holds
+            state = folder_state(spec.run_dir)
+        else:
+            state = run_state(spec.run_dir, cfg)  # a folder still there must agree
         planned.append(Planned(spec, cfg, digest, state))
     if not settings_chosen_later:
         check_same_settings(bundle, planned, bundles.bundle_dir(campaign.out))
     return planned
+
+
+def folder_state(run_dir: Path) -> str:
+    """A run folder's state without comparing its settings (the real command compares them once they are chosen)."""
+    if not (run_dir / rundir.CONFIG).is_file():
+        return NEW
+    return DONE if (run_dir / rundir.DONE).exists() else UNFINISHED
 
 
 def estimate(planned: list[Planned], measured, extra: tuple[float, float] = (0.0, 0.0)) -> dict:
