@@ -6,7 +6,8 @@ import math
 import pytest
 import test_bundle_answers as built  # the bundle builder of the answer tables' tests (baseline, cog_fc, cog_ts)
 
-from mtl_cog.reporting.protocol_answers import protocol_claims
+from mtl_cog.errors import UserError
+from mtl_cog.reporting.protocol_answers import protocol_claims, protocol_power
 
 
 def _bundle(monkeypatch, gains: dict):
@@ -39,3 +40,23 @@ def test_a_claim_the_fair_protocol_reverses_has_a_negative_share(monkeypatch):
 def test_one_protocol_alone_gives_its_answers_without_a_share(monkeypatch):
     table = protocol_claims({"fair": _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})})
     assert "surviving share" not in table and set(table["data"]) == {"d"}
+
+
+def test_power_compares_the_widest_claim_interval_with_the_gain_of_post_hoc_ts(monkeypatch):
+    """TS lowers the baseline's NLL by 0.004 in every run; the claims' differences are constant (zero-width
+    intervals) until one seed of cog_fc is made 0.05 worse, which widens its interval past TS's gain."""
+    narrow = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
+    row = protocol_power({"fair": [narrow]}).set_index(["protocol", "data", "metric"]).loc[("fair", "d", "nll")]
+    assert row["ts gain"] == pytest.approx(0.004) and row["widest ± (95 %)"] == pytest.approx(0, abs=1e-12)
+    assert row["could detect"]
+    wide = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
+    noisy = (wide.results["run"] == "d-cog_fc-seed1") & (wide.results["metric"] == "nll")
+    wide.results.loc[noisy, "value"] += 0.05
+    row = protocol_power({"fair": wide}).set_index(["data", "metric"]).loc[("d", "nll")]
+    assert row["widest ± (95 %)"] > 0.004 and not row["could detect"]
+
+
+def test_a_data_set_in_two_bundles_of_one_protocol_is_refused(monkeypatch):
+    bundle = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
+    with pytest.raises(UserError, match="data set d is in two of its bundles"):
+        protocol_claims({"fair": [bundle, bundle]})

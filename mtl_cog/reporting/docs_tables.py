@@ -13,6 +13,14 @@ drawn from the same table, and linked between markers of its own::
     ![...](figures/<name>.svg)
     <!-- /bundle-figure -->
 
+The paper's claims under two protocols (``protocol_answers``: ``claims`` or ``power``) are made of several bundles,
+one per protocol and data set, named per protocol (a bundle not written yet leaves its protocol's cells empty and is
+named under the table)::
+
+    <!-- bundle-protocols: claims paper=results/<a>/bundle,results/<b>/bundle fair=results/<c>/bundle [where ...] -->
+    ...
+    <!-- /bundle-protocols -->
+
 A marker is data: the bundle must lie under the repository's ``results/``, the filter is the tiny grammar of
 ``marker_filter`` (``column == 'x'``, ``!=``, ``in [...]``, joined by ``and``), never evaluated; a marker
 line (one starting ``<!-- bundle-`` or ``<!-- /bundle-``) that opens no known block or is never closed is an
@@ -40,6 +48,7 @@ from mtl_cog.reporting.bundle_report import TABLE_NAMES, bundle_tables, markdown
 from mtl_cog.reporting.leader_curve import curve_charts
 from mtl_cog.reporting.marker_filter import apply_where
 from mtl_cog.reporting.plots import method_colors
+from mtl_cog.reporting.protocol_answers import protocol_claims, protocol_power
 from mtl_cog.reporting.svg_charts import line_chart_svg
 
 # A block may name a table its bundle does not have *yet* (one of TABLE_NAMES whose runs have not finished: the
@@ -51,6 +60,10 @@ MARKER = re.compile(r"^<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: wher
                     r"(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-table -->", re.MULTILINE)
 FIGURE = re.compile(r"^<!-- bundle-figure: (?P<bundle>\S+) (?P<table>\w+) (?P<file>\S+)(?: where (?P<query>[^\n]+?))? "
                     r"-->\n(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-figure -->", re.MULTILINE)
+PROTOCOLS = re.compile(r"^<!-- bundle-protocols: (?P<table>\w+) (?P<named>\w+=\S+(?: \w+=\S+)*)"
+                       r"(?: where (?P<query>[^\n]+?))? -->\n"
+                       r"(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-protocols -->", re.MULTILINE)
+PROTOCOL_TABLES = {"claims": protocol_claims, "power": protocol_power}
 MARKER_LINE = re.compile(r"^<!-- /?bundle-.*$", re.MULTILINE)  # every line that opens or closes a block
 FIGURE_TABLES = ("curve",)  # the tables a figure can be drawn of
 PENDING_FIGURE = "*Not in the bundle yet: the runs this figure is drawn from have not finished.*"
@@ -63,7 +76,7 @@ def _docs_pages(root: Path) -> list[Path]:
 def _blocks(text: str, page: Path | None = None):
     """The table and figure blocks of a page; with ``page``, a marker line no block consumes (unclosed, a
     closer without its opener, an unknown kind, a malformed head) is refused with one line naming it."""
-    blocks = [*MARKER.finditer(text), *FIGURE.finditer(text)]
+    blocks = [*MARKER.finditer(text), *FIGURE.finditer(text), *PROTOCOLS.finditer(text)]
     if page is not None:
         covered = {m.start() for m in blocks} | {m.end() - len(m.group(0).rsplit("\n", 1)[-1]) for m in blocks}
         for line in MARKER_LINE.finditer(text):
@@ -85,9 +98,22 @@ def bundle_path(root: Path, page: Path, bundle: str) -> Path:
     return path
 
 
+def protocol_bundles(match: re.Match) -> dict[str, list[str]]:
+    """A bundle-protocols block's bundles per protocol, as the marker names them."""
+    return {protocol: bundles.split(",") for protocol, bundles in
+            (item.split("=", 1) for item in match["named"].split())}
+
+
+def bundles_of(match: re.Match) -> list[str]:
+    """The bundles a block is made of (as its marker names them)."""
+    if "named" in match.re.groupindex:
+        return [b for names in protocol_bundles(match).values() for b in names]
+    return [match["bundle"]]
+
+
 def pages_naming(root: Path, bundle: str) -> list[Path]:
-    """The docs pages (and README) with a bundle-table or bundle-figure block of ``bundle`` (as markers name it)."""
-    return [p for p in _docs_pages(root) if any(m["bundle"] == bundle for m in _blocks(p.read_text(), p))]
+    """The docs pages (and README) with a block made of ``bundle`` (as markers name it)."""
+    return [p for p in _docs_pages(root) if any(bundle in bundles_of(m) for m in _blocks(p.read_text(), p))]
 
 
 def figures_naming(root: Path, bundle: str) -> list[Path]:
@@ -124,6 +150,29 @@ def figure_svg(frame: pd.DataFrame, page: Path, table: str) -> str | None:
     return svg + "\n" if chart.series and svg else None  # no finite point (every mean NaN): nothing to draw
 
 
+def protocols_body(root: Path, page: Path, match: re.Match, cache: dict) -> str:
+    """A bundle-protocols block's table of the bundles that exist, and a line naming those not written yet."""
+    if match["table"] not in PROTOCOL_TABLES:
+        raise UserError(f"{page}: bundle-protocols names no table {match['table']!r} "
+                        f"(those it can name: {', '.join(PROTOCOL_TABLES)}).")
+    found, missing = {}, []
+    for protocol, names in protocol_bundles(match).items():
+        for name in names:
+            path = bundle_path(root, page, name)
+            if ("bundle", path) not in cache:
+                cache[("bundle", path)] = read_bundle(path)
+            if cache[("bundle", path)] is None:
+                missing.append(f"{protocol} ({name})")
+            else:
+                found.setdefault(protocol, []).append(cache[("bundle", path)])
+    frame = PROTOCOL_TABLES[match["table"]]({p: found.get(p, []) for p in protocol_bundles(match)}) \
+        if found else pd.DataFrame()
+    if match["query"] and not frame.empty:
+        frame = apply_where(frame, match["query"], f"{page}: bundle-protocols {match['table']}")
+    body = PENDING + "\n" if frame.empty else markdown_of(frame).rstrip("\n") + "\n"
+    return body + ("" if not missing else f"\n*Not written yet: {', '.join(missing)}.*\n")
+
+
 def regenerate_docs(root: Path, check: bool = False, only: str | None = None) -> list[str]:
     """Rewrite every bundle-table block under ``root/docs`` (and the README) from its bundle, and every
     bundle-figure with its SVG file; with ``check``, write nothing; with ``only`` (a bundle as the markers name
@@ -148,7 +197,7 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
         return apply_where(frame, match["query"], f"{page}: {block} of {match['bundle']}") if match["query"] \
             else frame
 
-    named = {m["bundle"] for page in _docs_pages(root) for m in _blocks(page.read_text(), page)}
+    named = {b for page in _docs_pages(root) for m in _blocks(page.read_text(), page) for b in bundles_of(m)}
     if only is not None and only not in named:
         raise UserError(f"--only {only}: no bundle-table or bundle-figure block names it (the bundles the pages "
                         f"name: {', '.join(sorted(named)) or 'none'}).")
@@ -184,7 +233,16 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
                 stale.append(f"{page.relative_to(root)}: figure {match['file']} of {match['bundle']}")
             return f"{head}{body}<!-- /bundle-figure -->"
 
-        new = FIGURE.sub(figure_for, MARKER.sub(table_for, text))
+        def protocols_for(match: re.Match, page: Path = page) -> str:
+            if only is not None and only not in bundles_of(match):
+                return match.group(0)
+            body = protocols_body(root, page, match, cache)
+            if body != match["body"]:
+                stale.append(f"{page.relative_to(root)}: {match['table']} of the protocols {match['named']}")
+            head = match.group(0)[: match.start("body") - match.start(0)]
+            return f"{head}{body}<!-- /bundle-protocols -->"
+
+        new = PROTOCOLS.sub(protocols_for, FIGURE.sub(figure_for, MARKER.sub(table_for, text)))
         if new != text:
             pages[page] = new
     if not check:

@@ -13,26 +13,37 @@ at 0.1 (``reproduce --protocol paper``); the fair protocol tunes every method wi
 - ``surviving share``: where the paper protocol supports the claim, the fair protocol's difference over the paper
   protocol's (1: all of the gain survives, 0: none, below 0: reversed). A ratio of two noisy means, shown without
   an interval: read it with the two half-widths beside it.
+
+A protocol may hold several bundles (one per data set: a campaign's lane writes one); a data set appears in one of
+them only. ``protocol_power`` says, per protocol, data set and primary metric, whether the claims' intervals were
+narrow enough to see a gain the size of post-hoc TS's on the baseline (the calibration the regime leaves to fix):
+``could detect`` when the widest claim interval's half-width is smaller than that gain.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
+from mtl_cog.errors import UserError
 from mtl_cog.reporting.bundle import Bundle
 from mtl_cog.reporting.bundle_answers import CLAIM_METRICS, PAPER_CLAIMS, SUPPORTED, claims, final_scores
 from mtl_cog.reporting.paired import paired_differences
 
 PAPER, FAIR = "paper", "fair"
+POWER_METRICS = ("nll", "ece@15")  # the primary metrics of the plan
+TS_PAIR = {"baseline+ts": "baseline"}  # the gain a calibration method could at most be expected to show
 
 
-def claim_differences(bundle: Bundle) -> pd.DataFrame:
-    """Per data set, draw, claim pair and metric: the paired mean difference and its interval's half-width."""
+def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None) -> pd.DataFrame:
+    """Per data set, draw, pair (the claims' by default) and metric: the paired mean difference and its interval's
+    half-width."""
     scores = final_scores(bundle)
     if scores.empty:
         return pd.DataFrame()
-    pairs = {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}
+    pairs = pairs or {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}
     frames = []
     for (data, draw), group in scores.groupby(["data", "draw"], sort=True):
         table = paired_differences(group.rename(columns={"data": "dataset"}), pairs, CLAIM_METRICS)
@@ -44,15 +55,35 @@ def claim_differences(bundle: Bundle) -> pd.DataFrame:
     return table[["data", "draw", "variant", "counterpart", "metric", "mean_difference", "half_width"]]
 
 
-def protocol_claims(bundles: dict[str, Bundle]) -> pd.DataFrame:
+Bundles = dict[str, "Bundle | Sequence[Bundle]"]  # protocol -> its bundle, or its bundles (one per data set)
+
+
+def _per_protocol(bundles: Bundles, table_of) -> dict[str, pd.DataFrame]:
+    """``table_of`` of each protocol's bundles, concatenated; a data set in two bundles of one protocol is refused
+    (which of its two campaigns would answer?)."""
+    tables = {}
+    for protocol, given in bundles.items():
+        frames = [t for t in (table_of(b) for b in ([given] if isinstance(given, Bundle) else given)) if not t.empty]
+        seen: set = set()
+        for frame in frames:
+            twice = seen & set(frame["data"])
+            if twice:
+                raise UserError(f"protocol {protocol}: data set {sorted(twice)[0]} is in two of its bundles; name "
+                                "one bundle per data set and protocol.")
+            seen |= set(frame["data"])
+        tables[protocol] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return tables
+
+
+def protocol_claims(bundles: Bundles) -> pd.DataFrame:
     """One row per (data set, claim, metric) with each protocol's answer, difference and half-width (see above)."""
     answers, numbers = {}, {}
-    for protocol, bundle in bundles.items():
-        table = claims(bundle)
+    answer_tables, difference_tables = _per_protocol(bundles, claims), _per_protocol(bundles, claim_differences)
+    for protocol in bundles:
+        table, diffs = answer_tables[protocol], difference_tables[protocol]
         if table.empty:
             continue
         answers[protocol] = table.set_index(["data", "claim", "metric"])["answer"]
-        diffs = claim_differences(bundle)
         if not diffs.empty:
             numbers[protocol] = diffs.groupby(["data", "variant", "metric"]).agg(
                 difference=("mean_difference", "mean"), half_width=("half_width", "max"))
@@ -79,3 +110,23 @@ def protocol_claims(bundles: dict[str, Bundle]) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     return table.sort_values(["data", "claim", "metric"], key=lambda c: c.map(order) if c.name == "claim" else c,
                              kind="stable").reset_index(drop=True)
+
+
+def protocol_power(bundles: Bundles) -> pd.DataFrame:
+    """Per protocol, data set and primary metric: post-hoc TS's gain on the baseline (mean over draws), the widest
+    half-width of the claims' intervals, and whether that interval could have detected a gain of TS's size."""
+    gains = _per_protocol(bundles, lambda b: claim_differences(b, TS_PAIR))
+    widths = _per_protocol(bundles, claim_differences)
+    rows = []
+    for protocol in bundles:
+        gain, width = gains[protocol], widths[protocol]
+        if gain.empty or width.empty:
+            continue
+        width = width[width["variant"] != "baseline+ms"]  # H4 is about MS's harm, not a calibration gain
+        for (data, metric), group in gain[gain["metric"].isin(POWER_METRICS)].groupby(["data", "metric"]):
+            widest = width.loc[(width["data"] == data) & (width["metric"] == metric), "half_width"].max()
+            ts_gain = -float(group["mean_difference"].mean())  # > 0: TS lowers the metric
+            rows.append({"protocol": protocol, "data": data, "metric": metric, "ts gain": ts_gain,
+                         "widest ± (95 %)": widest,
+                         "could detect": bool(ts_gain > 0 and np.isfinite(widest) and widest < ts_gain)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,66 @@
+"""The claims table of two protocols in the docs (``<!-- bundle-protocols: ... -->``): made of several bundles,
+regenerated when any of them changes (a lane regenerates the pages that name its bundle), a protocol whose bundle
+is not written yet named under the table, a stale table found by ``--check``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import test_bundle_answers as built  # final runs of baseline, cog_fc, cog_ts in two draws
+
+from mtl_cog.errors import UserError
+from mtl_cog.reporting import bundle as bundles
+from mtl_cog.reporting.docs_tables import pages_naming, regenerate_docs
+
+PAPER, FAIR = "results/paper_d/bundle", "results/fair_d/bundle"
+
+
+def write(site: Path, name: str, gains: dict, monkeypatch) -> None:
+    monkeypatch.setattr(built, "NLL_GAIN", gains)
+    bundles.write_bundle(site / name, built.make_bundle())
+
+
+def page(site: Path, table: str = "claims") -> Path:
+    path = site / "docs" / "r.md"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(f"# r\n\n<!-- bundle-protocols: {table} paper={PAPER} fair={FAIR} -->\nold\n"
+                    "<!-- /bundle-protocols -->\n")
+    return path
+
+
+def test_the_claims_table_sets_both_protocols_side_by_side_with_the_surviving_share(tmp_path, monkeypatch):
+    write(tmp_path, PAPER, {("cog_fc", d): 0.02 for d in ("1", "2")}, monkeypatch)
+    write(tmp_path, FAIR, {("cog_fc", d): 0.005 for d in ("1", "2")}, monkeypatch)
+    path = page(tmp_path)
+    assert regenerate_docs(tmp_path, check=True)  # "old" is stale
+    regenerate_docs(tmp_path)
+    text = path.read_text()
+    row = next(line for line in text.splitlines() if "COG-FC improves on the baseline | nll" in line)
+    assert "| supported | -0.0200 |" in row and "| supported | -0.0050 |" in row and row.endswith("| 0.2500 |")
+    assert "Not written yet" not in text and regenerate_docs(tmp_path, check=True) == []
+    assert pages_naming(tmp_path, PAPER) == pages_naming(tmp_path, FAIR) == [path]  # a lane of either rewrites it
+
+
+def test_a_protocol_not_written_yet_is_named_and_its_cells_stay_empty(tmp_path, monkeypatch):
+    write(tmp_path, FAIR, {("cog_fc", d): 0.005 for d in ("1", "2")}, monkeypatch)
+    path = page(tmp_path)
+    regenerate_docs(tmp_path, only=FAIR)
+    text = path.read_text()
+    assert f"*Not written yet: paper ({PAPER}).*" in text
+    row = next(line for line in text.splitlines() if "COG-FC improves on the baseline | nll" in line)
+    assert row.startswith("| d | COG-FC improves on the baseline | nll |  |  |  | supported |")
+    (tmp_path / "results/paper_d").mkdir()  # the paper lane starts: its bundle appears, the table is stale
+    write(tmp_path, PAPER, {("cog_fc", d): 0.02 for d in ("1", "2")}, monkeypatch)
+    assert regenerate_docs(tmp_path, check=True) == [f"docs/r.md: claims of the protocols paper={PAPER} fair={FAIR}"]
+
+
+def test_the_power_table_and_a_bad_table_name(tmp_path, monkeypatch):
+    write(tmp_path, PAPER, {("cog_fc", d): 0.02 for d in ("1", "2")}, monkeypatch)
+    write(tmp_path, FAIR, {("cog_fc", d): 0.005 for d in ("1", "2")}, monkeypatch)
+    path = page(tmp_path, "power")
+    regenerate_docs(tmp_path)
+    assert "| fair | d | nll | 0.0040 | 0.0000 | True |" in path.read_text()
+    page(tmp_path, "verdicts")
+    with pytest.raises(UserError, match="bundle-protocols names no table 'verdicts'"):
+        regenerate_docs(tmp_path, check=True)
