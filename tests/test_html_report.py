@@ -158,6 +158,20 @@ def test_a_report_without_a_summary_is_refused():
         report_html(ReportTables(summary=pd.DataFrame()))
 
 
+def test_a_post_hoc_name_is_explained_where_it_is_shown():
+    """"vs" reads as "versus": the legend and the method cell say it is vector scaling; a trained method and an
+    unknown suffix are shown as they are."""
+    from mtl_cog.reporting.method_titles import method_title
+
+    assert method_title("baseline+vs") == "baseline + post-hoc vector scaling"
+    assert method_title("cog_ts") == "cog_ts" and method_title("baseline+nope") == "baseline+nope"
+    summary = pd.DataFrame({"dataset": ["d", "d"], "method": ["baseline", "baseline+vs"], "n_seeds": [1, 1],
+                            "accuracy": [0.8, 0.8], "nll": [0.3, 0.28], "brier": [0.2, 0.19]})
+    page = report_html(ReportTables(summary=summary))
+    assert '<td title="baseline + post-hoc vector scaling">baseline+vs' in page
+    assert "baseline+vs <i>post-hoc vector scaling</i></span>" in page  # the charts' legend
+
+
 # ------------------------------------------------------------------------------------------- in a real browser
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

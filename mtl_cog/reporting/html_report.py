@@ -30,6 +30,7 @@ from mtl_cog.reporting.html_assets import SCRIPT, STYLE, SVG_DEFS
 from mtl_cog.reporting.html_tasks import (
     ALL_TASKS,
     WORST_K,
+    diagram,
     order_metrics,
     ordered_tasks,
     pareto_html,
@@ -39,8 +40,9 @@ from mtl_cog.reporting.html_tasks import (
     worst_tasks_html,
 )
 from mtl_cog.reporting.leader_curve import curve_charts
+from mtl_cog.reporting.method_titles import method_title
 from mtl_cog.reporting.plots import MethodStyle, method_styles
-from mtl_cog.reporting.svg_charts import Chart, Series, dot_strip_svg, legend_key_svg, line_chart_svg, reliability_svg
+from mtl_cog.reporting.svg_charts import Chart, Series, dot_strip_svg, legend_key_svg, line_chart_svg
 
 __all__ = ["ALL_TASKS", "ReportTables", "report_html", "write_html_report"]
 
@@ -152,7 +154,7 @@ def summary_html(rows: pd.DataFrame, bins: int) -> str:
     order = rows.sort_values("avg_rank", kind="stable") if ranked else rows
     for _, row in order.iterrows():
         top = bool(row.get("top_ranked", False))
-        cells = [f'<td>{escape(str(row["method"]))}{" ★" if top else ""}</td>',
+        cells = [_method_cell(str(row["method"]), " ★" if top else ""),
                  *([_cell(row["avg_rank"])] if ranked else []),
                  f'<td data-v="{row.get("n_seeds", "")}">{row.get("n_seeds", "")}</td>']
         cells += [_cell(row[m], row.get(f"{m}_std")) for m in metrics]
@@ -193,10 +195,18 @@ def paired_html(rows: pd.DataFrame) -> str:
     return (f'<table class="sortable paired">{_header(names)}<tbody>{"".join(body)}</tbody></table>')
 
 
+def _method_cell(method: str, suffix: str = "") -> str:
+    title = method_title(method)
+    hint = "" if title == method else f' title="{escape(title)}"'
+    return f"<td{hint}>{escape(method)}{suffix}</td>"
+
+
 def _legend(styles: dict[str, MethodStyle], shown: list[str]) -> str:
-    """Each method's key (colour, marker, dash: what tells 13+ methods apart in every chart) and name."""
+    """Each method's key (colour, marker, dash: what tells 13+ methods apart in every chart), name and what a
+    post-hoc name stands for."""
     return '<div class="legend">' + "".join(
-        f"<span>{legend_key_svg(styles[m].color, styles[m].marker, styles[m].dash)}{escape(m)}</span>"
+        f"<span>{legend_key_svg(styles[m].color, styles[m].marker, styles[m].dash)}{escape(m)}"
+        + ("" if method_title(m) == m else f' <i>{escape(method_title(m).partition(" + ")[2])}</i>') + "</span>"
         for m in shown) + "</div>"
 
 
@@ -265,20 +275,9 @@ def _task_metrics(rows: pd.DataFrame, bins: int) -> str:
     body = []
     for _, row in rows.iterrows():
         cells = "".join(_cell(row[m], row.get(f"{m}_std")) for m in metrics)
-        body.append(f'<tr><td>{escape(str(row["method"]))}</td>{cells}</tr>')
+        body.append(f'<tr>{_method_cell(str(row["method"]))}{cells}</tr>')
     return (f'<div class="scroll"><table class="sortable">{_header(["method", *map(_arrow, metrics)])}'
             f'<tbody>{"".join(body)}</tbody></table></div>')
-
-
-def _diagram(method: str, rows: pd.DataFrame, label: str) -> str:
-    """One method's reliability diagram from its bin rows; the subtitle's ECE is of the pooled predictions."""
-    count = rows["count"].to_numpy(dtype=float)
-    confidence, frequency = rows["mean_confidence"].to_numpy(dtype=float), rows["frequency"].to_numpy(dtype=float)
-    ece = float(np.nansum(count * np.abs(frequency - confidence)) / count.sum()) if count.sum() > 0 else math.nan
-    truth = rows["mean_truth"].to_numpy(dtype=float) if "mean_truth" in rows else None
-    subtitle = f"{label}@{int(rows['n_bins'].iloc[0])} {ece:.4f} · n {int(count.sum()):,}"
-    return reliability_svg(count, confidence, frequency, method, subtitle,
-                           truth if truth is not None and np.isfinite(truth).any() else None)
 
 
 def tasks_html(dataset: str, reliability: pd.DataFrame, per_task: pd.DataFrame, methods: list[str],
@@ -301,7 +300,7 @@ def tasks_html(dataset: str, reliability: pd.DataFrame, per_task: pd.DataFrame, 
         for method in methods:
             rows = bins_of[bins_of["method"] == method].sort_values("bin") if not bins_of.empty else bins_of
             if not rows.empty:
-                diagrams.append(_diagram(str(method), rows, "pooled ECE" if task == ALL_TASKS else "ECE"))
+                diagrams.append(diagram(str(method), rows, "pooled ECE" if task == ALL_TASKS else "ECE"))
         metrics = metrics_by_task.get(task)
         if metrics is None and task == ALL_TASKS:
             metrics = summary  # the task mean: the summary's numbers

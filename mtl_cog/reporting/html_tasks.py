@@ -9,6 +9,7 @@ page's script opens in the picker.
 
 from __future__ import annotations
 
+import math
 from html import escape
 
 import numpy as np
@@ -16,7 +17,7 @@ import pandas as pd
 
 from mtl_cog.evaluation.metrics import lower_is_better
 from mtl_cog.reporting.plots import MethodStyle, pareto_front
-from mtl_cog.reporting.svg_charts import Point, scatter_svg, task_dots_svg
+from mtl_cog.reporting.svg_charts import Point, reliability_svg, scatter_svg, task_dots_svg
 
 ALL_TASKS = "all tasks pooled"  # the reliability table's task for every task of a data set pooled
 WORST_K = 5  # tasks per method in the worst-tasks table
@@ -112,3 +113,14 @@ def ordered_tasks(reliability: pd.DataFrame, per_task: pd.DataFrame, scores: pd.
         rank = {t: i for i, t in enumerate(worst_first(scores, metrics[0]))}
         rest.sort(key=lambda t: rank.get(t, len(rank)))
     return ([ALL_TASKS] if ALL_TASKS in tasks else []) + rest
+
+
+def diagram(method: str, rows: pd.DataFrame, label: str) -> str:
+    """One method's reliability diagram from its bin rows; the subtitle's ECE is of the pooled predictions."""
+    count = rows["count"].to_numpy(dtype=float)
+    confidence, frequency = rows["mean_confidence"].to_numpy(dtype=float), rows["frequency"].to_numpy(dtype=float)
+    ece = float(np.nansum(count * np.abs(frequency - confidence)) / count.sum()) if count.sum() > 0 else math.nan
+    truth = rows["mean_truth"].to_numpy(dtype=float) if "mean_truth" in rows else None
+    subtitle = f"{label}@{int(rows['n_bins'].iloc[0])} {ece:.4f} · n {int(count.sum()):,}"
+    return reliability_svg(count, confidence, frequency, method, subtitle,
+                           truth if truth is not None and np.isfinite(truth).any() else None)
