@@ -48,12 +48,12 @@ def test_power_compares_the_widest_claim_interval_with_the_gain_of_post_hoc_ts(m
     narrow = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
     row = protocol_power({"fair": [narrow]}).set_index(["protocol", "data", "metric"]).loc[("fair", "d", "nll")]
     assert row["ts gain"] == pytest.approx(0.004) and row["widest ± (95 %)"] == pytest.approx(0, abs=1e-12)
-    assert row["could detect"]
+    assert row["could detect"] == "yes"
     wide = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
     noisy = (wide.results["run"] == "d-cog_fc-seed1") & (wide.results["metric"] == "nll")
     wide.results.loc[noisy, "value"] += 0.05
     row = protocol_power({"fair": wide}).set_index(["data", "metric"]).loc[("d", "nll")]
-    assert row["widest ± (95 %)"] > 0.004 and not row["could detect"]
+    assert row["widest ± (95 %)"] > 0.004 and row["could detect"] == "no"
 
 
 def test_a_data_set_in_two_bundles_of_one_protocol_is_refused(monkeypatch):

@@ -112,6 +112,13 @@ def protocol_claims(bundles: Bundles) -> pd.DataFrame:
                              kind="stable").reset_index(drop=True)
 
 
+def _could_detect(ts_gain: float, widest: float) -> str:
+    """``yes``/``no``; ``no claim interval yet`` while no claim pair has finished seeds of both sides."""
+    if not np.isfinite(widest):
+        return "no claim interval yet"
+    return "yes" if ts_gain > 0 and widest < ts_gain else "no"
+
+
 def protocol_power(bundles: Bundles) -> pd.DataFrame:
     """Per protocol, data set and primary metric: post-hoc TS's gain on the baseline (mean over draws), the widest
     half-width of the claims' intervals, and whether that interval could have detected a gain of TS's size."""
@@ -128,5 +135,5 @@ def protocol_power(bundles: Bundles) -> pd.DataFrame:
             ts_gain = -float(group["mean_difference"].mean())  # > 0: TS lowers the metric
             rows.append({"protocol": protocol, "data": data, "metric": metric, "ts gain": ts_gain,
                          "widest ± (95 %)": widest,
-                         "could detect": bool(ts_gain > 0 and np.isfinite(widest) and widest < ts_gain)})
+                         "could detect": _could_detect(ts_gain, widest)})
     return pd.DataFrame(rows)
