@@ -174,7 +174,7 @@ def test_submitit_sweep_from_the_users_folder_then_interrupted_and_resumed(tiny_
     finished = subprocess.run([sys.executable, "-m", "mtl_cog.cli.sweep", "--resume", "sweeps/b"], env=env,
                               cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    assert "continues from its last saved state" in finished.stdout
+    assert "(0 in the bundle, 0 finished, 1 to resume, 0 to train)" in finished.stdout
     assert "resumed at epoch" in (tmp_path / "sweeps" / "b" / "run_00.log").read_text()
     assert (tmp_path / "sweeps" / "b" / "best_config.yaml").is_file()
 

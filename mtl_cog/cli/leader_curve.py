@@ -40,7 +40,7 @@ from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser, distinct, real_number, whole_number
 from mtl_cog.config.schema import MAX_LEARNING_RATE, MAX_SEED
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.experiments import campaign, gpu_time
+from mtl_cog.experiments import campaign, estimates, gpu_time
 from mtl_cog.experiments import leader_curve as curve
 from mtl_cog.experiments.launcher import (
     add_launcher_arguments,
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent, args.runs_per_device)
         _say_reused(twins, "would be recorded")
         left = [dataclasses.replace(p, state=campaign.BUNDLED) if p.spec.run in twins else p for p in planned]
-        campaign.print_estimate(left, measured, parallel, "leader curve")
+        estimates.print_estimate(left, measured, parallel, "leader curve", out=plan.out)
         return plan.out / "curve.md"
     check_writable(plan.out, "--out", folder=True)
     if twins:

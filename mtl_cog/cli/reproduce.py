@@ -55,7 +55,16 @@ from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UserError, run_cli
-from mtl_cog.experiments import campaign, fair_tuning, gpu_time, preregistration, protocol, study_rules, tuning
+from mtl_cog.experiments import (
+    campaign,
+    estimates,
+    fair_tuning,
+    gpu_time,
+    preregistration,
+    protocol,
+    study_rules,
+    tuning,
+)
 from mtl_cog.experiments.launcher import (
     add_launcher_arguments,
     check_launcher,
@@ -379,7 +388,7 @@ def print_plan(args: argparse.Namespace, studies: fair_tuning.Studies, final: ca
               + f", {cfg.model.backbone} @ {cfg.data.image_size} px, {cfg.train.epochs} epochs,{sizes}; "
               f"~{gpu_time.format_duration(estimate.seconds)} per run")
     note = "" if not studies else (" (tuning included, with --prune)" if used != full else " (tuning included)")
-    campaign.print_estimate(planned, measured, parallel, "final runs", used, note)
+    estimates.print_estimate(planned, measured, parallel, "final runs", used, note, out=final.out)
     if studies:
         who = "that method" if args.legacy_tuning else "every method of its data set and draw"
         widening = "" if not (args.legacy_tuning or args.widen) else (

@@ -40,7 +40,7 @@ from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import ConfigError, UserError, run_cli
-from mtl_cog.experiments import campaign, gpu_time, reuse
+from mtl_cog.experiments import campaign, estimates, gpu_time, reuse
 from mtl_cog.experiments.launcher import (
     add_launcher_arguments,
     check_launcher,
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent, args.runs_per_device)
         for p, combo in zip(planned, combos):
             print(f"  {p.spec.run}  {p.state:<10} {' '.join(f'{k}={v}' for k, v in combo.items())}")
-        campaign.print_estimate(planned, measured, parallel)
+        estimates.print_estimate(planned, measured, parallel, out=plan.out)
         return out / "best_config.yaml"
     # a launcher that refuses (no sbatch, a bad --slurm-args item) does so before the sweep folder is written
     launcher = make_launcher(args, out / "slurm_logs", default_parallel=1, executor=executor)

@@ -14,7 +14,7 @@ Hydra's sweeper, which makes the specs, and launcher, which runs them):
    collected, not retrained), interrupted (``unfinished``: resumed from its saved state) or ``new``.
    A bundle recording the same run under another config digest is refused, naming the run and both
    digests, and a bundle of another campaign is refused whole: two campaigns never mix (``plan``);
-3. **estimate** what is still to run, in device-hours and, on CPUs, core-hours (``estimate``);
+3. **estimate** what is still to run, in device-hours and, on CPUs, core-hours (``estimates``);
 4. **launch** what is left through the local or submitit launcher with one thread policy
    (``launcher.thread_env``) and one interrupt message, **collecting** each run into the bundle as it
    finishes (``collect``), so that a lost machine loses only the runs in flight.
@@ -41,7 +41,7 @@ from filelock import FileLock
 
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import ConfigError, RunFolderError, UserError
-from mtl_cog.experiments import gpu_time, reuse
+from mtl_cog.experiments import reuse
 from mtl_cog.experiments.launcher import PACKAGE_PARENT, RunJob, train_command
 from mtl_cog.experiments.portable import portable_command
 from mtl_cog.experiments.sweep import DONE, LOCATION_KEYS, NEW, TRACKING_KEYS, UNFINISHED, run_state
@@ -243,34 +243,6 @@ def folder_state(run_dir: Path) -> str:
     if not (run_dir / rundir.CONFIG).is_file():
         return NEW
     return DONE if (run_dir / rundir.DONE).exists() else UNFINISHED
-
-
-def estimate(planned: list[Planned], measured, extra: tuple[float, float] = (0.0, 0.0)) -> dict:
-    """Seconds still to run: ``device`` (GPU rates, one device each) and ``cpu`` (one-core rates: core-seconds);
-    ``extra`` adds (device, cpu) seconds planned elsewhere (the tuning)."""
-    todo = [p for p in planned if p.state in (NEW, UNFINISHED)]
-    estimates = [gpu_time.estimate_run(p.config, measured) for p in todo]
-    return {"runs": len(planned), "todo": len(todo),
-            "device": sum(e.seconds for e in estimates if not e.on_cpu) + extra[0],
-            "cpu": sum(e.seconds for e in estimates if e.on_cpu) + extra[1],
-            "sources": sorted({e.source for e in estimates})}
-
-
-def print_estimate(planned: list[Planned], measured, parallel: int, what: str = "runs",
-                   extra: tuple[float, float] = (0.0, 0.0), note: str = "") -> dict:
-    """The dry run's one estimate line: GPU-hours and CPU core-hours still to run, and the wall time."""
-    result = estimate(planned, measured, extra)
-    print_counts(planned, what)
-    parts = []
-    if result["device"] or not result["cpu"]:
-        parts.append(f"{result['device'] / 3600:.1f} GPU-hours (~{gpu_time.format_duration(result['device'])} "
-                     "of one device)")
-    if result["cpu"]:
-        parts.append(f"{result['cpu'] / 3600:.1f} CPU core-hours (~{gpu_time.format_duration(result['cpu'] / parallel)}"
-                     f" wall with {parallel} at a time)")
-    print(f"estimated: {' + '.join(parts)} still to run{note} (throughput: "
-          f"{'; '.join(result['sources']) or 'nothing to run'})")
-    return result
 
 
 def print_counts(planned: list[Planned], what: str) -> None:
