@@ -64,3 +64,20 @@ def test_the_power_table_and_a_bad_table_name(tmp_path, monkeypatch):
     page(tmp_path, "verdicts")
     with pytest.raises(UserError, match="bundle-protocols names no table 'verdicts'"):
         regenerate_docs(tmp_path, check=True)
+
+
+def test_a_table_or_figure_of_a_campaign_not_started_says_so_and_fills_in_when_its_bundle_comes(tmp_path, monkeypatch):
+    path = tmp_path / "docs" / "r.md"
+    path.parent.mkdir()
+    path.write_text(f"<!-- bundle-table: {FAIR} summary -->\nold\n<!-- /bundle-table -->\n"
+                    f"<!-- bundle-figure: {FAIR} curve figures/c.svg -->\nold\n<!-- /bundle-figure -->\n")
+    regenerate_docs(tmp_path)
+    assert path.read_text().count(f"*Not written yet: {FAIR} (its lane has not committed a run).*") == 2
+    assert pages_naming(tmp_path, FAIR) == [path]  # its lane will rewrite the page
+    write(tmp_path, FAIR, {("cog_fc", d): 0.005 for d in ("1", "2")}, monkeypatch)
+    assert regenerate_docs(tmp_path, check=True) == [f"docs/r.md: summary of {FAIR}",  # the table, and the figure:
+                                                     f"docs/r.md: figure figures/c.svg of {FAIR}"]  # now pending
+    (tmp_path / "results/other").mkdir()  # a campaign folder without a bundle is damage, not "not yet"
+    path.write_text("<!-- bundle-table: results/other/bundle summary -->\nold\n<!-- /bundle-table -->\n")
+    with pytest.raises(UserError, match="holds no results bundle"):
+        regenerate_docs(tmp_path, check=True)

@@ -6,6 +6,9 @@ A results table in docs/ sits between these markers and is generated from a comm
     ... the table, as bundle_report.markdown_of writes it ...
     <!-- /bundle-table -->
 
+A block may name a bundle whose campaign folder does not exist yet (a lane not started): it reads "Not written
+yet" with the bundle's name, so a page is laid out before its campaigns run, and each lane fills in its blocks.
+
 A figure (a leader-rate curve: one metric of one data set against the ratio) is an SVG file next to the page,
 drawn from the same table, and linked between markers of its own::
 
@@ -150,6 +153,17 @@ def figure_svg(frame: pd.DataFrame, page: Path, table: str) -> str | None:
     return svg + "\n" if chart.series and svg else None  # no finite point (every mean NaN): nothing to draw
 
 
+def not_written(path: Path) -> bool:
+    """A bundle whose campaign folder (``results/<campaign>/``) does not exist yet: its lane has not committed a run.
+    A page may be laid out before then; its block names the bundle instead of a table. (A campaign folder without a
+    readable bundle is an error, not this.)"""
+    return not path.parent.exists()
+
+
+def not_written_line(bundle: str) -> str:
+    return f"*Not written yet: {bundle} (its lane has not committed a run).*\n"
+
+
 def protocols_body(root: Path, page: Path, match: re.Match, cache: dict) -> str:
     """A bundle-protocols block's table of the bundles that exist, and a line naming those not written yet."""
     if match["table"] not in PROTOCOL_TABLES:
@@ -159,6 +173,9 @@ def protocols_body(root: Path, page: Path, match: re.Match, cache: dict) -> str:
     for protocol, names in protocol_bundles(match).items():
         for name in names:
             path = bundle_path(root, page, name)
+            if not_written(path):
+                missing.append(f"{protocol} ({name})")
+                continue
             if ("bundle", path) not in cache:
                 cache[("bundle", path)] = read_bundle(path)
             if cache[("bundle", path)] is None:
@@ -185,14 +202,16 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
     def frame_of(match: re.Match, page: Path, names: tuple[str, ...]) -> pd.DataFrame:
         path, block = bundle_path(root, page, match["bundle"]), "bundle-table" if names == TABLE_NAMES else \
             "bundle-figure"
+        if match["table"] not in names:
+            raise UserError(f"{page}: {block} names no table {match['table']!r} "
+                            f"(those it can name: {', '.join(names)}).")
+        if not_written(path):
+            return None
         if path not in cache:
             bundle = read_bundle(path)
             if bundle is None:
                 raise UserError(f"{page}: {block} names {match['bundle']}, which holds no results bundle.")
             cache[path] = bundle_tables(bundle)
-        if match["table"] not in names:
-            raise UserError(f"{page}: {block} names no table {match['table']!r} "
-                            f"(those it can name: {', '.join(names)}).")
         frame = cache[path].get(match["table"], pd.DataFrame())
         return apply_where(frame, match["query"], f"{page}: {block} of {match['bundle']}") if match["query"] \
             else frame
@@ -209,7 +228,8 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
             if only is not None and match["bundle"] != only:
                 return match.group(0)
             frame = frame_of(match, page, TABLE_NAMES)
-            body = PENDING + "\n" if frame.empty else markdown_of(frame) + "\n"
+            body = not_written_line(match["bundle"]) if frame is None else \
+                PENDING + "\n" if frame.empty else markdown_of(frame) + "\n"
             if body != match["body"]:
                 stale.append(f"{page.relative_to(root)}: {match['table']} of {match['bundle']}")
             head = match.group(0)[: match.start("body") - match.start(0)]
@@ -219,8 +239,8 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
             if only is not None and match["bundle"] != only:
                 return match.group(0)
             path, frame = figure_path(root, page, match["file"]), frame_of(match, page, FIGURE_TABLES)
-            svg = None if frame.empty else figure_svg(frame, page, match["table"])
-            body = PENDING_FIGURE + "\n" if svg is None else (
+            svg = None if frame is None or frame.empty else figure_svg(frame, page, match["table"])
+            body = not_written_line(match["bundle"]) if frame is None else PENDING_FIGURE + "\n" if svg is None else (
                 f"![{match['table']} of {match['bundle']}"
                 + (f" where {match['query']}" if match["query"] else "") + f"]({match['file']})\n")
             head = match.group(0)[: match.start("body") - match.start(0)]
