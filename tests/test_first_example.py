@@ -17,9 +17,10 @@ most configs here, and no rate chosen on these runs' test scores would be honest
   (validation ECE@15 0.09 there, 0.14 at epoch 40), so the baseline's 0.0546 leaves little to fix. COG-FC (0.0456),
   COG+MbLS (0.0506) and COG-TST (0.0494) scored lower; COG-TS 0.0584, COG+LS 0.0650, COG+FedLAS 0.0627, COG-margin
   0.0580 did not, nor did COG-VS, COG-MS and COG-LiST (0.0555, 0.0574, 0.0631) once their leader rate was raised
-  to 5e-4 (at 1e-4 their calibrators never left the identity). COG's leader learns on the training minibatches, where an overfitting network is right more
-  often than on new pictures, so its temperature is pulled down (sharper), not up (COG-TS's ended at 0.97 after 5
-  epochs): it cannot undo overconfidence that only held-out data shows. That is the COG paper's own claim that
+  to 5e-4 (at 1e-4 their calibrators never left the identity). COG's leader learns on the training
+  minibatches, where an overfitting network is right more often than on new pictures, so its temperature is pulled
+  down (sharper), not up (COG-TS's ended at 0.97 after 5 epochs): it cannot undo overconfidence that only held-out
+  data shows. That is the COG paper's own claim that
   COG-TS is worse than post-hoc TS (``docs/results/`` measures it with tuned rates and intervals over seeds).
 
 So the ECE comparison is asserted for the configs measured to beat the baseline (``BEATS_BASELINE``: a regression
