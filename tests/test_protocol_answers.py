@@ -3,11 +3,12 @@ survives the fair protocol (``mtl_cog/reporting/protocol_answers.py``)."""
 
 import math
 
+import pandas as pd
 import pytest
 import test_bundle_answers as built  # the bundle builder of the answer tables' tests (baseline, cog_fc, cog_ts)
 
 from mtl_cog.errors import UserError
-from mtl_cog.reporting.protocol_answers import protocol_claims, protocol_power
+from mtl_cog.reporting.protocol_answers import protocol_claims, protocol_power, protocol_secondary
 
 
 def _bundle(monkeypatch, gains: dict):
@@ -60,3 +61,21 @@ def test_a_data_set_in_two_bundles_of_one_protocol_is_refused(monkeypatch):
     bundle = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
     with pytest.raises(UserError, match="data set d is in two of its bundles"):
         protocol_claims({"fair": [bundle, bundle]})
+
+
+def test_the_secondary_readings_are_the_last_epoch_and_guos_ts_recipe(monkeypatch):
+    """The last epoch's splits (``test@last``, ``test@last+ts``) read as the selected checkpoint's do; H3 against
+    Guo's TS recipe pairs COG-TS with ``baseline+ts_guo``."""
+    bundle = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
+    test = bundle.results[bundle.results["split"] == "test"]
+    last = test.assign(split="test@last", value=lambda f: f["value"] + 0.05 * f["run"].str.contains("cog_fc"))
+    guo = test[test["run"].str.contains("baseline")].assign(split="test+ts_guo", value=lambda f: f["value"] - 0.002)
+    last_ts = last[last["run"].str.contains("baseline")].assign(split="test@last+ts")
+    bundle.results = pd.concat([bundle.results, last, guo, last_ts], ignore_index=True)
+    table = protocol_secondary({"fair": bundle}).set_index(["reading", "pair", "metric"])
+    fc = table.loc[("last epoch", "cog_fc − baseline", "nll")]  # 0.02 better at the checkpoint, 0.03 worse at the end
+    both = "1: counterpart (3 seeds), 2: counterpart (3 seeds)"
+    assert fc["difference"] == pytest.approx(0.03) and fc["per draw"] == both
+    assert ("last epoch", "cog_ts − baseline+ts", "nll") in table.index  # the last epoch's post-hoc TS
+    h3 = table.loc[("Guo's TS recipe", "cog_ts − baseline+ts_guo", "nll")]
+    assert h3["difference"] == pytest.approx(0.002) and h3["per draw"] == both

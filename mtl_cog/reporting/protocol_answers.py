@@ -28,19 +28,21 @@ import numpy as np
 import pandas as pd
 
 from mtl_cog.errors import UserError
-from mtl_cog.reporting.bundle import Bundle
+from mtl_cog.reporting.bundle import Bundle, wide_scores
 from mtl_cog.reporting.bundle_answers import CLAIM_METRICS, PAPER_CLAIMS, SUPPORTED, claims, final_scores
 from mtl_cog.reporting.paired import paired_differences
 
 PAPER, FAIR = "paper", "fair"
 POWER_METRICS = ("nll", "ece@15")  # the primary metrics of the plan
 TS_PAIR = {"baseline+ts": "baseline"}  # the gain a calibration method could at most be expected to show
+LAST = "test@last"  # the last epoch's test split (``eval.score_last_epoch``)
 
 
-def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None) -> pd.DataFrame:
-    """Per data set, draw, pair (the claims' by default) and metric: the paired mean difference and its interval's
-    half-width."""
-    scores = final_scores(bundle)
+def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None,
+                      scores: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per data set, draw, pair (the claims' by default) and metric: the paired mean difference, its interval's
+    half-width and which side it favours (``better``); of the final runs' test scores, or of ``scores``."""
+    scores = final_scores(bundle) if scores is None else scores
     if scores.empty:
         return pd.DataFrame()
     pairs = pairs or {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}
@@ -52,7 +54,19 @@ def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None) -> pd
     if table.empty:
         return table
     table["half_width"] = (table["ci_high"] - table["ci_low"]) / 2
-    return table[["data", "draw", "variant", "counterpart", "metric", "mean_difference", "half_width"]]
+    return table[["data", "draw", "variant", "counterpart", "metric", "mean_difference", "half_width", "better",
+                  "n_seeds"]]
+
+
+def last_epoch_scores(bundle: Bundle) -> pd.DataFrame:
+    """The final runs' test scores at the last epoch (splits ``test@last`` and ``test@last+<calibrator>``), shaped
+    as ``final_scores`` shapes the selected checkpoint's (``baseline+ts`` a method, the split ``test``)."""
+    runs = bundle.done()
+    wide = wide_scores(bundle, runs[runs["role"] == "final"])
+    last = wide[wide["split"].astype(str).str.startswith(LAST)].copy()
+    posthoc = last["split"].str.startswith(LAST + "+")
+    last.loc[posthoc, "method"] = last.loc[posthoc, "method"] + "+" + last.loc[posthoc, "split"].str[len(LAST) + 1:]
+    return last.assign(split="test", draw=lambda f: f["draw"].fillna("").astype(str))
 
 
 Bundles = dict[str, "Bundle | Sequence[Bundle]"]  # protocol -> its bundle, or its bundles (one per data set)
@@ -136,4 +150,40 @@ def protocol_power(bundles: Bundles) -> pd.DataFrame:
             rows.append({"protocol": protocol, "data": data, "metric": metric, "ts gain": ts_gain,
                          "widest ± (95 %)": widest,
                          "could detect": _could_detect(ts_gain, widest)})
+    return pd.DataFrame(rows)
+
+
+def _claim_pairs() -> dict[str, str]:
+    return {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}
+
+
+# The plan's secondary readings, reported beside the claims and never decided on: (name, pairs, scores of a bundle)
+SECONDARY = (
+    ("last epoch", _claim_pairs, last_epoch_scores),
+    ("Guo's TS recipe", lambda: {"cog_ts": "baseline+ts_guo"}, final_scores),
+)
+
+
+def protocol_secondary(bundles: Bundles) -> pd.DataFrame:
+    """Per protocol, reading, data set, pair and primary metric: the difference (mean over draws), the widest
+    half-width and each draw's side (``variant`` / ``counterpart`` / ``inconclusive``) with its seeds: a draw still
+    running shows fewer than planned, a draw not begun is absent (the claims table says *incomplete*)."""
+    rows = []
+    for reading, pairs, scores_of in SECONDARY:
+        chosen = pairs()
+        tables = _per_protocol(bundles, lambda b, p=chosen, f=scores_of: claim_differences(b, p, f(b)))
+        for protocol in bundles:
+            table = tables[protocol]
+            if table.empty:
+                continue
+            table = table[table["metric"].isin(POWER_METRICS)]
+            for (data, variant, counterpart, metric), group in table.groupby(
+                    ["data", "variant", "counterpart", "metric"], sort=True):
+                group = group.sort_values("draw")
+                rows.append({"protocol": protocol, "reading": reading, "data": data,
+                             "pair": f"{variant} − {counterpart}", "metric": metric,
+                             "difference": float(group["mean_difference"].mean()),
+                             "± (95 %)": float(group["half_width"].max()),
+                             "per draw": ", ".join(f"{d}: {b} ({n} seeds)" for d, b, n in
+                                                   zip(group["draw"], group["better"], group["n_seeds"]))})
     return pd.DataFrame(rows)
