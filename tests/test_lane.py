@@ -315,3 +315,27 @@ def test_a_figure_list_the_lane_cannot_read_leaves_the_docs_out_and_commits_the_
                                           "manifest.json")}
     assert git(repo, "show", "HEAD:docs/r.md") == FIGURE_BLOCK.format(body="old\n")
     assert "docs/r.md" not in git(repo, "status", "--porcelain")  # restored
+
+
+def test_a_block_of_several_bundles_waits_while_another_of_them_is_uncommitted(repo, capsys):
+    """The protocols' claims read every bundle they name from the working tree: while another lane's bundle is
+    synced but not committed, this lane commits its bundle alone (no commit may hold numbers of uncommitted data)."""
+    from test_campaign import write_tiny_bundle
+
+    published, other = repo / "results" / "camp" / "bundle", repo / "results" / "other" / "bundle"
+    write_tiny_bundle(other)
+    (repo / "docs").mkdir()
+    page = repo / "docs" / "r.md"
+    page.write_text("<!-- bundle-protocols: claims paper=results/camp/bundle fair=results/other/bundle -->\nold\n"
+                    "<!-- /bundle-protocols -->\n")
+    git(repo, "add", "docs", "results")
+    git(repo, "commit", "-q", "-m", "docs and the other bundle")
+    write_tiny_bundle(published)
+    change(other)  # the other lane has synced, not committed
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert "bundles with uncommitted changes" in capsys.readouterr().err
+    assert git(repo, "show", "HEAD:docs/r.md") == page.read_text()  # left as committed
+    git(repo, "commit", "-q", "-am", "the other lane commits")
+    change(published)
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert "old" not in git(repo, "show", "HEAD:docs/r.md")  # now regenerated with the bundle

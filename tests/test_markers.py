@@ -95,7 +95,7 @@ def test_a_marker_names_a_bundle_under_results_only(site, bundle):
 ])
 def test_a_marker_line_of_no_complete_block_is_refused_naming_its_line(site, text, line):
     page_with(site, text)
-    with pytest.raises(UserError, match=rf"r\.md:{line}: .*no complete bundle-table or bundle-figure block"):
+    with pytest.raises(UserError, match=rf"r\.md:{line}: .*no complete bundle-table, bundle-figure or"):
         regenerate_docs(site, check=True)
 
 
@@ -110,7 +110,7 @@ def cli(site: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("clause, args, said", [
-    ("", ("--check", "--only", "results/nosuch/bundle"), "--only results/nosuch/bundle: no bundle-table"),
+    ("", ("--check", "--only", "results/nosuch/bundle"), "--only results/nosuch/bundle: no docs block names it"),
     (" where nosuch == 'x'", ("--check",), "names no column 'nosuch'"),
     (" where __import__('os').system('true') == 0", ("--check",), "is not a filter"),
 ])

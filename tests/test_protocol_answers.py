@@ -79,3 +79,12 @@ def test_the_secondary_readings_are_the_last_epoch_and_guos_ts_recipe(monkeypatc
     assert ("last epoch", "cog_ts − baseline+ts", "nll") in table.index  # the last epoch's post-hoc TS
     h3 = table.loc[("Guo's TS recipe", "cog_ts − baseline+ts_guo", "nll")]
     assert h3["difference"] == pytest.approx(0.002) and h3["per draw"] == both
+
+
+def test_power_waits_while_a_claim_pair_has_no_interval(monkeypatch):
+    """One draw of cog_fc with a single seed has no interval: the widest half-width is unknown, not the others'."""
+    bundle = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
+    keep = ~(bundle.runs["run"].str.contains("cog_fc") & bundle.runs["seed"].astype(int).isin([1, 2]))
+    bundle.runs = bundle.runs[keep]
+    row = protocol_power({"fair": bundle}).set_index(["data", "metric"]).loc[("d", "nll")]
+    assert row["could detect"] == "no claim interval yet"

@@ -81,3 +81,25 @@ def test_a_table_or_figure_of_a_campaign_not_started_says_so_and_fills_in_when_i
     path.write_text("<!-- bundle-table: results/other/bundle summary -->\nold\n<!-- /bundle-table -->\n")
     with pytest.raises(UserError, match="holds no results bundle"):
         regenerate_docs(tmp_path, check=True)
+
+
+@pytest.mark.parametrize("named, message", [
+    (f"paper={PAPER} paper={FAIR}", "'paper' is named twice"),
+    (f"paper={PAPER} data={FAIR}", "'data' is no protocol"),
+    (f"paper={PAPER} fair={PAPER}", "a bundle is named twice"),
+])
+def test_a_protocols_marker_that_one_bundle_would_silently_win_is_refused(tmp_path, monkeypatch, named, message):
+    write(tmp_path, PAPER, {("cog_fc", d): 0.02 for d in ("1", "2")}, monkeypatch)
+    (tmp_path / "docs").mkdir()
+    text = f"<!-- bundle-protocols: claims {named} -->\nold\n<!-- /bundle-protocols -->\n"
+    (tmp_path / "docs" / "r.md").write_text(text)
+    with pytest.raises(UserError, match=message):
+        regenerate_docs(tmp_path, check=True)
+
+
+def test_a_protocols_bundle_whose_campaign_folder_holds_none_is_damage_not_pending(tmp_path, monkeypatch):
+    write(tmp_path, PAPER, {("cog_fc", d): 0.02 for d in ("1", "2")}, monkeypatch)
+    (tmp_path / "results" / "fair_d").mkdir(parents=True)  # e.g. a typo in the last part, or a half-synced bundle
+    page(tmp_path)
+    with pytest.raises(UserError, match="bundle-protocols names results/fair_d/bundle, which holds no results"):
+        regenerate_docs(tmp_path, check=True)

@@ -55,7 +55,7 @@ from filelock import FileLock
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.reporting.docs_tables import figures_naming, pages_naming
+from mtl_cog.reporting.docs_tables import bundles_on, figures_naming, pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
 DEFAULT_EVERY_SECONDS = 1800.0  # commit the bundle at most every 30 minutes, and when the command ends
@@ -155,6 +155,13 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
     if dirty:
         print(f"lane {name}: {', '.join(pages)} has uncommitted edits; its tables of {bundle} are not regenerated "
               "(run python scripts/regenerate_docs_tables.py and commit)", file=sys.stderr)
+        return []
+    # a block made of several bundles (the protocols' claims) reads the others from the working tree: one that
+    # another lane has synced but not committed yet would put numbers no commit's bundles make into this commit
+    others = sorted(bundles_on([repo / p for p in pages]) - {bundle})
+    if others and git(repo, "status", "--porcelain", "--", *others).stdout.strip():
+        print(f"lane {name}: {', '.join(pages)} also show(s) bundles with uncommitted changes; the tables of {bundle} "
+              "are not regenerated now (the next sync does it)", file=sys.stderr)
         return []
     if git(repo, "status", "--porcelain", "--untracked-files=no", "--", "mtl_cog").stdout.strip():
         print(f"lane {name}: mtl_cog/ has uncommitted changes; the tables of {bundle} are not regenerated "

@@ -50,17 +50,24 @@ def print_estimate(planned: list[Planned], measured, parallel: int, what: str = 
 
 
 def measured_pace(planned: list[Planned], out) -> str | None:
-    """One line: the median wall time of this campaign's finished runs among ``planned`` (core-seconds: wall time
-    × threads) and what the runs still to run take at that pace; None with fewer than ``MIN_MEASURED`` of them."""
+    """The median core-seconds (wall time × threads) of this campaign's finished runs among ``planned``, per data
+    set, and what its final runs still to run take at that pace (tuning not included); None before ``MIN_MEASURED``
+    runs of a data set have finished."""
     bundle = bundles.read_bundle(bundles.bundle_dir(out))
     if bundle is None:
         return None
     done = bundle.done()
     mine = done[done["run"].isin({p.spec.run for p in planned})]
     core_seconds = (pd.to_numeric(mine["wall_s"], errors="coerce")
-                    * pd.to_numeric(mine["threads"], errors="coerce").fillna(1).clip(lower=1)).dropna()
-    if len(core_seconds) < MIN_MEASURED:
-        return None
-    todo, pace = sum(p.state in (NEW, UNFINISHED) for p in planned), float(core_seconds.median())
-    return (f"measured: {len(core_seconds)} finished runs of this campaign took {pace:.0f} core-seconds each "
-            f"(median); at that pace the {todo} still to run take {todo * pace / 3600:.1f} CPU core-hours")
+                    * pd.to_numeric(mine["threads"], errors="coerce").fillna(1).clip(lower=1))
+    lines = []
+    for data, seconds in core_seconds.groupby(mine["data"].astype(str), sort=True):
+        seconds = seconds.dropna()
+        if len(seconds) < MIN_MEASURED:
+            continue
+        todo = sum(p.state in (NEW, UNFINISHED) and p.spec.labels.data == data for p in planned)
+        pace = float(seconds.median())
+        lines.append(f"measured on {data}: {len(seconds)} finished runs of this campaign took {pace:.0f} core-seconds "
+                     f"each (median); at that pace its {todo} final runs still to run take {todo * pace / 3600:.1f} "
+                     "CPU core-hours (tuning not included)")
+    return "\n".join(lines) or None

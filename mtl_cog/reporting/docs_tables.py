@@ -85,9 +85,9 @@ def _blocks(text: str, page: Path | None = None):
         for line in MARKER_LINE.finditer(text):
             if line.start() not in covered:
                 number = text.count("\n", 0, line.start()) + 1
-                raise UserError(f"{page}:{number}: {line.group(0)[:80]!r} is no complete bundle-table or "
-                                "bundle-figure block (unclosed, unknown or malformed marker); close it with "
-                                "<!-- /bundle-table --> or <!-- /bundle-figure -->, or fix its head.")
+                raise UserError(f"{page}:{number}: {line.group(0)[:80]!r} is no complete bundle-table, "
+                                "bundle-figure or bundle-protocols block (unclosed, unknown or malformed marker); "
+                                "close it with its <!-- /bundle-... --> line, or fix its head.")
     return blocks
 
 
@@ -101,10 +101,23 @@ def bundle_path(root: Path, page: Path, bundle: str) -> Path:
     return path
 
 
+PROTOCOL_NAMES = ("paper", "fair")  # the protocols a bundle-protocols block sets side by side
+
+
 def protocol_bundles(match: re.Match) -> dict[str, list[str]]:
-    """A bundle-protocols block's bundles per protocol, as the marker names them."""
-    return {protocol: bundles.split(",") for protocol, bundles in
-            (item.split("=", 1) for item in match["named"].split())}
+    """A bundle-protocols block's bundles per protocol, as the marker names them; a protocol other than
+    ``PROTOCOL_NAMES``, one named twice, or a bundle under two protocols is refused (one would silently win)."""
+    named: dict[str, list[str]] = {}
+    for item in match["named"].split():
+        protocol, bundles = item.split("=", 1)
+        if protocol not in PROTOCOL_NAMES or protocol in named:
+            raise UserError(f"bundle-protocols {match['named']}: name each of {', '.join(PROTOCOL_NAMES)} once "
+                            f"({protocol!r} is {'named twice' if protocol in named else 'no protocol'}).")
+        named[protocol] = bundles.split(",")
+    every = [b for bundles in named.values() for b in bundles]
+    if len(set(every)) != len(every):
+        raise UserError(f"bundle-protocols {match['named']}: a bundle is named twice; each protocol has its own.")
+    return named
 
 
 def bundles_of(match: re.Match) -> list[str]:
@@ -112,6 +125,11 @@ def bundles_of(match: re.Match) -> list[str]:
     if "named" in match.re.groupindex:
         return [b for names in protocol_bundles(match).values() for b in names]
     return [match["bundle"]]
+
+
+def bundles_on(pages: list[Path]) -> set[str]:
+    """Every bundle the blocks of ``pages`` are made of (as markers name them)."""
+    return {b for page in pages for m in _blocks(page.read_text(), page) for b in bundles_of(m)}
 
 
 def pages_naming(root: Path, bundle: str) -> list[Path]:
@@ -178,10 +196,9 @@ def protocols_body(root: Path, page: Path, match: re.Match, cache: dict) -> str:
                 continue
             if ("bundle", path) not in cache:
                 cache[("bundle", path)] = read_bundle(path)
-            if cache[("bundle", path)] is None:
-                missing.append(f"{protocol} ({name})")
-            else:
-                found.setdefault(protocol, []).append(cache[("bundle", path)])
+            if cache[("bundle", path)] is None:  # its campaign folder is there: damage, as for a table block
+                raise UserError(f"{page}: bundle-protocols names {name}, which holds no results bundle.")
+            found.setdefault(protocol, []).append(cache[("bundle", path)])
     frame = PROTOCOL_TABLES[match["table"]]({p: found.get(p, []) for p in protocol_bundles(match)}) \
         if found else pd.DataFrame()
     if match["query"] and not frame.empty:
@@ -218,7 +235,7 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
 
     named = {b for page in _docs_pages(root) for m in _blocks(page.read_text(), page) for b in bundles_of(m)}
     if only is not None and only not in named:
-        raise UserError(f"--only {only}: no bundle-table or bundle-figure block names it (the bundles the pages "
+        raise UserError(f"--only {only}: no docs block names it (the bundles the pages "
                         f"name: {', '.join(sorted(named)) or 'none'}).")
 
     for page in _docs_pages(root):

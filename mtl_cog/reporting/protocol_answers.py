@@ -127,7 +127,7 @@ def protocol_claims(bundles: Bundles) -> pd.DataFrame:
 
 
 def _could_detect(ts_gain: float, widest: float) -> str:
-    """``yes``/``no``; ``no claim interval yet`` while no claim pair has finished seeds of both sides."""
+    """``yes``/``no``; ``no claim interval yet`` while a claim pair has no interval (too few shared seeds)."""
     if not np.isfinite(widest):
         return "no claim interval yet"
     return "yes" if ts_gain > 0 and widest < ts_gain else "no"
@@ -145,7 +145,8 @@ def protocol_power(bundles: Bundles) -> pd.DataFrame:
             continue
         width = width[width["variant"] != "baseline+ms"]  # H4 is about MS's harm, not a calibration gain
         for (data, metric), group in gain[gain["metric"].isin(POWER_METRICS)].groupby(["data", "metric"]):
-            widest = width.loc[(width["data"] == data) & (width["metric"] == metric), "half_width"].max()
+            halves = width.loc[(width["data"] == data) & (width["metric"] == metric), "half_width"]
+            widest = halves.max() if halves.notna().all() else np.nan  # a pair without an interval: not yet
             ts_gain = -float(group["mean_difference"].mean())  # > 0: TS lowers the metric
             rows.append({"protocol": protocol, "data": data, "metric": metric, "ts gain": ts_gain,
                          "widest ± (95 %)": widest,
