@@ -233,7 +233,7 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
         return apply_where(frame, match["query"], f"{page}: {block} of {match['bundle']}") if match["query"] \
             else frame
 
-    named = {b for page in _docs_pages(root) for m in _blocks(page.read_text(), page) for b in bundles_of(m)}
+    named = bundles_on(_docs_pages(root))
     if only is not None and only not in named:
         raise UserError(f"--only {only}: no docs block names it (the bundles the pages "
                         f"name: {', '.join(sorted(named)) or 'none'}).")
