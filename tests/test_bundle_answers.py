@@ -85,6 +85,17 @@ def test_a_draw_not_started_is_incomplete_not_an_answer():
     assert claims["COG+LS improves on label smoothing"] == "incomplete (draw 1 missing, draw 2 missing)"
 
 
+def test_a_draw_with_one_seed_has_no_interval_and_no_reading():
+    """One shared seed gives a difference but no interval: the draw reads 'no interval', never 'inconclusive' (an
+    interval that straddles 0), and the summary names the seed that finished."""
+    tables = bundle_tables(make_bundle(finished=lambda m, d, s: d == "1" and (m != "cog_fc" or s == 2)))
+    claim = tables["claims"].set_index(["claim", "metric"]).loc[("COG-FC improves on the baseline", "nll")]
+    assert claim["draw 1"] == "no interval (one seed) (-0.0200) (draw 1: 1 of 3 seeds)"
+    assert claim["answer"] == "incomplete (draw 1: 1 of 3 seeds, draw 2 missing)"
+    note = tables["summary"].set_index(["draw", "method"]).loc[("1", "cog_fc"), "note"]
+    assert note == "incomplete: 1 of 3 seeds (2)"
+
+
 def test_draws_that_disagree_depend_on_the_tuning_draw():
     NLL_GAIN[("cog_fc", "2")] = -0.02
     try:
@@ -113,6 +124,18 @@ def test_a_chosen_knob_at_its_range_edge_is_flagged_from_the_recorded_ranges(val
     old = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}, "budget": 3})
     old.set_trials("d-baseline", _trials(value, None))  # written before trials.csv recorded the ranges
     assert bundle_tables(old)["chosen"].iloc[0]["at_edge"] == "unknown (no ranges recorded)"
+
+
+def test_the_chosen_table_counts_a_failed_attempt_that_was_retried():
+    """A trial stopped mid-run is recorded as failed and not counted; its retry (``retry_of``) is counted in its
+    place. The study still has its whole budget, no counted trial failed, and ``retried`` shows the stop."""
+    bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}, "budget": 3})
+    trials = _trials(1e-3, None)
+    failed = trials.iloc[[1]].assign(state="fail", counted=False, chosen="", val_nll=float("nan"))
+    retry = trials.iloc[[1]].assign(trial=3, retry_of=1)
+    bundle.set_trials("d-baseline", pd.concat([trials.drop(index=1), failed, retry], ignore_index=True))
+    chosen = bundle_tables(bundle)["chosen"].iloc[0]
+    assert (chosen["trials"], chosen["failed"], chosen["pruned"], chosen["retried"]) == (3, 0, 0, 1)
 
 
 def test_searched_ranges_read_back_as_written_and_refuse_anything_else():

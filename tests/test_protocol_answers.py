@@ -88,3 +88,14 @@ def test_power_waits_while_a_claim_pair_has_no_interval(monkeypatch):
     bundle.runs = bundle.runs[keep]
     row = protocol_power({"fair": bundle}).set_index(["data", "metric"]).loc[("d", "nll")]
     assert row["could detect"] == "no claim interval yet"
+
+
+def test_power_is_provisional_while_a_claim_lacks_planned_runs(monkeypatch):
+    """cog_ts's draw 2 lacks seed 2: every pair still has an interval, but the H3 claim is incomplete, so the
+    reading is marked as one that may change."""
+    bundle = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
+    keep = ~(bundle.runs["run"].str.contains("cog_ts") & (bundle.runs["draw"].astype(str) == "2")
+             & (bundle.runs["seed"].astype(int) == 2))
+    bundle.runs = bundle.runs[keep]
+    row = protocol_power({"fair": bundle}).set_index(["data", "metric"]).loc[("d", "nll")]
+    assert row["could detect"] == "yes, so far (claims incomplete)"

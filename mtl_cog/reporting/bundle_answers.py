@@ -97,7 +97,8 @@ def summary(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
             row[f"{metric}_std"] = values.std(ddof=1) if len(values) > 1 else np.nan
         notes = []
         if seeds < row["planned_seeds"]:
-            notes.append(f"incomplete: seeds {' '.join(map(str, sorted(group['seed'])))} of {row['planned_seeds']}")
+            notes.append(f"incomplete: {seeds} of {row['planned_seeds']} seeds "
+                         f"({', '.join(map(str, sorted(group['seed'].unique())))})")
         if _idle(table, data, method, draw):
             notes.append(f"{NOT_TESTED}: its calibrator stayed within {IDENTITY_TOLERANCE:.0%} of the identity")
         row["note"] = "; ".join(notes)
@@ -230,6 +231,7 @@ PAPER_CLAIMS = (
 CLAIM_METRICS = ("nll", "ece@15", "accuracy")
 SUPPORTED, CONTRADICTED, NOT_DECIDED = "supported", "contradicted", "inconclusive at this scale"
 NOT_TESTED = "not tested at this budget"
+NO_INTERVAL = "no interval (one seed)"  # one shared seed: a difference, but nothing to read it against
 
 
 def _side(better: str, expected: str) -> str:
@@ -274,10 +276,11 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
                     gap = _draw_gap(planned, data, variant, counterpart, draw, None if r is None else float(r.n_seeds))
                     side, text = "", ""
                     if r is not None:
-                        side = _side(r.better, expected)
-                        interval = ("one seed: no interval" if pd.isna(r.ci_low)
-                                    else f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]")
-                        text = f"{side} ({r.mean_difference:+.4f} {interval})"
+                        if pd.isna(r.ci_low):
+                            side, text = NO_INTERVAL, f"{NO_INTERVAL} ({r.mean_difference:+.4f})"
+                        else:
+                            side = _side(r.better, expected)
+                            text = f"{side} ({r.mean_difference:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}])"
                         if _idle(table, data, variant, draw):  # its calibrator never left the identity
                             side, text = NOT_TESTED, f"{NOT_TESTED} ({text})"
                     if gap:

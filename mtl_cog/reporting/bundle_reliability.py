@@ -12,8 +12,9 @@ outcome sums are exact).
 The convention is ``ece@B``'s (``mtl_cog.evaluation.binning``, ``plots.calibration_inputs``): a binary task
 bins its positive-class probability and counts positive labels; a multi-class task bins its top-label
 confidence and counts correct predictions. Uniform bins on [0, 1], right-open except the last, after
-clamping by ``binning.CLAMP``; each task's labelled rows only. Split ``test`` is the selected checkpoint's
-test predictions, ``test+<name>`` the same after post-hoc calibrator ``<name>`` (as in ``results.csv.gz``).
+clamping by ``binning.CLAMP``; each task's labelled rows only. The split is ``test``, the selected checkpoint's
+test predictions (the one split a run folder keeps predictions of). The 20 bins are the diagram's; a metric such
+as ECE@15 is read from ``results.csv.gz``, which the run computed on its predictions, not re-binned from these.
 
 One row per (run, split, task); each of the four columns holds the task's 20 bins, bin 0 first, as
 space-separated numbers (``0`` for an empty bin). One row per task rather than per bin keeps the file at

@@ -79,6 +79,10 @@ def chosen(bundle: Bundle) -> pd.DataFrame:
     counts = counted.groupby("study").agg(trials=("trial", "size"),
                                           failed=("state", lambda s: int((s == "fail").sum())),
                                           pruned=("state", lambda s: int((s == "pruned").sum())))
+    # an attempt that failed and was not counted was stopped mid-run and retried (its retry counts): shown, so a
+    # study's trials.csv rows add up and the stop stays visible
+    stopped = trials[(trials["state"] == "fail") & ~trials.index.isin(counted.index)].groupby("study").size()
+    counts["retried"] = stopped.reindex(counts.index, fill_value=0).astype(int)
     return table.merge(counts, left_on="study", right_index=True, how="left").sort_values("study")
 
 
@@ -199,7 +203,7 @@ def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
                      "epochs": _values(done["epochs_run"]), "threads": _values(done["threads"]),
                      "converged": f"{int((judged['converged'] == True).sum())} of {len(judged)}",  # noqa: E712
                      "reused": int(done["run"].isin(reused).sum()),
-                     "epoch_hours": round(float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600, 2),
+                     "epoch_hours": float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600,
                      **_untimed(trained, trial_epochs)})
     return pd.DataFrame(rows)
 
@@ -220,7 +224,7 @@ def _untimed(trained: pd.DataFrame, trial_epochs: pd.Series) -> dict:
     per_epoch = (seconds[timed_epochs.index] / timed_epochs).median()  # median: a paused run inflates a mean
     epochs = trial_epochs.reindex(untimed)  # a run trials.csv does not know: no estimate (empty), not a low one
     hours = epochs.sum(min_count=len(epochs)) * per_epoch / 3600 if len(untimed) else 0.0
-    return {"untimed": len(untimed), "untimed_hours_est": round(float(hours), 2)}
+    return {"untimed": len(untimed), "untimed_hours_est": float(hours)}
 
 
 def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
