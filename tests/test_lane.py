@@ -307,7 +307,7 @@ def test_a_figure_list_the_lane_cannot_read_leaves_the_docs_out_and_commits_the_
     def unreadable(*_):
         raise UserError("docs/r.md: bundle-figure file 'x' must be an .svg under docs/, relative to the page.")
 
-    monkeypatch.setattr(lane, "figures_naming", unreadable)
+    monkeypatch.setattr(lane, "figures_on", unreadable)
     assert lane.commit_bundle(repo, published, "k") == lane.COMMITTED
     assert "docs tables not committed" in capsys.readouterr().err
     assert set(git(repo, "show", "--name-only", "--format=", "HEAD").split()) <= {
@@ -339,3 +339,25 @@ def test_a_block_of_several_bundles_waits_while_another_of_them_is_uncommitted(r
     change(published)
     assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
     assert "old" not in git(repo, "show", "HEAD:docs/r.md")  # now regenerated with the bundle
+
+
+def test_a_block_another_lane_had_to_leave_stale_is_made_right_by_the_next_commit_on_its_page(repo):
+    """Two lanes stop at once: the first commits while the second's bundle is synced but not committed, so it
+    leaves the page alone; the second regenerates every block of the page, the first lane's block too.
+    No commit after both is left with a block that disagrees with its committed bundle."""
+    from test_campaign import write_tiny_bundle
+
+    published, other = repo / "results" / "camp" / "bundle", repo / "results" / "other" / "bundle"
+    write_tiny_bundle(other)
+    (repo / "docs").mkdir()
+    page = repo / "docs" / "r.md"
+    page.write_text("<!-- bundle-table: results/other/bundle summary -->\nstale\n<!-- /bundle-table -->\n"
+                    "<!-- bundle-table: results/camp/bundle summary -->\nold\n<!-- /bundle-table -->\n")
+    git(repo, "add", "docs", "results")
+    git(repo, "commit", "-q", "-m", "the other lane committed its bundle; its table waits")
+    write_tiny_bundle(published)
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    committed = git(repo, "show", "HEAD:docs/r.md")
+    assert "stale" not in committed and "old" not in committed and committed.count("| cog_ts |") == 2
+    assert git(repo, "status", "--porcelain") == ""
+    assert docs_tables.regenerate_docs(repo, check=True) == []

@@ -111,6 +111,8 @@ def cli(site: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("clause, args, said", [
     ("", ("--check", "--only", "results/nosuch/bundle"), "--only results/nosuch/bundle: no docs block names it"),
+    ("", ("--check", "--pages-of", "results/nosuch/bundle"), "--pages-of results/nosuch/bundle: no docs block names"),
+    ("", ("--only", "results/c/bundle", "--pages-of", "results/c/bundle"), "--only and --pages-of: give one"),
     (" where nosuch == 'x'", ("--check",), "names no column 'nosuch'"),
     (" where __import__('os').system('true') == 0", ("--check",), "is not a filter"),
 ])

@@ -23,7 +23,7 @@ what is committed. A lane makes that automatic:
   campaign gets SIGINT from the kernel), ``out/bundle`` is copied
   (under the campaign's own bundle lock, so never half-written) to ``results/NAME/bundle`` and
   committed alone (``git commit -- results/NAME/bundle``: nothing else staged is swept in), together with
-  the docs tables made from it (the ``bundle-table`` blocks naming it, regenerated in the same commit, so
+  the docs tables made from it (every block of the pages naming it, regenerated in the same commit, so
   no commit holds docs that disagree with their bundle; a page with uncommitted edits is left out, with a
   warning). A lost machine loses only the runs in flight.
 
@@ -55,7 +55,7 @@ from filelock import FileLock
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.reporting.docs_tables import bundles_on, figures_naming, pages_naming
+from mtl_cog.reporting.docs_tables import bundles_on, figures_on, pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
 DEFAULT_EVERY_SECONDS = 1800.0  # commit the bundle at most every 30 minutes, and when the command ends
@@ -142,7 +142,9 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
     started: a report change committed while the lane runs then reaches the tables the lane commits. A page with
     uncommitted edits is left alone (committing it would sweep those edits in), and so is every page while the
     package has uncommitted changes (they would make tables no commit's code makes); the lane says so, and the
-    tables wait for ``scripts/regenerate_docs_tables.py`` and a commit.
+    tables wait for ``scripts/regenerate_docs_tables.py`` and a commit. Every block of those pages is made
+    (``--pages-of``), not only the bundle's: a block another lane's commit had to leave alone (this bundle was
+    uncommitted then) is made right here, once every bundle the pages show is committed.
     """
     try:
         pages = [str(p.relative_to(repo)) for p in pages_naming(repo, bundle)]
@@ -168,16 +170,16 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
               "(commit them, or run python scripts/regenerate_docs_tables.py and commit)", file=sys.stderr)
         return []
     made = subprocess.run([sys.executable, "-m", "mtl_cog.cli.regenerate_docs_tables", "--root", str(repo),
-                           "--only", bundle], cwd=repo, capture_output=True, text=True,
+                           "--pages-of", bundle], cwd=repo, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(repo)})
     if made.returncode != 0:  # e.g. a page names a table no bundle has (a typo): the bundle goes alone
         said = (made.stderr.strip().splitlines() or ["no message"])[-1]
         print(f"lane {name}: docs tables not regenerated: {said}", file=sys.stderr)
         git(repo, "checkout", "--", *pages, check=False)  # a half-written page must not be committed
         return []
-    # its figures' SVG files go with it: those drawn now, and a tracked one the regeneration removed
+    # the pages' figures' SVG files go with them: those drawn now, and a tracked one the regeneration removed
     try:
-        figures = [str(f.relative_to(repo.resolve())) for f in figures_naming(repo, bundle)]
+        figures = [str(f.relative_to(repo.resolve())) for f in figures_on(repo, [repo / p for p in pages])]
     except UserError as err:  # a page edited since it was regenerated (this lane reads it with older code)
         print(f"lane {name}: docs tables not committed: {err}", file=sys.stderr)
         git(repo, "checkout", "--", *pages, check=False)

@@ -143,6 +143,11 @@ def figures_naming(root: Path, bundle: str) -> list[Path]:
             for m in FIGURE.finditer(page.read_text()) if m["bundle"] == bundle]
 
 
+def figures_on(root: Path, pages: list[Path]) -> list[Path]:
+    """The SVG files the figure blocks of ``pages`` draw, whichever bundle they are of."""
+    return [figure_path(root, page, m["file"]) for page in pages for m in FIGURE.finditer(page.read_text())]
+
+
 def figure_path(root: Path, page: Path, name: str) -> Path:
     """A figure's file, relative to its page; it must stay under docs/ and be an .svg (the check reads it back),
     where it leads as well as by its name (a symbolic link to a page would have the page overwritten)."""
@@ -207,10 +212,13 @@ def protocols_body(root: Path, page: Path, match: re.Match, cache: dict) -> str:
     return body + ("" if not missing else f"\n*Not written yet: {', '.join(missing)}.*\n")
 
 
-def regenerate_docs(root: Path, check: bool = False, only: str | None = None) -> list[str]:
+def regenerate_docs(root: Path, check: bool = False, only: str | None = None,
+                    pages_of: str | None = None) -> list[str]:
     """Rewrite every bundle-table block under ``root/docs`` (and the README) from its bundle, and every
     bundle-figure with its SVG file; with ``check``, write nothing; with ``only`` (a bundle as the markers name
-    it), the blocks of that bundle alone. -> the blocks that disagreed with their bundle (``file: table``)."""
+    it), the blocks of that bundle alone; with ``pages_of``, every block of the pages naming that bundle (a lane:
+    a block of another bundle on its page that an earlier commit left stale is made right in the same commit).
+    -> the blocks that disagreed with their bundle (``file: table``)."""
     stale, cache = [], {}
     # Every page and figure is computed before any is written: a bad block anywhere leaves every file as it was.
     pages: dict[Path, str] = {}
@@ -234,11 +242,12 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None) ->
             else frame
 
     named = bundles_on(_docs_pages(root))
-    if only is not None and only not in named:
-        raise UserError(f"--only {only}: no docs block names it (the bundles the pages "
-                        f"name: {', '.join(sorted(named)) or 'none'}).")
+    for flag, bundle in (("--only", only), ("--pages-of", pages_of)):
+        if bundle is not None and bundle not in named:
+            raise UserError(f"{flag} {bundle}: no docs block names it (the bundles the pages "
+                            f"name: {', '.join(sorted(named)) or 'none'}).")
 
-    for page in _docs_pages(root):
+    for page in _docs_pages(root) if pages_of is None else pages_naming(root, pages_of):
         text = page.read_text()
 
         def table_for(match: re.Match, page: Path = page) -> str:
