@@ -361,3 +361,67 @@ def test_a_block_another_lane_had_to_leave_stale_is_made_right_by_the_next_commi
     assert "stale" not in committed and "old" not in committed and committed.count("| cog_ts |") == 2
     assert git(repo, "status", "--porcelain") == ""
     assert docs_tables.regenerate_docs(repo, check=True) == []
+
+
+def test_a_figure_of_another_bundle_on_the_lanes_page_is_committed_with_the_page(repo):
+    """The page is regenerated whole, so a figure block of another (committed) bundle on it is drawn too: its SVG
+    goes into the same commit, never a page linking a file the commit lacks."""
+    from test_campaign import write_tiny_bundle
+    from test_results_docs import FIGURE_BLOCK, write_curve_bundle
+
+    published = repo / "results" / "camp" / "bundle"
+    write_curve_bundle(repo / "results" / "k" / "bundle", ratios=(1.0,))
+    (repo / "docs").mkdir()
+    table = "<!-- bundle-table: results/camp/bundle summary -->\nold\n<!-- /bundle-table -->\n"
+    (repo / "docs" / "r.md").write_text(FIGURE_BLOCK.format(body="old\n") + table)
+    git(repo, "add", "docs", "results")
+    git(repo, "commit", "-q", "-m", "a curve bundle whose figure was never drawn")
+    write_tiny_bundle(published)
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert git(repo, "status", "--porcelain") == ""
+    assert "cog_fc: 0.304 at 1" in git(repo, "show", "HEAD:docs/figures/k_nll.svg")
+
+
+def test_a_broken_block_of_another_bundle_leaves_this_bundles_blocks_regenerated(repo, capsys):
+    """A block elsewhere on the page that cannot be made (its campaign folder holds no bundle): the whole page
+    cannot be regenerated, so the lane falls back to its own blocks, and they are committed right."""
+    from test_campaign import write_tiny_bundle
+
+    published = repo / "results" / "camp" / "bundle"
+    (repo / "results" / "c").mkdir(parents=True)
+    (repo / "results" / "c" / "README.md").write_text("a campaign folder without its bundle\n")
+    (repo / "docs").mkdir()
+    (repo / "docs" / "r.md").write_text(
+        "<!-- bundle-table: results/c/bundle summary -->\nkept\n<!-- /bundle-table -->\n"
+        "<!-- bundle-table: results/camp/bundle summary -->\nold\n<!-- /bundle-table -->\n")
+    git(repo, "add", "docs", "results")
+    git(repo, "commit", "-q", "-m", "a broken block")
+    write_tiny_bundle(published)
+    assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
+    assert "(--pages-of)" in capsys.readouterr().err
+    committed = git(repo, "show", "HEAD:docs/r.md")
+    assert "| cog_ts |" in committed and "kept" in committed and "old" not in committed
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_lanes_of_one_checkout_publish_one_at_a_time(repo, tmp_path):
+    """Syncing and committing hold one lock per checkout: while another lane holds it, a lane waits (it would
+    otherwise read a bundle the other is half-way through replacing)."""
+    import threading
+
+    from filelock import FileLock
+
+    out = tmp_path / "out"
+    (out / "bundle").mkdir(parents=True)
+    (out / "bundle" / "runs.csv").write_text("run\nr-0\n")
+    published = repo / "results" / "camp" / "bundle"
+    outcome = []
+    with FileLock(str(repo / ".git" / "mtl_cog-lanes.lock")):
+        worker = threading.Thread(target=lambda: outcome.append(lane.publish(repo, out, published, "camp",
+                                                                             lane.UNCHANGED)))
+        worker.start()
+        worker.join(1.5)
+        assert worker.is_alive() and not published.exists()  # waiting: nothing synced yet
+    worker.join(60)
+    assert outcome == [lane.COMMITTED] and (published / "runs.csv").is_file()
+    assert git(repo, "status", "--porcelain") == ""

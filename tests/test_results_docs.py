@@ -138,7 +138,7 @@ def test_a_figure_is_drawn_from_its_bundle_and_a_drifted_one_is_found(tmp_path):
 def test_a_figure_whose_runs_are_gone_reads_pending_and_its_file_is_removed(tmp_path):
     from mtl_cog.reporting.bundle import read_bundle
     from mtl_cog.reporting.bundle_report import bundle_tables
-    from mtl_cog.reporting.docs_tables import PENDING_FIGURE, figures_naming, pages_naming
+    from mtl_cog.reporting.docs_tables import PENDING_FIGURE, figures_on, pages_naming
 
     write_curve_bundle(tmp_path / "results" / "k" / "bundle", ratios=())  # the references alone: no curve yet
     (tmp_path / "docs" / "figures").mkdir(parents=True)
@@ -146,7 +146,7 @@ def test_a_figure_whose_runs_are_gone_reads_pending_and_its_file_is_removed(tmp_
     page.write_text(FIGURE_BLOCK.format(body="![old](figures/k_nll.svg)\n"))
     svg.write_text("<svg/>")
     assert pages_naming(tmp_path, "results/k/bundle") == [page]
-    assert figures_naming(tmp_path, "results/k/bundle") == [svg.resolve()]
+    assert figures_on(tmp_path, [page]) == [svg.resolve()]
     regenerate_docs(tmp_path)
     assert page.read_text() == FIGURE_BLOCK.format(body=PENDING_FIGURE + "\n") and not svg.exists()
     assert regenerate_docs(tmp_path, check=True) == []

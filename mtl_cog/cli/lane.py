@@ -132,13 +132,28 @@ def sync_bundle(out: Path, published: Path) -> bool:
     return True
 
 
+def publish(repo: Path, out: Path, published: Path, name: str, last: str) -> str:
+    """Sync ``out/bundle`` to ``published`` and commit it with its pages -> the commit's outcome (``last`` when
+    there was nothing to sync).
+
+    Under one lock for every lane of the checkout (in its git folder): a lane regenerating a page reads the other
+    bundles that page shows, and another lane's sync deletes and renames its bundle's folder; one at a time, every
+    bundle a lane reads is whole and, unless its own lane's commit failed, committed."""
+    common = Path(git(repo, "rev-parse", "--git-common-dir").stdout.strip())
+    with FileLock(str((common if common.is_absolute() else repo / common) / "mtl_cog-lanes.lock")):
+        check_not_older(out, published, repo)  # another machine may have committed a newer bundle since
+        if not sync_bundle(out, published):
+            return last
+        return commit_bundle(repo, published, name)  # UNCHANGED: nothing left uncommitted
+
+
 def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
     """Rewrite the docs tables of ``bundle`` from it -> the pages to commit with it.
 
     A commit that changes a bundle without the docs tables made from it would leave a checkout whose docs
     disagree with its results (``tests/test_results_docs.py`` fails on it): a session that ends between a lane's
     commit and the next regeneration would publish that. The tables are made by the checkout's *committed* code,
-    in a fresh process (``scripts/regenerate_docs_tables.py --only``), not by the code this lane imported when it
+    in a fresh process (``scripts/regenerate_docs_tables.py --pages-of``), not by the code this lane imported when it
     started: a report change committed while the lane runs then reaches the tables the lane commits. A page with
     uncommitted edits is left alone (committing it would sweep those edits in), and so is every page while the
     package has uncommitted changes (they would make tables no commit's code makes); the lane says so, and the
@@ -163,19 +178,24 @@ def regenerate_pages(repo: Path, bundle: str, name: str) -> list[str]:
     others = sorted(bundles_on([repo / p for p in pages]) - {bundle})
     if others and git(repo, "status", "--porcelain", "--", *others).stdout.strip():
         print(f"lane {name}: {', '.join(pages)} also show(s) bundles with uncommitted changes; the tables of {bundle} "
-              "are not regenerated now (the next sync does it)", file=sys.stderr)
+              "are not regenerated now (that bundle's next commit does it)", file=sys.stderr)
         return []
     if git(repo, "status", "--porcelain", "--untracked-files=no", "--", "mtl_cog").stdout.strip():
         print(f"lane {name}: mtl_cog/ has uncommitted changes; the tables of {bundle} are not regenerated "
               "(commit them, or run python scripts/regenerate_docs_tables.py and commit)", file=sys.stderr)
         return []
-    made = subprocess.run([sys.executable, "-m", "mtl_cog.cli.regenerate_docs_tables", "--root", str(repo),
-                           "--pages-of", bundle], cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(repo)})
-    if made.returncode != 0:  # e.g. a page names a table no bundle has (a typo): the bundle goes alone
+    # the whole pages, else (a block of another campaign that cannot be made: e.g. its filter names a column its
+    # bundle lacks) this bundle's blocks alone: one broken block elsewhere does not keep this bundle's docs out
+    for scope in ("--pages-of", "--only"):
+        made = subprocess.run([sys.executable, "-m", "mtl_cog.cli.regenerate_docs_tables", "--root", str(repo),
+                               scope, bundle], cwd=repo, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+        if made.returncode == 0:
+            break
         said = (made.stderr.strip().splitlines() or ["no message"])[-1]
-        print(f"lane {name}: docs tables not regenerated: {said}", file=sys.stderr)
+        print(f"lane {name}: docs tables not regenerated ({scope}): {said}", file=sys.stderr)
         git(repo, "checkout", "--", *pages, check=False)  # a half-written page must not be committed
+    else:  # e.g. a page names a table no bundle has (a typo): the bundle goes alone
         return []
     # the pages' figures' SVG files go with them: those drawn now, and a tracked one the regeneration removed
     try:
@@ -345,9 +365,7 @@ def run_lane(args: argparse.Namespace, repo: Path, lane: Path, published: Path, 
                 code_now = child.wait(timeout=args.every)
             except subprocess.TimeoutExpired:
                 code_now = None
-            check_not_older(out, published, repo)  # another machine may have committed a newer bundle since
-            if sync_bundle(out, published):
-                last = commit_bundle(repo, published, args.name)  # UNCHANGED: nothing left uncommitted
+            last = publish(repo, out, published, args.name, last)
             if code_now is not None:
                 break
     except BaseException:

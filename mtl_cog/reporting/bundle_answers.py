@@ -16,7 +16,8 @@
 - ``claims``: the COG paper's qualitative claims (``PAPER_CLAIMS``), each a paired comparison of final runs,
   marked per metric *supported* / *contradicted* / *inconclusive at this scale* when every draw agrees, **depends
   on the tuning draw** when they do not, *not tested at this budget* where a learned calibrator stayed at the
-  identity, *incomplete* while a side lacks planned draws or seeds.
+  identity, *incomplete* while a side lacks planned draws or seeds; a draw with one shared seed reads *no interval
+  (one seed)* (``interval_reading``), in the verdicts too.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
             found = by_draw.get(draw)
             seeds = None if found is None else float(getattr(found, "n_seeds", np.inf))
             gap = _draw_gap(planned, data, variant, counterpart, draw, seeds)
-            cell = "" if found is None else str(found.better)
+            cell = "" if found is None else interval_reading(found)
             if found is not None and _idle(calibrator_table, data, variant, draw):
                 cell = f"{NOT_TESTED} ({cell})"
             if gap and found is not None:
@@ -232,6 +233,12 @@ CLAIM_METRICS = ("nll", "ece@15", "accuracy")
 SUPPORTED, CONTRADICTED, NOT_DECIDED = "supported", "contradicted", "inconclusive at this scale"
 NOT_TESTED = "not tested at this budget"
 NO_INTERVAL = "no interval (one seed)"  # one shared seed: a difference, but nothing to read it against
+
+
+def interval_reading(row) -> str:
+    """A paired row's ``better`` (variant / counterpart / inconclusive), or ``NO_INTERVAL`` where one shared seed
+    gave no interval: "inconclusive" would say an interval straddles 0, and there is none."""
+    return NO_INTERVAL if pd.isna(row.ci_low) else str(row.better)
 
 
 def _side(better: str, expected: str) -> str:

@@ -79,11 +79,19 @@ def chosen(bundle: Bundle) -> pd.DataFrame:
     counts = counted.groupby("study").agg(trials=("trial", "size"),
                                           failed=("state", lambda s: int((s == "fail").sum())),
                                           pruned=("state", lambda s: int((s == "pruned").sum())))
-    # an attempt that failed and was not counted was stopped mid-run and retried (its retry counts): shown, so a
-    # study's trials.csv rows add up and the stop stays visible
-    stopped = trials[(trials["state"] == "fail") & ~trials.index.isin(counted.index)].groupby("study").size()
-    counts["retried"] = stopped.reindex(counts.index, fill_value=0).astype(int)
+    # attempts stopped mid-run (a lane stopped) and run again: a later trial of the study names them in ``retry_of``
+    # (the retry is the one counted); shown, so the stop stays visible. A failed extra trial is no retried one.
+    counts["retried"] = _retried(trials).reindex(counts.index, fill_value=0).astype(int)
     return table.merge(counts, left_on="study", right_index=True, how="left").sort_values("study")
+
+
+def _retried(trials: pd.DataFrame) -> pd.Series:
+    """Per study, how many of its trials a later trial retried (``retry_of``)."""
+    if "retry_of" not in trials:
+        return pd.Series(dtype=int)
+    retried = pd.to_numeric(trials["retry_of"], errors="coerce")
+    pairs = pd.DataFrame({"study": trials["study"], "trial": retried}).dropna().drop_duplicates()
+    return pairs.groupby("study").size()
 
 
 def _edges(trial: pd.Series) -> tuple[str, str]:
@@ -366,10 +374,12 @@ def html_tables(bundle: Bundle, tables: dict[str, pd.DataFrame]) -> ReportTables
          "interval over seeds favours; answer 'settled' only when every draw agrees, 'depends on the tuning draw' "
          "otherwise, 'incomplete' while a draw lacks planned seeds.", tables.get("verdicts", pd.DataFrame())),
         ("The COG paper's claims at this scale", "Each claim as a paired comparison of final runs, per draw: "
-         "supported / contradicted / inconclusive at this scale; 'not tested at this budget' where the learned "
+         "supported / contradicted / inconclusive at this scale ('no interval (one seed)' where one seed is shared); "
+         "'not tested at this budget' where the learned "
          "calibrator stayed at the identity.", tables.get("claims", pd.DataFrame())),
         ("What the tuning chose", "Every study holding its whole budget: the chosen trial, the searched ranges, "
-         "any chosen knob in the outer 5 % of its range (at_edge), failed and pruned trials.",
+         "any chosen knob in the outer 5 % of its range (at_edge), failed and pruned trials, and attempts stopped "
+         "mid-run and retried (retried).",
          tables.get("chosen", pd.DataFrame())),
         ("Do the two tuning draws choose alike?", "largest_fold: the largest ratio between the draws' values of "
          "one knob; changed: a factor above 2.", tables.get("draw_choices", pd.DataFrame())),

@@ -137,12 +137,6 @@ def pages_naming(root: Path, bundle: str) -> list[Path]:
     return [p for p in _docs_pages(root) if any(bundle in bundles_of(m) for m in _blocks(p.read_text(), p))]
 
 
-def figures_naming(root: Path, bundle: str) -> list[Path]:
-    """The SVG files of ``bundle``'s figures (they exist once its runs have finished)."""
-    return [figure_path(root, page, m["file"]) for page in _docs_pages(root)
-            for m in FIGURE.finditer(page.read_text()) if m["bundle"] == bundle]
-
-
 def figures_on(root: Path, pages: list[Path]) -> list[Path]:
     """The SVG files the figure blocks of ``pages`` draw, whichever bundle they are of."""
     return [figure_path(root, page, m["file"]) for page in pages for m in FIGURE.finditer(page.read_text())]

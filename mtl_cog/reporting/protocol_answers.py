@@ -20,7 +20,7 @@ narrow enough to see a gain the size of post-hoc TS's on the baseline (the calib
 ``could detect`` when the widest claim interval's half-width is smaller than that gain. The gain is measured on the
 protocol's own final runs (``baseline − baseline+ts``, task-mean test metric, mean over seeds, then over draws): the
 same runs, checkpoint and seeds as the claims (under the paper protocol, its untuned baseline). While a claim of the
-data set is still incomplete the reading is provisional and says so (``yes, so far``).
+data set is still incomplete the reading is provisional and says so (``yes, so far (claims incomplete)``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,14 @@ import pandas as pd
 
 from mtl_cog.errors import UserError
 from mtl_cog.reporting.bundle import Bundle, wide_scores
-from mtl_cog.reporting.bundle_answers import CLAIM_METRICS, PAPER_CLAIMS, SUPPORTED, claims, final_scores
+from mtl_cog.reporting.bundle_answers import (
+    CLAIM_METRICS,
+    PAPER_CLAIMS,
+    SUPPORTED,
+    claims,
+    final_scores,
+    interval_reading,
+)
 from mtl_cog.reporting.paired import paired_differences
 
 PAPER, FAIR = "paper", "fair"
@@ -57,6 +64,7 @@ def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None,
     if table.empty:
         return table
     table["half_width"] = (table["ci_high"] - table["ci_low"]) / 2
+    table["better"] = [interval_reading(row) for row in table.itertuples()]
     return table[["data", "draw", "variant", "counterpart", "metric", "mean_difference", "half_width", "better",
                   "n_seeds"]]
 
