@@ -317,20 +317,27 @@ def test_a_figure_list_the_lane_cannot_read_leaves_the_docs_out_and_commits_the_
     assert "docs/r.md" not in git(repo, "status", "--porcelain")  # restored
 
 
-def test_a_block_of_several_bundles_waits_while_another_of_them_is_uncommitted(repo, capsys):
-    """The protocols' claims read every bundle they name from the working tree: while another lane's bundle is
-    synced but not committed, this lane commits its bundle alone (no commit may hold numbers of uncommitted data)."""
+def _two_bundles_on_a_page(repo: Path, text: str) -> tuple[Path, Path, Path]:
+    """(this lane's bundle, written, not committed; another lane's bundle, committed; the page ``text``, committed)."""
     from test_campaign import write_tiny_bundle
 
     published, other = repo / "results" / "camp" / "bundle", repo / "results" / "other" / "bundle"
     write_tiny_bundle(other)
     (repo / "docs").mkdir()
     page = repo / "docs" / "r.md"
-    page.write_text("<!-- bundle-protocols: claims paper=results/camp/bundle fair=results/other/bundle -->\nold\n"
-                    "<!-- /bundle-protocols -->\n")
+    page.write_text(text)
     git(repo, "add", "docs", "results")
-    git(repo, "commit", "-q", "-m", "docs and the other bundle")
+    git(repo, "commit", "-q", "-m", "docs and the other lane's bundle")
     write_tiny_bundle(published)
+    return published, other, page
+
+
+def test_a_block_of_several_bundles_waits_while_another_of_them_is_uncommitted(repo, capsys):
+    """The protocols' claims read every bundle they name from the working tree: while another lane's bundle is
+    synced but not committed, this lane commits its bundle alone (no commit may hold numbers of uncommitted data)."""
+    published, other, page = _two_bundles_on_a_page(
+        repo, "<!-- bundle-protocols: claims paper=results/camp/bundle fair=results/other/bundle -->\nold\n"
+              "<!-- /bundle-protocols -->\n")
     change(other)  # the other lane has synced, not committed
     assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
     assert "bundles with uncommitted changes" in capsys.readouterr().err
@@ -345,17 +352,9 @@ def test_a_block_another_lane_had_to_leave_stale_is_made_right_by_the_next_commi
     """Two lanes stop at once: the first commits while the second's bundle is synced but not committed, so it
     leaves the page alone; the second regenerates every block of the page, the first lane's block too.
     No commit after both is left with a block that disagrees with its committed bundle."""
-    from test_campaign import write_tiny_bundle
-
-    published, other = repo / "results" / "camp" / "bundle", repo / "results" / "other" / "bundle"
-    write_tiny_bundle(other)
-    (repo / "docs").mkdir()
-    page = repo / "docs" / "r.md"
-    page.write_text("<!-- bundle-table: results/other/bundle summary -->\nstale\n<!-- /bundle-table -->\n"
-                    "<!-- bundle-table: results/camp/bundle summary -->\nold\n<!-- /bundle-table -->\n")
-    git(repo, "add", "docs", "results")
-    git(repo, "commit", "-q", "-m", "the other lane committed its bundle; its table waits")
-    write_tiny_bundle(published)
+    published, _, _ = _two_bundles_on_a_page(
+        repo, "<!-- bundle-table: results/other/bundle summary -->\nstale\n<!-- /bundle-table -->\n"
+              "<!-- bundle-table: results/camp/bundle summary -->\nold\n<!-- /bundle-table -->\n")
     assert lane.commit_bundle(repo, published, "camp") == lane.COMMITTED
     committed = git(repo, "show", "HEAD:docs/r.md")
     assert "stale" not in committed and "old" not in committed and committed.count("| cog_ts |") == 2
