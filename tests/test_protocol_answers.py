@@ -43,18 +43,21 @@ def test_one_protocol_alone_gives_its_answers_without_a_share(monkeypatch):
     assert "surviving share" not in table and set(table["data"]) == {"d"}
 
 
-def test_power_compares_the_widest_claim_interval_with_the_gain_of_post_hoc_ts(monkeypatch):
+def test_power_compares_each_claims_interval_with_the_gain_of_post_hoc_ts(monkeypatch):
     """TS lowers the baseline's NLL by 0.004 in every run; the claims' differences are constant (zero-width
-    intervals) until one seed of cog_fc is made 0.05 worse, which widens its interval past TS's gain."""
+    intervals) until one seed of cog_fc is made 0.05 worse, which widens H1's interval past TS's gain. The campaign
+    runs no COG+LS: H2 is left empty, not read."""
     narrow = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
     row = protocol_power({"fair": [narrow]}).set_index(["protocol", "data", "metric"]).loc[("fair", "d", "nll")]
-    assert row["ts gain"] == pytest.approx(0.004) and row["widest ± (95 %)"] == pytest.approx(0, abs=1e-12)
-    assert row["could detect"] == "yes"
+    assert row["ts gain"] == pytest.approx(0.004) and row["H1 ± (95 %)"] == pytest.approx(0, abs=1e-12)
+    assert math.isnan(row["H2 ± (95 %)"]) and row["could detect"] == "H1 H3"
     wide = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
     noisy = (wide.results["run"] == "d-cog_fc-seed1") & (wide.results["metric"] == "nll")
     wide.results.loc[noisy, "value"] += 0.05
     row = protocol_power({"fair": wide}).set_index(["data", "metric"]).loc[("d", "nll")]
-    assert row["widest ± (95 %)"] > 0.004 and row["could detect"] == "no"
+    assert row["H1 ± (95 %)"] > 0.004 and row["could detect"] == "H3"
+    wide.results.loc[(wide.results["run"] == "d-cog_ts-seed1") & (wide.results["metric"] == "nll"), "value"] += 0.05
+    assert protocol_power({"fair": wide}).set_index(["data", "metric"]).loc[("d", "nll"), "could detect"] == "none"
 
 
 def test_a_data_set_in_two_bundles_of_one_protocol_is_refused(monkeypatch):
@@ -82,10 +85,15 @@ def test_the_secondary_readings_are_the_last_epoch_and_guos_ts_recipe(monkeypatc
 
 
 def test_power_waits_while_a_claim_pair_has_no_interval(monkeypatch):
-    """One draw of cog_fc with a single seed has no interval: the widest half-width is unknown, not the others'."""
+    """cog_fc with a single seed per draw has no interval: H1's half-width is unknown (not read as narrow), H3's is
+    read, provisionally; with no claim interval at all the reading waits."""
     bundle = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
     keep = ~(bundle.runs["run"].str.contains("cog_fc") & bundle.runs["seed"].astype(int).isin([1, 2]))
     bundle.runs = bundle.runs[keep]
+    row = protocol_power({"fair": bundle}).set_index(["data", "metric"]).loc[("d", "nll")]
+    assert math.isnan(row["H1 ± (95 %)"]) and row["could detect"] == "H3, so far (claims incomplete)"
+    single_ts = bundle.runs["run"].str.contains("cog_ts") & bundle.runs["seed"].astype(int).isin([1, 2])
+    bundle.runs = bundle.runs[~single_ts]
     row = protocol_power({"fair": bundle}).set_index(["data", "metric"]).loc[("d", "nll")]
     assert row["could detect"] == "no claim interval yet"
 
@@ -98,4 +106,4 @@ def test_power_is_provisional_while_a_claim_lacks_planned_runs(monkeypatch):
              & (bundle.runs["seed"].astype(int) == 2))
     bundle.runs = bundle.runs[keep]
     row = protocol_power({"fair": bundle}).set_index(["data", "metric"]).loc[("d", "nll")]
-    assert row["could detect"] == "yes, so far (claims incomplete)"
+    assert row["could detect"] == "H1 H3, so far (claims incomplete)"

@@ -17,11 +17,11 @@ at 0.1 (``reproduce --protocol paper``); the fair protocol tunes every method wi
 A protocol may hold several bundles (one per data set: a campaign's lane writes one); a data set appears in one of
 them only. ``protocol_power`` says, per protocol, data set and primary metric, whether the claims' intervals were
 narrow enough to see a gain the size of post-hoc TS's on the baseline (the calibration the regime leaves to fix):
-``could detect`` when the widest claim interval's half-width is smaller than that gain. The gain is measured on the
-protocol's own final runs (``baseline − baseline+ts``, task-mean test metric, mean over seeds, then over draws): the
-same runs, checkpoint and seeds as the claims (under the paper protocol, its untuned baseline). While a claim of the
-data set is still incomplete the reading is provisional and says so (``yes, so far (claims incomplete)``).
-"""
+``could detect`` names the claims (H1-H3, in ``PAPER_CLAIMS``'s order) whose widest half-width over the draws is
+smaller than that gain (``none`` if no claim's is). The gain is measured on the protocol's own final runs
+(``baseline − baseline+ts``, task-mean test metric, mean over seeds, then over draws): the same runs, checkpoint
+and seeds as the claims (under the paper protocol, its untuned baseline). While a claim of the data set is still
+incomplete the reading is provisional and says so (``H1 H2, so far (claims incomplete)``)."""
 
 from __future__ import annotations
 
@@ -137,41 +137,51 @@ def protocol_claims(bundles: Bundles) -> pd.DataFrame:
                              kind="stable").reset_index(drop=True)
 
 
-def _could_detect(ts_gain: float, widest: float, complete: bool) -> str:
-    """``yes``/``no``; ``no claim interval yet`` while a claim pair has no interval (too few shared seeds); ``so far``
-    while some claim of the data set lacks planned runs (its half-width will change)."""
-    if not np.isfinite(widest):
+GAIN_CLAIMS = tuple((f"H{i}", claim, variant) for i, (claim, variant, _, _) in enumerate(PAPER_CLAIMS, 1)
+                    if variant != "baseline+ms")  # H4 is about MS's harm, not a calibration gain
+
+
+def _could_detect(ts_gain: float, halves: dict[str, float], complete: bool) -> str:
+    """The claims (``H1``...) whose half-width is below TS's gain, ``none``, or ``no claim interval yet`` while no
+    claim has one (too few shared seeds); ``so far`` while some claim of the data set lacks planned runs (its
+    half-width will change)."""
+    known = {h: w for h, w in halves.items() if np.isfinite(w)}
+    if not known:
         return "no claim interval yet"
-    reading = "yes" if ts_gain > 0 and widest < ts_gain else "no"
+    reading = " ".join(h for h, w in known.items() if ts_gain > 0 and w < ts_gain) or "none"
     return reading if complete else f"{reading}, so far (claims incomplete)"
 
 
 def protocol_power(bundles: Bundles) -> pd.DataFrame:
-    """Per protocol, data set and primary metric: post-hoc TS's gain on the baseline (mean over draws), the widest
-    half-width of the claims' intervals, and whether that interval could have detected a gain of TS's size."""
+    """Per protocol, data set and primary metric: post-hoc TS's gain on the baseline (mean over draws), each claim's
+    widest half-width over the draws (H1-H3; a claim the campaign does not run is left empty), and which claims'
+    intervals could have detected a gain of TS's size."""
     gains = _per_protocol(bundles, lambda b: claim_differences(b, TS_PAIR))
     widths = _per_protocol(bundles, claim_differences)
     answers = _per_protocol(bundles, claims)
     rows = []
     for protocol in bundles:
-        gain, width = gains[protocol], widths[protocol]
+        gain, width, answer = gains[protocol], widths[protocol], answers[protocol]
         if gain.empty or width.empty:
             continue
-        width = width[width["variant"] != "baseline+ms"]  # H4 is about MS's harm, not a calibration gain
         for (data, metric), group in gain[gain["metric"].isin(POWER_METRICS)].groupby(["data", "metric"]):
-            halves = width.loc[(width["data"] == data) & (width["metric"] == metric), "half_width"]
-            widest = halves.max() if halves.notna().all() else np.nan  # a pair without an interval: not yet
             ts_gain = -float(group["mean_difference"].mean())  # > 0: TS lowers the metric
-            # the claims whose intervals make up the widest one (a pair the campaign does not run is no claim here)
-            measured = {claim for claim, variant, _, _ in PAPER_CLAIMS
-                        if variant in set(width.loc[width["data"] == data, "variant"])}
-            answer = answers[protocol]
+            row = {"protocol": protocol, "data": data, "metric": metric, "ts gain": ts_gain}
+            halves, measured = {}, []
+            for label, claim, variant in GAIN_CLAIMS:
+                found = width.loc[(width["data"] == data) & (width["metric"] == metric) & (width["variant"] == variant),
+                                  "half_width"]
+                if found.empty:  # not run by this campaign
+                    row[f"{label} ± (95 %)"] = np.nan
+                    continue
+                measured.append(claim)
+                halves[label] = found.max() if found.notna().all() else np.nan  # a draw without an interval: not yet
+                row[f"{label} ± (95 %)"] = halves[label]
             pending = answer[(answer["data"] == data) & (answer["metric"] == metric)
                              & answer["claim"].isin(measured)]["answer"]
-            complete = not pending.astype(str).str.startswith("incomplete").any()
-            rows.append({"protocol": protocol, "data": data, "metric": metric, "ts gain": ts_gain,
-                         "widest ± (95 %)": widest,
-                         "could detect": _could_detect(ts_gain, widest, complete)})
+            row["could detect"] = _could_detect(ts_gain, halves,
+                                                not pending.astype(str).str.startswith("incomplete").any())
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
