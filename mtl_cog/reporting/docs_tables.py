@@ -16,7 +16,8 @@ drawn from the same table, and linked between markers of its own::
     ![...](figures/<name>.svg)
     <!-- /bundle-figure -->
 
-The paper's claims under two protocols (``protocol_answers``: ``claims``, ``power`` or ``secondary``) are made of
+The paper's claims under two protocols (``protocol_answers``: ``claims``, ``power`` or ``secondary``;
+``protocol_asymmetry``: ``asymmetry``) are made of
 several bundles, one per protocol and data set, named per protocol (a bundle not written yet leaves its protocol's
 cells empty and is named under the table)::
 
@@ -52,6 +53,7 @@ from mtl_cog.reporting.leader_curve import curve_charts
 from mtl_cog.reporting.marker_filter import apply_where
 from mtl_cog.reporting.plots import method_colors
 from mtl_cog.reporting.protocol_answers import protocol_claims, protocol_power, protocol_secondary
+from mtl_cog.reporting.protocol_asymmetry import protocol_asymmetry
 from mtl_cog.reporting.svg_charts import line_chart_svg
 
 # A block may name a table its bundle does not have *yet* (one of TABLE_NAMES whose runs have not finished: the
@@ -66,7 +68,8 @@ FIGURE = re.compile(r"^<!-- bundle-figure: (?P<bundle>\S+) (?P<table>\w+) (?P<fi
 PROTOCOLS = re.compile(r"^<!-- bundle-protocols: (?P<table>\w+) (?P<named>\w+=\S+(?: \w+=\S+)*)"
                        r"(?: where (?P<query>[^\n]+?))? -->\n"
                        r"(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-protocols -->", re.MULTILINE)
-PROTOCOL_TABLES = {"claims": protocol_claims, "power": protocol_power, "secondary": protocol_secondary}
+PROTOCOL_TABLES = {"claims": protocol_claims, "power": protocol_power, "secondary": protocol_secondary,
+                   "asymmetry": protocol_asymmetry}
 MARKER_LINE = re.compile(r"^<!-- /?bundle-.*$", re.MULTILINE)  # every line that opens or closes a block
 FIGURE_TABLES = ("curve",)  # the tables a figure can be drawn of
 PENDING_FIGURE = "*Not in the bundle yet: the runs this figure is drawn from have not finished.*"
