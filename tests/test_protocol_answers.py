@@ -107,3 +107,18 @@ def test_power_is_provisional_while_a_claim_lacks_planned_runs(monkeypatch):
     bundle.runs = bundle.runs[keep]
     row = protocol_power({"fair": bundle}).set_index(["data", "metric"]).loc[("d", "nll")]
     assert row["could detect"] == "H1 H3, so far (claims incomplete)"
+
+
+def test_a_share_is_of_a_claimed_gain_and_of_a_complete_fair_reading(monkeypatch):
+    """H3 (COG-TS worse than TS) supported under both protocols: no share (it is not a gain). H1 supported by the
+    paper protocol while the fair protocol still lacks draw 2 of COG-FC: no share until the fair reading is whole."""
+    paper = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")} | {("cog_ts", d): -0.01 for d in "12"})
+    fair = _bundle(monkeypatch, {("cog_fc", d): 0.01 for d in ("1", "2")} | {("cog_ts", d): -0.01 for d in "12"})
+    table = protocol_claims({"paper": paper, "fair": fair}).set_index(["claim", "metric"])
+    ts = table.loc[("COG-TS is worse than post-hoc TS", "nll")]
+    assert ts["paper"] == ts["fair"] == "supported" and math.isnan(ts["surviving share"])
+    assert table.loc[("COG-FC improves on the baseline", "nll"), "surviving share"] == pytest.approx(0.5)
+    fair.runs = fair.runs[~((fair.runs["method"] == "cog_fc") & (fair.runs["draw"] == "2"))]
+    fc = protocol_claims({"paper": paper, "fair": fair}).set_index(["claim", "metric"]).loc[
+        ("COG-FC improves on the baseline", "nll")]
+    assert fc["fair"].startswith("incomplete") and math.isnan(fc["surviving share"])

@@ -86,6 +86,62 @@ def test_bundles_of_different_studies_are_not_paired(monkeypatch):
         protocol_asymmetry({"paper": paper, "fair": fair})
 
 
+def _sized(bundle):
+    bundle.runs[["train_size", "val_size", "test_size"]] = [2500, 4000, 8000]
+    return bundle
+
+
+def test_a_failed_run_and_a_second_data_set_do_not_block_the_pairing(monkeypatch):
+    paper, fair = (_sized(b) for b in _bundles(monkeypatch))
+    failed = fair.runs[fair.runs["method"] == "cog_fc"].iloc[[0]].assign(
+        run="d-cog_fc-seed9", status="failed", train_size=float("nan"), val_size=float("nan"),
+        test_size=float("nan"))
+    other = fair.runs.iloc[[0]].assign(run="e-baseline-seed0", data="e", train_size=5000)
+    fair.runs = pd.concat([fair.runs, failed, other], ignore_index=True)
+    fc = _row(protocol_asymmetry({"paper": paper, "fair": fair}), "COG-FC improves on the baseline")
+    assert fc["answer"] == "supported" and fc["difference"] == pytest.approx(-0.05)
+
+
+def test_studies_tuned_differently_are_not_paired(monkeypatch):
+    """A paper study with only its first trials recorded is still compared; different tuning seeds or a different
+    command (beyond the protocol, the output folder, the plan and the parallelism) are refused."""
+    paper, fair = _bundles(monkeypatch)
+    starts = pd.DataFrame({"trial": range(8), "optim.follower_lr": [8.2e-4, 8.2e-3, 2.6e-3, 2.6e-4, 1e-3, 2e-3,
+                                                                     3e-3, 4e-3],
+                           "leader_ratio": 0.5, "ranges": "optim.follower_lr=log[0.0001,0.01]", "draw": 1})
+    fair.set_trials("d-cog_fc", starts)
+    paper.set_trials("d-cog_fc", starts.head(2).assign(**{"optim.follower_lr": [8.2e-4, 5e-3]}))
+    with pytest.raises(UserError, match="study d-cog_fc starts from different points"):
+        protocol_asymmetry({"paper": paper, "fair": fair})
+    paper.set_trials("d-cog_fc", starts.head(2))
+    paper.campaign["command"] = str(["scripts/reproduce.py", "--out", "<out>", "--protocol", "paper", "--budget",
+                                     "8", "--jobs", "2", "--prune"])
+    fair.campaign["command"] = str(["scripts/reproduce.py", "--out", "<out>", "--protocol", "fair", "--budget",
+                                    "8", "--jobs", "1", "--prune", "--plan", "p.md"])
+    protocol_asymmetry({"paper": paper, "fair": fair})  # the same design
+    fair.campaign["command"] = fair.campaign["command"].replace("'8'", "'6'")
+    with pytest.raises(UserError, match="commands differ beyond the protocol"):
+        protocol_asymmetry({"paper": paper, "fair": fair})
+    paper, fair = _bundles(monkeypatch)
+    for bundle, seed in ((paper, 1000), (fair, 1234)):
+        trial = bundle.runs[bundle.runs["method"] == "cog_fc"].iloc[[0]].assign(
+            run=f"d-cog_fc-trial_00-seed{seed}", role="trial", seed=seed)
+        bundle.runs = pd.concat([bundle.runs, trial], ignore_index=True)
+    with pytest.raises(UserError, match="cog_fc study of draw 1 was tuned with different seeds"):
+        protocol_asymmetry({"paper": paper, "fair": fair})
+
+
+def test_no_share_for_h3_nor_while_the_fair_reading_is_incomplete(monkeypatch):
+    paper, fair = _bundles(monkeypatch, fair_gains={("cog_fc", d): 0.02 for d in "12"}
+                           | {("cog_ts", d): -0.05 for d in "12"})
+    table = protocol_asymmetry({"paper": paper, "fair": fair})
+    ts = _row(table, "COG-TS is worse than post-hoc TS")  # fair COG-TS 0.35 against 0.326: worse, supported
+    assert ts["answer"] == "supported" and math.isnan(ts["surviving share"])
+    fair.runs = fair.runs[~((fair.runs["method"] == "baseline") & (fair.runs["draw"] == "2"))]
+    fc = _row(protocol_asymmetry({"paper": paper, "fair": fair}), "COG-FC improves on the baseline")
+    assert fc["answer"] == "supported" and fc["fair"].startswith("incomplete") and math.isnan(fc["surviving share"])
+
+
 def test_both_protocols_must_be_named(monkeypatch):
     paper, _ = _bundles(monkeypatch)
     with pytest.raises(UserError, match="name both paper= and fair="):

@@ -10,9 +10,10 @@ at 0.1 (``reproduce --protocol paper``); the fair protocol tunes every method wi
 - ``<protocol> difference``: the paired difference (variant − counterpart, task mean, mean over seeds) averaged
   over the draws, and ``<protocol> ± (95 %)``: the widest draw's interval half-width, what the protocol could
   have resolved;
-- ``surviving share``: where the paper protocol supports the claim, the fair protocol's difference over the paper
-  protocol's (1: all of the gain survives, 0: none, below 0: reversed). A ratio of two noisy means, shown without
-  an interval: read it with the two half-widths beside it.
+- ``surviving share``: where the paper protocol supports a claimed gain (H1, H2: ``CLAIMED_GAINS``) and the fair
+  answer is complete (a partial one would mix draws), the fair protocol's difference over the paper protocol's
+  (1: all of the gain survives, 0: none, below 0: reversed). A ratio of two noisy means, shown without an
+  interval: read it with the two half-widths beside it.
 
 A protocol may hold several bundles (one per data set: a campaign's lane writes one); a data set appears in one of
 them only. ``protocol_power`` says, per protocol, data set and primary metric, whether the claims' intervals were
@@ -40,12 +41,14 @@ from mtl_cog.reporting.bundle_answers import (
     final_scores,
     interval_reading,
 )
-from mtl_cog.reporting.paired import paired_differences
+from mtl_cog.reporting.paired import VARIANT, paired_differences
 
 PAPER, FAIR = "paper", "fair"
 POWER_METRICS = ("nll", "ece@15")  # the primary metrics of the plan
 TS_PAIR = {"baseline+ts": "baseline"}  # the gain a calibration method could at most be expected to show
 LAST = "test@last"  # the last epoch's test split (``eval.score_last_epoch``)
+# the claims of a gain (H1, H2: the variant better), the only ones a surviving share is a share of
+CLAIMED_GAINS = frozenset(claim for claim, _, _, expected in PAPER_CLAIMS if expected == VARIANT)
 
 
 def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None,
@@ -128,8 +131,9 @@ def protocol_claims(bundles: Bundles) -> pd.DataFrame:
             row[f"{protocol} ± (95 %)"] = np.nan if cell is None else float(cell["half_width"])
         if PAPER in bundles and FAIR in bundles:
             paper, fair = row[f"{PAPER} difference"], row[f"{FAIR} difference"]
-            supported = row[PAPER] == SUPPORTED and np.isfinite(paper) and paper != 0
-            row["surviving share"] = fair / paper if supported and np.isfinite(fair) else np.nan
+            supported = claim in CLAIMED_GAINS and row[PAPER] == SUPPORTED and np.isfinite(paper) and paper != 0
+            complete = not str(row[FAIR]).startswith("incomplete")
+            row["surviving share"] = fair / paper if supported and complete and np.isfinite(fair) else np.nan
         rows.append(row)
     order = {claim: i for i, (claim, *_) in enumerate(PAPER_CLAIMS)}
     table = pd.DataFrame(rows)

@@ -1,4 +1,5 @@
-"""The paper's tuning asymmetry alone: tuned COG against the untuned baseline, both at a constant rate.
+"""The paper's tuning asymmetry without its step schedule: tuned COG against the untuned baseline, both at a
+constant rate.
 
 The paper protocol (``reproduce --protocol paper``) differs from the fair one in two ways at once: its baseline and
 label smoothing are not tuned (Adam 1e-4, smoothing 0.1), and its COG variants divide their rates by 10 every
@@ -10,23 +11,30 @@ SVHN's 58,600; 3 epochs of CelebA's 162,770), more than a whole 30-epoch run of 
 mosaic: 20 steps per epoch of 128, 600 in all; Fashion-MNIST 1,200): no step falls inside the run, the rate is
 constant.
 
-Read that way, the paper's COG-FC and COG-TS studies *are* the fair protocol's: the same knobs and ranges (the
-follower rate and the leader/follower ratio), the same tuning seeds and start points, validation NLL, a constant
-rate. So the asymmetry by itself is measured without a new run: the fair bundle's COG-FC and COG-TS final runs
-paired, seed by seed, with the paper bundle's untuned baseline (and post-hoc TS fitted on it). ``protocol_asymmetry``
-gives, per data set, claim (H1, H3) and metric, that answer (``bundle_answers.claims``'s reading of both draws),
-its paired difference (mean over draws) and widest half-width, the fair protocol's difference beside it (against
-the *tuned* baseline) and the ``surviving share`` (fair over asymmetric, where the asymmetric reading supports the
-claim): how much of the gain the asymmetry shows is left once the baseline is tuned too.
+Read that way, the paper's COG-FC and COG-TS studies *are* the fair protocol's: the same command but for
+``--protocol`` (knobs and ranges, tuning seeds and start points, validation NLL), a constant rate. So the tuning
+asymmetry is measured without a new run: the fair bundle's COG-FC and COG-TS final runs paired, seed by seed, with
+the paper bundle's untuned baseline (and post-hoc TS fitted on it). ``protocol_asymmetry`` gives, per data set,
+claim (H1, H3) and metric, that answer (``bundle_answers.claims``'s reading of both draws), its paired difference
+(mean over draws) and widest half-width, the fair protocol's answer and difference beside it (against the *tuned*
+baseline) and the ``surviving share`` (fair over asymmetric, for H1 where this reading supports it and the fair
+answer is complete): how much of the gain the asymmetry shows is left once the baseline is tuned too.
+
+What it measures is the asymmetry in the campaign's regime: the gain over a baseline left at 1e-4 grows with how
+far 1e-4 is from the regime's best rate. It says nothing of the asymmetry's size in the paper, whose baseline had
+~47,000 steps at 1e-4 (300 epochs of CIFAR-10) where a run here has 600-1,200.
 
 Not read: H2 (COG+LS against LS) needs COG+LS with the paper's fixed 0.1 smoothing at a constant rate, which neither
 bundle holds (the fair one tunes its smoothing); H4 (post-hoc MS) concerns the baseline alone (the paper
-protocol's own row). The pairing is refused where the two bundles show it is not the same study: different
-training, validation or test sizes, different planned seeds per draw, or a shared COG study whose trials start
-from different points or ranges.
+protocol's own row). The pairing is refused where the two bundles show it is not the same study: commands that
+differ beyond the protocol, output folder, plan and parallelism; different training, validation or test sizes of
+the finished final runs; different planned final seeds or tuning seeds per draw; a shared COG study whose first
+start points or ranges differ.
 """
 
 from __future__ import annotations
+
+import ast
 
 import numpy as np
 import pandas as pd
@@ -34,47 +42,82 @@ import pandas as pd
 from mtl_cog.errors import UserError
 from mtl_cog.reporting.bundle import FORMAT, Bundle
 from mtl_cog.reporting.bundle_answers import PAPER_CLAIMS, SUPPORTED, claims, planned_finals
-from mtl_cog.reporting.protocol_answers import FAIR, PAPER, Bundles, claim_differences
+from mtl_cog.reporting.protocol_answers import CLAIMED_GAINS, FAIR, PAPER, Bundles, claim_differences
 
 SHARED_STUDIES = ("cog_fc", "cog_ts")  # the COG variants whose studies the two protocols share but for the step
 UNTUNED = "baseline"  # the paper protocol's side: its untuned baseline and the post-hoc calibrators fitted on it
 CLAIMS_READ = tuple(c for c in PAPER_CLAIMS if c[1] in SHARED_STUDIES)
 SIZES = ["train_size", "val_size", "test_size"]
-START_COLUMNS = ["trial", "optim.follower_lr", "leader_ratio", "ranges"]
+FIRST_STARTS = (0, 1)  # trials every study starts from a space-filling point (``tuning.start_count``: at least 2)
+START_COLUMNS = ["optim.follower_lr", "leader_ratio", "ranges"]
+# reproduce's arguments that do not shape the runs: which protocol, where, which plan, how many at once
+NOT_DESIGN = {"--protocol", "--out", "--plan", "--jobs", "--tune-workers"}
 
 
 def _data_sets(bundle: Bundle) -> set[str]:
     return set(bundle.runs["data"].astype(str))
 
 
-def _finals(bundle: Bundle, methods: tuple[str, ...]) -> pd.DataFrame:
-    runs = bundle.runs
-    return runs[(runs["role"] == "final") & runs["method"].isin(methods)]
+def _runs(bundle: Bundle, data: str, role: str, methods: tuple[str, ...]) -> pd.DataFrame:
+    runs = bundle.done()
+    return runs[(runs["data"] == data) & (runs["role"] == role) & runs["method"].isin(methods)]
+
+
+def _design(command) -> list[str] | None:
+    """The ``reproduce`` arguments that shape the runs (``NOT_DESIGN`` and their values left out); None when the
+    bundle does not record a readable command."""
+    try:
+        args = ast.literal_eval(command) if isinstance(command, str) else list(command)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    kept, skip = [], False
+    for arg in args[1:]:
+        if skip or arg in NOT_DESIGN:
+            skip = not skip and arg in NOT_DESIGN
+            continue
+        kept.append(str(arg))
+    return kept
 
 
 def _check_same_study(paper: Bundle, fair: Bundle, data: str) -> None:
-    """Refuse the pairing where the bundles show different regimes, seeds or COG studies (see above)."""
+    """Refuse the pairing where the bundles show different designs, regimes, seeds or COG studies (see above)."""
     where = f"the asymmetry reading of {data} ({paper.name} against {fair.name})"
-    sizes = pd.concat([_finals(paper, (UNTUNED,)), _finals(fair, SHARED_STUDIES)])[SIZES].drop_duplicates()
+    designs = [_design(b.campaign.get("command")) for b in (paper, fair)]
+    if None not in designs and designs[0] != designs[1]:
+        raise UserError(f"{where}: the two campaigns' commands differ beyond the protocol ({' '.join(designs[0])} "
+                        f"against {' '.join(designs[1])}); they are not the same study.")
+    sizes = pd.concat([_runs(paper, data, "final", (UNTUNED,)), _runs(fair, data, "final", SHARED_STUDIES)])
+    sizes = sizes[SIZES].drop_duplicates()
     if len(sizes) > 1:
         raise UserError(f"{where}: the paper's baseline and the fair COG runs have different split sizes "
                         f"({sizes.to_dict('records')}); they are not the same regime.")
-    planned_paper, planned_fair = planned_finals(paper), planned_finals(fair)
-    for draw in sorted(set(planned_paper["draw"]) | set(planned_fair["draw"])):
+    planned = [p[p["data"] == data] for p in (planned_finals(paper), planned_finals(fair))]
+    for draw in sorted(set(planned[0]["draw"]) | set(planned[1]["draw"])):
         seeds = [set(p.loc[(p["method"] == m) & (p["draw"] == draw), "seed"])
-                 for p, m in ((planned_paper, UNTUNED), *((planned_fair, m) for m in SHARED_STUDIES))]
-        planned = [s for s in seeds if s]
-        if any(s != planned[0] for s in planned):
+                 for p, m in ((planned[0], UNTUNED), *((planned[1], m) for m in SHARED_STUDIES))]
+        some = [s for s in seeds if s]
+        if any(s != some[0] for s in some):
             raise UserError(f"{where}: draw {draw} plans different final seeds on the two sides "
                             f"({[sorted(s) for s in seeds]}); the runs cannot be paired by seed.")
+    trial_seeds = [_runs(b, data, "trial", SHARED_STUDIES).groupby(["method", "draw"])["seed"].agg(set)
+                   for b in (paper, fair)]
+    for key in trial_seeds[0].index.intersection(trial_seeds[1].index):
+        if trial_seeds[0][key] != trial_seeds[1][key]:
+            raise UserError(f"{where}: the {key[0]} study of draw {key[1]} was tuned with different seeds "
+                            f"({sorted(trial_seeds[0][key])} against {sorted(trial_seeds[1][key])}).")
     if paper.trials.empty or fair.trials.empty:
         return
     for study in sorted(set(paper.trials["study"]) & set(fair.trials["study"])):
-        if not any(study.startswith(f"{data}-{m}") for m in SHARED_STUDIES):
+        if not any(study == f"{data}-{m}" or study.startswith(f"{data}-{m}-d") for m in SHARED_STUDIES):
             continue
-        starts = [b.trials[(b.trials["study"] == study) & b.trials["retry_of"].isna()].sort_values("trial")
-                  [START_COLUMNS].head(4).reset_index(drop=True) for b in (paper, fair)]
-        if len(starts[0]) == len(starts[1]) and not starts[0].equals(starts[1]):
+        starts = []
+        for b in (paper, fair):
+            rows = b.trials[(b.trials["study"] == study) & b.trials["trial"].isin(FIRST_STARTS)]
+            if "retry_of" in rows:
+                rows = rows[rows["retry_of"].isna()]
+            starts.append(rows.set_index("trial").reindex(columns=START_COLUMNS))
+        shared = starts[0].index.intersection(starts[1].index)
+        if not starts[0].loc[shared].equals(starts[1].loc[shared]):
             raise UserError(f"{where}: study {study} starts from different points or ranges in the two bundles; "
                             "the fair study is not the paper's at a constant rate.")
 
@@ -89,8 +132,7 @@ def mixed_bundle(paper: Bundle, fair: Bundle, data: str) -> Bundle:
     """The paper bundle's untuned baseline final runs of ``data`` (with their post-hoc splits) and the fair bundle's
     COG-FC and COG-TS final runs, as one bundle the answer tables read; refused where they are not comparable."""
     _check_same_study(paper, fair, data)
-    sides = [(paper, _finals(paper, (UNTUNED,))), (fair, _finals(fair, SHARED_STUDIES))]
-    sides = [(b, runs[runs["data"] == data]) for b, runs in sides]
+    sides = [(paper, _runs(paper, data, "final", (UNTUNED,))), (fair, _runs(fair, data, "final", SHARED_STUDIES))]
     names = [set(runs["run"]) for _, runs in sides]
     if names[0] & names[1]:
         raise UserError(f"the asymmetry reading of {data}: run {sorted(names[0] & names[1])[0]} is in both bundles.")
@@ -117,9 +159,19 @@ def _by_data(given) -> dict[str, Bundle]:
     return found
 
 
+def _difference(diffs: pd.DataFrame, data: str, variant: str, metric: str) -> tuple[float, float]:
+    """(mean over draws, widest half-width) of a claim pair's paired difference; NaN where not measured."""
+    found = diffs[(diffs["data"] == data) & (diffs["variant"] == variant) & (diffs["metric"] == metric)] \
+        if not diffs.empty else diffs
+    return (float(found["mean_difference"].mean()), float(found["half_width"].max())) if len(found) \
+        else (np.nan, np.nan)
+
+
 def protocol_asymmetry(bundles: Bundles) -> pd.DataFrame:
     """Per data set (in both protocols' bundles), claim H1/H3 and metric: tuned COG against the paper's untuned
-    baseline (answer, difference, widest half-width), the fair difference and the surviving share (see above)."""
+    baseline (answer, difference, widest half-width), the fair protocol's answer and difference, and the surviving
+    share: the fair difference over this one, for a claimed gain (H1) this reading supports, once the fair answer is
+    complete (a share of a partial fair reading would mix draws); a ratio of two noisy means, without an interval."""
     if PAPER not in bundles or FAIR not in bundles:
         raise UserError(f"the asymmetry table pairs two protocols: name both {PAPER}= and {FAIR}= bundles.")
     papers, fairs = _by_data(bundles[PAPER]), _by_data(bundles[FAIR])
@@ -129,18 +181,17 @@ def protocol_asymmetry(bundles: Bundles) -> pd.DataFrame:
         answers = claims(mixed)
         if answers.empty:
             continue
-        mixed_diffs, fair_diffs = (claim_differences(b) for b in (mixed, fairs[data]))
+        fair_answers = claims(fairs[data]).set_index(["claim", "metric"])["answer"]
+        mixed_diffs, fair_diffs = claim_differences(mixed), claim_differences(fairs[data])
         for claim, variant, _, _ in CLAIMS_READ:
             for answer in answers[answers["claim"] == claim].itertuples():
-                row = {"data": data, "claim": claim, "metric": answer.metric, "answer": answer.answer}
-                for label, diffs in (("", mixed_diffs), ("fair ", fair_diffs)):
-                    found = diffs[(diffs["data"] == data) & (diffs["variant"] == variant)
-                                  & (diffs["metric"] == answer.metric)] if not diffs.empty else diffs
-                    row[f"{label}difference"] = float(found["mean_difference"].mean()) if len(found) else np.nan
-                    if not label:
-                        row["± (95 %)"] = float(found["half_width"].max()) if len(found) else np.nan
-                gain = row["difference"]
-                supported = answer.answer == SUPPORTED and np.isfinite(gain) and gain != 0
-                row["surviving share"] = row["fair difference"] / gain if supported else np.nan
-                rows.append(row)
+                difference, half_width = _difference(mixed_diffs, data, variant, answer.metric)
+                fair = fair_answers.get((claim, answer.metric), "")
+                fair_difference = _difference(fair_diffs, data, variant, answer.metric)[0]
+                shared = (claim in CLAIMED_GAINS and answer.answer == SUPPORTED and difference != 0
+                          and not fair.startswith("incomplete") and np.isfinite(fair_difference))
+                rows.append({"data": data, "claim": claim, "metric": answer.metric, "answer": answer.answer,
+                             "difference": difference, "± (95 %)": half_width, "fair": fair,
+                             "fair difference": fair_difference,
+                             "surviving share": fair_difference / difference if shared else np.nan})
     return pd.DataFrame(rows)
