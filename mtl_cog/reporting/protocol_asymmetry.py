@@ -1,5 +1,4 @@
-"""The paper's tuning asymmetry without its step schedule: tuned COG against the untuned baseline, both at a
-constant rate.
+"""The paper's tuning asymmetry without its step schedule: tuned COG against its untuned baseline, at a constant rate.
 
 The paper protocol (``reproduce --protocol paper``) differs from the fair one in two ways at once: its baseline and
 label smoothing are not tuned (Adam 1e-4, smoothing 0.1), and its COG variants divide their rates by 10 every
