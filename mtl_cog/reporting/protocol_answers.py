@@ -72,6 +72,13 @@ def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None,
                   "n_seeds"]]
 
 
+def over_draws(diffs: pd.DataFrame) -> pd.DataFrame:
+    """``claim_differences`` summed up over the draws, per (data, variant, metric): the mean ``difference`` and the
+    widest ``half_width`` (what the protocol could have resolved)."""
+    return diffs.groupby(["data", "variant", "metric"]).agg(
+        difference=("mean_difference", "mean"), half_width=("half_width", "max"))
+
+
 def last_epoch_scores(bundle: Bundle) -> pd.DataFrame:
     """The final runs' test scores at the last epoch (splits ``test@last`` and ``test@last+<calibrator>``), shaped
     as ``final_scores`` shapes the selected checkpoint's (``baseline+ts`` a method, the split ``test``)."""
@@ -113,8 +120,7 @@ def protocol_claims(bundles: Bundles) -> pd.DataFrame:
             continue
         answers[protocol] = table.set_index(["data", "claim", "metric"])["answer"]
         if not diffs.empty:
-            numbers[protocol] = diffs.groupby(["data", "variant", "metric"]).agg(
-                difference=("mean_difference", "mean"), half_width=("half_width", "max"))
+            numbers[protocol] = over_draws(diffs)
     if not answers:
         return pd.DataFrame()
     keys = sorted(set().union(*(a.index for a in answers.values())))

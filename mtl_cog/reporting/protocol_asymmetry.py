@@ -41,7 +41,7 @@ import pandas as pd
 from mtl_cog.errors import UserError
 from mtl_cog.reporting.bundle import FORMAT, Bundle
 from mtl_cog.reporting.bundle_answers import PAPER_CLAIMS, SUPPORTED, claims, planned_finals
-from mtl_cog.reporting.protocol_answers import CLAIMED_GAINS, FAIR, PAPER, Bundles, claim_differences
+from mtl_cog.reporting.protocol_answers import CLAIMED_GAINS, FAIR, PAPER, Bundles, claim_differences, over_draws
 
 SHARED_STUDIES = ("cog_fc", "cog_ts")  # the COG variants whose studies the two protocols share but for the step
 UNTUNED = "baseline"  # the paper protocol's side: its untuned baseline and the post-hoc calibrators fitted on it
@@ -158,11 +158,10 @@ def _by_data(given) -> dict[str, Bundle]:
     return found
 
 
-def _difference(diffs: pd.DataFrame, data: str, variant: str, metric: str) -> tuple[float, float]:
-    """(mean over draws, widest half-width) of a claim pair's paired difference; NaN where not measured."""
-    found = diffs[(diffs["data"] == data) & (diffs["variant"] == variant) & (diffs["metric"] == metric)] \
-        if not diffs.empty else diffs
-    return (float(found["mean_difference"].mean()), float(found["half_width"].max())) if len(found) \
+def _difference(summed: pd.DataFrame, data: str, variant: str, metric: str) -> tuple[float, float]:
+    """(mean over draws, widest half-width) of a claim pair's difference (``over_draws``); NaN where not measured."""
+    key = (data, variant, metric)
+    return tuple(float(v) for v in summed.loc[key, ["difference", "half_width"]]) if key in summed.index \
         else (np.nan, np.nan)
 
 
@@ -181,7 +180,8 @@ def protocol_asymmetry(bundles: Bundles) -> pd.DataFrame:
         if answers.empty:
             continue
         fair_answers = claims(fairs[data]).set_index(["claim", "metric"])["answer"]
-        mixed_diffs, fair_diffs = claim_differences(mixed), claim_differences(fairs[data])
+        mixed_diffs, fair_diffs = (over_draws(d) if not d.empty else d
+                                   for d in (claim_differences(mixed), claim_differences(fairs[data])))
         for claim, variant, _, _ in CLAIMS_READ:
             for answer in answers[answers["claim"] == claim].itertuples():
                 difference, half_width = _difference(mixed_diffs, data, variant, answer.metric)
