@@ -17,9 +17,11 @@ SEEDS = (0, 1, 2)
 NLL_GAIN = {("cog_fc", "1"): 0.02, ("cog_fc", "2"): 0.02, ("cog_ts", "1"): -0.01, ("cog_ts", "2"): -0.01}
 
 
-def make_bundle(finished=lambda method, draw, seed: True, idle_draw: str | None = None) -> bundles.Bundle:
+def make_bundle(finished=lambda method, draw, seed: True, idle_draw: str | None = None,
+                reversed_seed: int | None = None) -> bundles.Bundle:
     """Final runs of baseline, cog_fc, cog_ts (draws 1, 2; seeds 0-2; tasks a, b), each planned in campaign.json
-    with its labels; ``finished`` says which have finished; cog_ts's temperature stays at 1 in ``idle_draw``."""
+    with its labels; ``finished`` says which have finished; cog_ts's temperature stays at 1 in ``idle_draw``;
+    post-hoc ``ts_guo`` on the baseline reverses task b's predictions (accuracy 1 - a) on ``reversed_seed``."""
     bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {},
                              "counterparts": {"cog_fc": "baseline", "cog_ts": "baseline+ts"}})
     for method in ("baseline", "cog_fc", "cog_ts"):
@@ -39,6 +41,9 @@ def make_bundle(finished=lambda method, draw, seed: True, idle_draw: str | None 
                 if method == "baseline":  # post-hoc TS on it: NLL 0.004 lower
                     results += [{**r, "split": "test+ts", "value": r["value"] - 0.004 * (r["metric"] == "nll")}
                                 for r in list(results)]
+                    results += [{**r, "split": "test+ts_guo", "value": 1 - r["value"]
+                                 if (seed, r["task"], r["metric"]) == (reversed_seed, "b", "accuracy") else r["value"]}
+                                for r in list(results) if r["split"] == "test"]
                 if method == "cog_ts":
                     results += [{"run": run, "split": "calibrator", "task": task, "metric": "temperature",
                                  "value": 1.0 if draw == idle_draw else 1.4} for task in ("a", "b")]
@@ -62,6 +67,19 @@ def test_a_complete_campaign_reads_settled_and_an_idle_calibrator_is_not_ranked(
     summary = tables["summary"].set_index(["draw", "method"])
     assert summary.loc[("2", "cog_ts"), "note"].startswith(NOT_TESTED) and summary.loc[("1", "cog_ts"), "note"] == ""
     assert summary.loc[("1", "cog_fc"), "seeds"] == "3"
+
+
+def test_a_posthoc_temperature_that_changed_an_accuracy_is_named_as_reversed_predictions():
+    """Temperature scaling keeps every prediction, so a changed accuracy means a negative temperature (Guo et al.'s
+    recipe as published can end there): the summary row says which seeds, not a silently worse mean."""
+    summary = bundle_tables(make_bundle(reversed_seed=1))["summary"].set_index(["draw", "method"])
+    for draw in ("1", "2"):
+        assert summary.loc[(draw, "baseline+ts_guo"), "note"] == (
+            "reversed predictions: ts_guo changed the accuracy of 1 task(s) in 1 of 3 seeds (1), i.e. ended at a "
+            "negative temperature")
+        assert summary.loc[(draw, "baseline+ts"), "note"] == ""  # same accuracy: nothing to say
+    clean = bundle_tables(make_bundle())["summary"].set_index(["draw", "method"])
+    assert clean.loc[("1", "baseline+ts_guo"), "note"] == ""
 
 
 def test_a_draw_with_a_seed_still_running_is_incomplete_everywhere():

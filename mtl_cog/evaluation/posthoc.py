@@ -69,6 +69,10 @@ class PosthocCalibrator:
     """
 
     needs_network: ClassVar[bool] = False
+    # A positive rescaling of each sample's logits keeps every prediction (its argmax), so the calibrated accuracy
+    # equals the uncalibrated one; where a report finds it changed, the fit reversed predictions (``ts_guo``'s
+    # negative temperature) and the summary says so (``reporting.bundle_answers.summary``).
+    keeps_predictions: ClassVar[bool] = False
     title: ClassVar[str] = ""  # what the short name stands for, in help and beside tables ("vs" is not "versus")
 
     def fit(self, val: Predictions, images: torch.Tensor | None = None) -> PosthocCalibrator:
@@ -106,6 +110,7 @@ class LearnedScaling(PosthocCalibrator):
 
 @POSTHOC.register("ts")
 class TemperatureScaling(LearnedScaling):
+    keeps_predictions = True  # T = exp(log T) > 0
     title = "temperature scaling"
     calibrator = "temperature"
 
@@ -148,6 +153,7 @@ class GuoTemperatureScaling(PosthocCalibrator):
     no usable logits and is refused.
     """
 
+    keeps_predictions = True  # unless the recipe ends at T < 0, which the summary then reports
     title = "temperature scaling, Guo et al.'s recipe"
 
     def fit(self, val: Predictions, images: torch.Tensor | None = None) -> GuoTemperatureScaling:
@@ -273,7 +279,7 @@ class StabilityScaling(PosthocCalibrator):
     network's prediction is under perturbations; validation perturbed with seed 0, other splits with seed 1."""
 
     title = "stability scaling"
-
+    keeps_predictions = True  # T = exp(a_t + b_t (1 - s)) > 0
     needs_network = True
 
     def __init__(self, network: nn.Module, transform, perturbations: int = 8, seed: int = 0) -> None:

@@ -26,12 +26,15 @@ import numpy as np
 import pandas as pd
 
 from mtl_cog.constants import IDENTITY_TOLERANCE, IDENTITY_VALUES
+from mtl_cog.evaluation.posthoc import POSTHOC
 from mtl_cog.reporting.bundle import Bundle, wide_scores
 from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
 from mtl_cog.reporting.paired import COUNTERPART, INCONCLUSIVE, PAIRED_METRICS, VARIANT, paired_differences
 
 SUMMARY_METRICS = ("accuracy", "nll", "brier", "ece@15")
 SETTLED, DEPENDS = "settled", "depends on the tuning draw"
+# A positive temperature keeps every argmax: the accuracy is the same up to the float32 logits' rounding at a tie.
+ACCURACY_KEPT_TOLERANCE = 1e-9
 
 
 def final_scores(bundle: Bundle) -> pd.DataFrame:
@@ -100,11 +103,35 @@ def summary(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
         if seeds < row["planned_seeds"]:
             notes.append(f"incomplete: {seeds} of {row['planned_seeds']} seeds "
                          f"({', '.join(map(str, sorted(group['seed'].unique())))})")
+        reversed_note = _reversed_predictions(scores, data, draw, method)
+        if reversed_note:
+            notes.append(reversed_note)
         if _idle(table, data, method, draw):
             notes.append(f"{NOT_TESTED}: its calibrator stayed within {IDENTITY_TOLERANCE:.0%} of the identity")
         row["note"] = "; ".join(notes)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _reversed_predictions(scores: pd.DataFrame, data: str, draw: str, method: str) -> str:
+    """A note where a post-hoc method that keeps every prediction (``keeps_predictions``: a positive temperature)
+    changed a task's test accuracy on some seed: its fit reversed that task's predictions (Guo et al.'s recipe
+    ending at a negative temperature), which moves every metric of the row; '' otherwise."""
+    trained, _, posthoc = method.partition("+")
+    if not posthoc or posthoc not in POSTHOC or not POSTHOC.get(posthoc).keeps_predictions:
+        return ""
+    rows = scores[(scores["data"] == data) & (scores["draw"] == draw) & (scores["task"] != "mean")]
+    if "accuracy" not in rows:
+        return ""
+    before = rows[rows["method"] == trained].set_index(["seed", "task"])["accuracy"]
+    after = rows[rows["method"] == method].set_index(["seed", "task"])["accuracy"]
+    changed = (after - before.reindex(after.index)).abs() > ACCURACY_KEPT_TOLERANCE
+    if not changed.any():
+        return ""
+    seeds = sorted({seed for seed, _ in changed[changed].index})
+    return (f"reversed predictions: {posthoc} changed the accuracy of {int(changed.sum())} task(s) in {len(seeds)} "
+            f"of {after.index.get_level_values('seed').nunique()} seeds ({', '.join(map(str, seeds))}), "
+            f"i.e. ended at a negative temperature")
 
 
 def summary_cells(table: pd.DataFrame) -> pd.DataFrame:
