@@ -75,8 +75,8 @@ def test_a_posthoc_temperature_that_changed_an_accuracy_is_named_as_reversed_pre
     summary = bundle_tables(make_bundle(reversed_seed=1))["summary"].set_index(["draw", "method"])
     for draw in ("1", "2"):
         assert summary.loc[(draw, "baseline+ts_guo"), "note"] == (
-            "reversed predictions: ts_guo changed the accuracy of 1 task(s) in 1 of 3 seeds (1), i.e. ended at a "
-            "negative temperature")
+            "reversed predictions: ts_guo ended at a negative temperature (the accuracy changed) on b in 1 of 3 "
+            "seeds (1)")
         assert summary.loc[(draw, "baseline+ts"), "note"] == ""  # same accuracy: nothing to say
     clean = bundle_tables(make_bundle())["summary"].set_index(["draw", "method"])
     assert clean.loc[("1", "baseline+ts_guo"), "note"] == ""

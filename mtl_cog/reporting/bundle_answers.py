@@ -128,10 +128,12 @@ def _reversed_predictions(scores: pd.DataFrame, data: str, draw: str, method: st
     changed = (after - before.reindex(after.index)).abs() > ACCURACY_KEPT_TOLERANCE
     if not changed.any():
         return ""
-    seeds = sorted({seed for seed, _ in changed[changed].index})
-    return (f"reversed predictions: {posthoc} changed the accuracy of {int(changed.sum())} task(s) in {len(seeds)} "
-            f"of {after.index.get_level_values('seed').nunique()} seeds ({', '.join(map(str, seeds))}), "
-            f"i.e. ended at a negative temperature")
+    pairs = changed[changed].index
+    tasks, seeds = sorted({task for _, task in pairs}), sorted({seed for seed, _ in pairs})
+    named = ", ".join(tasks[:3]) + (f" and {len(tasks) - 3} more" if len(tasks) > 3 else "")
+    return (f"reversed predictions: {posthoc} ended at a negative temperature (the accuracy changed) on {named} "
+            f"in {len(seeds)} of {after.index.get_level_values('seed').nunique()} seeds "
+            f"({', '.join(map(str, seeds))})")
 
 
 def summary_cells(table: pd.DataFrame) -> pd.DataFrame:
