@@ -122,3 +122,23 @@ def test_a_share_is_of_a_claimed_gain_and_of_a_complete_fair_reading(monkeypatch
     fc = protocol_claims({"paper": paper, "fair": fair}).set_index(["claim", "metric"]).loc[
         ("COG-FC improves on the baseline", "nll")]
     assert fc["fair"].startswith("incomplete") and math.isnan(fc["surviving share"])
+
+
+def test_power_and_secondary_readings_made_of_part_of_the_design_say_so(monkeypatch):
+    """A baseline seed still running: TS's gain is measured on part of the planned runs, so the power reading is
+    provisional and names what is missing; a secondary reading's draw says 'incomplete', a draw not begun 'not
+    run yet' (never a silent '2 seeds')."""
+    monkeypatch.setattr(built, "NLL_GAIN", {("cog_fc", d): 0.02 for d in ("1", "2")})
+    running = built.make_bundle(finished=lambda m, d, s: not (m == "baseline" and d == "2" and s == 2))
+    row = protocol_power({"fair": running}).set_index(["data", "metric"]).loc[("d", "nll")]
+    assert row["could detect"] == "H1 H3, so far (claims incomplete; ts gain incomplete (draw 2: 2 of 3 seeds))"
+    test = running.results[running.results["split"] == "test"]
+    running.results = pd.concat([running.results, test.assign(split="test@last")], ignore_index=True)
+    table = protocol_secondary({"fair": running}).set_index(["reading", "pair", "metric"])
+    assert table.loc[("last epoch", "cog_fc − baseline", "nll"), "per draw"] == (
+        "1: variant (3 seeds), 2: variant (2 of 3 seeds, incomplete)")
+    begun = built.make_bundle(finished=lambda m, d, s: d == "1")
+    test = begun.results[begun.results["split"] == "test"]
+    begun.results = pd.concat([begun.results, test.assign(split="test@last")], ignore_index=True)
+    table = protocol_secondary({"fair": begun}).set_index(["reading", "pair", "metric"])
+    assert table.loc[("last epoch", "cog_fc − baseline", "nll"), "per draw"] == "1: variant (3 seeds), 2: not run yet"

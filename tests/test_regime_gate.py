@@ -66,3 +66,41 @@ def test_a_setting_without_post_hoc_splits_gets_an_empty_row():
     table = regime_gate(bundle)
     assert set(table["seeds"]) == {"0 of 3"} and "passes" not in table
     assert table["note"].str.startswith("3 finished run(s) lack").all()
+
+
+def _campaign_bundle(draws: dict[str, list[tuple[float, float, float, float] | None]]) -> Bundle:
+    """A campaign's final baseline runs per draw (seeds planned in campaign.json with their labels and rate);
+    per seed (val NLL, test ECE, test NLL, test NLL after TS) at both checkpoints, None: not finished; a cog_fc
+    final run beside them, which the gate must not read."""
+    specs, runs, results = {}, [], []
+    for draw, seeds in draws.items():
+        for seed, values in enumerate(seeds):
+            for method in ("baseline", "cog_fc"):
+                run = f"d-{method}-d{draw}-seed{seed}"
+                labels = {"data": "d", "method": method, "role": "final", "draw": draw, "seed": seed}
+                specs[run] = {"setting": f"{method}-{draw}", "labels": labels,
+                              "overrides": [f"optim.follower_lr={draw}e-3", f"seed={seed}"]}
+                if values is None:
+                    continue
+                runs.append({**dict.fromkeys(RUN_COLUMNS, ""), **labels, "run": run, "status": "done"})
+                val, ece, nll, nll_ts = values if method == "baseline" else (9.0, 0.5, 9.0, 1.0)
+                for tag in ("", "@last"):
+                    results += [(run, f"val{tag}", "mean", "nll", val), (run, f"test{tag}", "mean", "ece@15", ece),
+                                (run, f"test{tag}", "mean", "nll", nll), (run, f"test{tag}+ts", "mean", "nll", nll_ts)]
+    return Bundle({"campaign": "reproduce-fair", "specs": specs}, pd.DataFrame(runs, columns=RUN_COLUMNS),
+                  pd.DataFrame(results, columns=["run", "split", "task", "metric", "value"]))
+
+
+def test_a_campaign_bundle_re_measures_the_gate_on_its_final_baselines_per_draw():
+    """No sweep in the bundle: the gate is read on each draw's final baseline runs (the claims' counterpart),
+    named by data set, draw and rate; a draw with seeds still to run says so and does not pass yet."""
+    gain = [(0.40, 0.06, 0.50, 0.45), (0.41, 0.05, 0.52, 0.46), (0.42, 0.07, 0.48, 0.44)]
+    table = regime_gate(_campaign_bundle({"1": gain, "2": [*gain, None]})).set_index(["setting", "rule"])
+    assert set(table.index.get_level_values("setting")) == {"d, baseline, draw 1 (optim.follower_lr=1e-3)",
+                                                            "d, baseline, draw 2 (optim.follower_lr=2e-3)"}
+    one = table.loc[("d, baseline, draw 1 (optim.follower_lr=1e-3)", "best validation Brier")]
+    changes = np.array([(0.45 - 0.50) / 0.50, (0.46 - 0.52) / 0.52, (0.44 - 0.48) / 0.48])
+    assert one["ts_nll_change"] == pytest.approx(changes.mean()) and one["test_ece@15"] == pytest.approx(0.06)
+    assert one["seeds"] == "3 of 3" and one["passes"] and pd.isna(one.get("note"))  # cog_fc's runs not read
+    two = table.loc[("d, baseline, draw 2 (optim.follower_lr=2e-3)", "last epoch")]
+    assert two["seeds"] == "3 of 4" and not two["passes"] and two["note"].startswith("incomplete")

@@ -80,7 +80,7 @@ def _planned_seeds(planned: pd.DataFrame, data: str, method: str, draw: str) -> 
     return int(rows["seed"].nunique())
 
 
-def _planned_draws(planned: pd.DataFrame, data: str) -> list[str]:
+def planned_draws(planned: pd.DataFrame, data: str) -> list[str]:
     return sorted(set(planned.loc[planned["data"] == data, "draw"]))
 
 
@@ -161,7 +161,7 @@ def paired(bundle: Bundle) -> pd.DataFrame:
     return table[["dataset", "draw", *[c for c in table.columns if c not in ("dataset", "draw")]]]
 
 
-def _draw_gap(planned: pd.DataFrame, data: str, variant: str, counterpart: str, draw: str,
+def draw_gap(planned: pd.DataFrame, data: str, variant: str, counterpart: str, draw: str,
               n_seeds: float | None) -> str:
     """'' when the draw's pair holds every planned seed of both sides; else what it lacks ("draw 2: 1 of 3
     seeds", "draw 2 missing")."""
@@ -189,13 +189,13 @@ def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
     for key, group in paired_table.groupby(keys, sort=True):
         data, variant, counterpart, _ = key
         by_draw = {str(r.draw): r for r in group.itertuples()}
-        draws = sorted(set(_planned_draws(planned, data))
+        draws = sorted(set(planned_draws(planned, data))
                        | set(paired_table.loc[paired_table["dataset"] == data, "draw"].astype(str)))
         row, cells, gaps = dict(zip(keys, key)), [], []
         for draw in draws:
             found = by_draw.get(draw)
             seeds = None if found is None else float(getattr(found, "n_seeds", np.inf))
-            gap = _draw_gap(planned, data, variant, counterpart, draw, seeds)
+            gap = draw_gap(planned, data, variant, counterpart, draw, seeds)
             cell = "" if found is None else interval_reading(found)
             if found is not None and _idle(calibrator_table, data, variant, draw):
                 cell = f"{NOT_TESTED} ({cell})"
@@ -298,7 +298,7 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
     pairs = {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}  # one counterpart per variant
     rows = []
     for data in sorted(scores["data"].unique()):
-        draws = sorted(set(_planned_draws(planned, data)) | set(scores.loc[scores["data"] == data, "draw"]))
+        draws = sorted(set(planned_draws(planned, data)) | set(scores.loc[scores["data"] == data, "draw"]))
         readings = {}  # draw -> (variant, metric) -> its paired row: every claim's pair in one pass per draw
         for draw in draws:
             group = scores[(scores["data"] == data) & (scores["draw"] == draw)]
@@ -310,7 +310,7 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
                 sides, gaps = [], []
                 for draw in draws:
                     r = readings[draw].get((variant, metric))
-                    gap = _draw_gap(planned, data, variant, counterpart, draw, None if r is None else float(r.n_seeds))
+                    gap = draw_gap(planned, data, variant, counterpart, draw, None if r is None else float(r.n_seeds))
                     side, text = "", ""
                     if r is not None:
                         if pd.isna(r.ci_low):

@@ -38,8 +38,11 @@ from mtl_cog.reporting.bundle_answers import (
     PAPER_CLAIMS,
     SUPPORTED,
     claims,
+    draw_gap,
     final_scores,
     interval_reading,
+    planned_draws,
+    planned_finals,
 )
 from mtl_cog.reporting.paired import VARIANT, paired_differences
 
@@ -70,6 +73,26 @@ def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None,
     table["better"] = [interval_reading(row) for row in table.itertuples()]
     return table[["data", "draw", "variant", "counterpart", "metric", "mean_difference", "half_width", "better",
                   "n_seeds"]]
+
+
+def with_planned_draws(bundle: Bundle, diffs: pd.DataFrame) -> pd.DataFrame:
+    """``diffs`` (``claim_differences`` of ``bundle``) with a ``gap`` per row ('' when the draw holds every planned
+    seed of both sides, else what it lacks: "draw 1: 3 of 5 seeds") and a row without numbers (``gap`` "draw 2
+    missing") for each planned draw it has not begun: what a number made of part of the design must say."""
+    if diffs.empty:
+        return diffs
+    planned = planned_finals(bundle)
+    rows = []
+    for (data, variant, counterpart, metric), group in diffs.groupby(["data", "variant", "counterpart", "metric"],
+                                                                      sort=True):
+        for draw in sorted(set(planned_draws(planned, data)) | set(group["draw"])):
+            found = group[group["draw"] == draw]
+            row = found.iloc[0].to_dict() if len(found) else {"data": data, "draw": draw, "variant": variant,
+                                                               "counterpart": counterpart, "metric": metric}
+            row["gap"] = draw_gap(planned, data, variant, counterpart, draw,
+                                  float(row["n_seeds"]) if len(found) else None)
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def over_draws(diffs: pd.DataFrame) -> pd.DataFrame:
@@ -151,22 +174,24 @@ GAIN_CLAIMS = tuple((f"H{i}", claim, variant) for i, (claim, variant, _, _) in e
                     if variant != "baseline+ms")  # H4 is about MS's harm, not a calibration gain
 
 
-def _could_detect(ts_gain: float, halves: dict[str, float], complete: bool) -> str:
+def _could_detect(ts_gain: float, halves: dict[str, float], complete: bool, gain_gaps: list[str]) -> str:
     """The claims (``H1``...) whose half-width is below TS's gain, ``none``, or ``no claim interval yet`` while no
     claim has one (too few shared seeds); ``so far`` while some claim of the data set lacks planned runs (its
-    half-width will change)."""
+    half-width will change) or TS's gain is measured on part of the planned baseline runs (``gain_gaps``)."""
     known = {h: w for h, w in halves.items() if np.isfinite(w)}
+    gain_note = f"ts gain incomplete ({', '.join(gain_gaps)})" if gain_gaps else ""
     if not known:
-        return "no claim interval yet"
+        return "; ".join(["no claim interval yet", *([gain_note] if gain_note else [])])
     reading = " ".join(h for h, w in known.items() if ts_gain > 0 and w < ts_gain) or "none"
-    return reading if complete else f"{reading}, so far (claims incomplete)"
+    missing = [*([] if complete else ["claims incomplete"]), *([gain_note] if gain_note else [])]
+    return f"{reading}, so far ({'; '.join(missing)})" if missing else reading
 
 
 def protocol_power(bundles: Bundles) -> pd.DataFrame:
     """Per protocol, data set and primary metric: post-hoc TS's gain on the baseline (mean over draws), each claim's
     widest half-width over the draws (H1-H3; a claim the campaign does not run is left empty), and which claims'
     intervals could have detected a gain of TS's size."""
-    gains = _per_protocol(bundles, lambda b: claim_differences(b, TS_PAIR))
+    gains = _per_protocol(bundles, lambda b: with_planned_draws(b, claim_differences(b, TS_PAIR)))
     widths = _per_protocol(bundles, claim_differences)
     answers = _per_protocol(bundles, claims)
     rows = []
@@ -189,8 +214,9 @@ def protocol_power(bundles: Bundles) -> pd.DataFrame:
                 row[f"{label} ± (95 %)"] = halves[label]
             pending = answer[(answer["data"] == data) & (answer["metric"] == metric)
                              & answer["claim"].isin(measured)]["answer"]
+            gaps = [g for g in group["gap"] if g]  # the TS gain itself made of part of the planned runs
             row["could detect"] = _could_detect(ts_gain, halves,
-                                                not pending.astype(str).str.startswith("incomplete").any())
+                                                not pending.astype(str).str.startswith("incomplete").any(), gaps)
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -206,14 +232,24 @@ SECONDARY = (
 )
 
 
+def _draw_cell(row) -> str:
+    """One draw of a secondary reading: its side and seeds, marked while it lacks planned seeds or has not begun."""
+    if "missing" in row.gap:
+        return f"{row.draw}: not run yet"
+    if row.gap:  # "draw 1: 3 of 5 seeds"
+        return f"{row.draw}: {row.better} ({row.gap.split(': ', 1)[-1]}, incomplete)"
+    return f"{row.draw}: {row.better} ({int(row.n_seeds)} seed{'' if row.n_seeds == 1 else 's'})"
+
+
 def protocol_secondary(bundles: Bundles) -> pd.DataFrame:
     """Per protocol, reading, data set, pair and primary metric: the difference (mean over draws), the widest
     half-width and each draw's side (``variant`` / ``counterpart`` / ``inconclusive``) with its seeds: a draw still
-    running shows fewer than planned, a draw not begun is absent (the claims table says *incomplete*)."""
+    running says ``incomplete`` and what it lacks, a draw not begun reads ``not run yet``."""
     rows = []
     for reading, pairs, scores_of in SECONDARY:
         chosen = pairs()
-        tables = _per_protocol(bundles, lambda b, p=chosen, f=scores_of: claim_differences(b, p, f(b)))
+        tables = _per_protocol(bundles, lambda b, p=chosen, f=scores_of: with_planned_draws(
+            b, claim_differences(b, p, f(b))))
         for protocol in bundles:
             table = tables[protocol]
             if table.empty:
@@ -226,6 +262,5 @@ def protocol_secondary(bundles: Bundles) -> pd.DataFrame:
                              "pair": f"{variant} − {counterpart}", "metric": metric,
                              "difference": float(group["mean_difference"].mean()),
                              "± (95 %)": float(group["half_width"].max()),
-                             "per draw": ", ".join(f"{d}: {b} ({n} seed{'' if n == 1 else 's'})" for d, b, n in
-                                                   zip(group["draw"], group["better"], group["n_seeds"]))})
+                             "per draw": ", ".join(_draw_cell(r) for r in group.itertuples())})
     return pd.DataFrame(rows)

@@ -8,9 +8,12 @@ A comparison of calibration methods can only find a gain where there is miscalib
    ``GATE_TS_GAIN`` (5 %) relative, with a 95 % t interval over seeds (of the per-seed relative change) that
    excludes 0.
 
-``regime_gate`` reads it per sweep setting (``sweep_report.setting_labels``: the grid's values) and per checkpoint
-rule: the *selected* checkpoint (best validation Brier, the paper's: results splits ``val``, ``test``,
-``test+ts``) and the *last* epoch (``eval.score_last_epoch``: ``val@last``, ``test@last``, ``test@last+ts``).
+``regime_gate`` reads it per sweep setting (``sweep_report.setting_labels``: the grid's values) of a pilot's
+sweep, or, in a campaign's bundle (no sweep runs), per data set and tuning draw of its final ``baseline`` runs:
+the gate re-measured on the tuned (or, under the paper protocol, fixed) baseline the claims are paired with,
+on the campaign's own seeds (a pass is read once every planned seed is in). Per checkpoint rule: the *selected*
+checkpoint (best validation Brier, the paper's: results splits ``val``, ``test``, ``test+ts``) and the *last* epoch
+(``eval.score_last_epoch``: ``val@last``, ``test@last``, ``test@last+ts``).
 ``val_nll`` is the validation NLL of the same checkpoint, what a tuning would choose the setting by: the *tuned*
 baseline is the setting with the lowest one. Only what the bundle holds is read; a setting without the splits
 (a sweep run without ``--posthoc ts`` or without the last epoch scored) gets an empty row for that rule.
@@ -22,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from mtl_cog.reporting.bundle import Bundle
+from mtl_cog.reporting.bundle_answers import planned_finals
 from mtl_cog.reporting.paired import seed_t_interval
 from mtl_cog.reporting.sweep_report import _planned, setting_labels
 
@@ -37,13 +41,43 @@ def _task_means(bundle: Bundle, runs: list[str]) -> pd.DataFrame:
     return means.pivot_table(index="run", columns=["split", "metric"], values="value", aggfunc="first")
 
 
+def _gate_row(wide: pd.DataFrame, runs: list[str], planned_seeds: int, setting: str, rule: str, tag: str) -> dict:
+    """One setting's gate under one checkpoint rule (``tag``: the results splits' suffix) from its runs' task means."""
+    needed = [(f"val{tag}", "nll"), (f"test{tag}", "ece@15"), (f"test{tag}", "nll"), (f"test{tag}+ts", "nll")]
+    have = [r for r in runs if r in wide.index and all(c in wide.columns and np.isfinite(wide.at[r, c])
+                                                       for c in needed)]
+    row = {"setting": setting, "rule": rule, "seeds": f"{len(have)} of {planned_seeds}"}
+    if have:
+        cells = wide.loc[have]
+        change = (cells[(f"test{tag}+ts", "nll")] - cells[(f"test{tag}", "nll")]) / cells[(f"test{tag}", "nll")]
+        mean, low, high = seed_t_interval(change.to_numpy(dtype=float)[:, None])
+        ece = float(cells[(f"test{tag}", "ece@15")].mean())
+        row.update({"val_nll": float(cells[(f"val{tag}", "nll")].mean()), "test_ece@15": ece,
+                    "test_nll": float(cells[(f"test{tag}", "nll")].mean()),
+                    "test_nll+ts": float(cells[(f"test{tag}+ts", "nll")].mean()),
+                    "ts_nll_change": mean, "ci_low": low, "ci_high": high,
+                    # read once every planned seed is in: a pass on part of the seeds could still turn
+                    "passes": bool(planned_seeds <= len(have) >= 3 and ece >= GATE_ECE and mean <= -GATE_TS_GAIN
+                                   and high < 0)})
+    notes = []
+    if len(have) < len(runs):  # a finished run without every value the gate reads: said, not hidden
+        notes.append(f"{len(runs) - len(have)} finished run(s) lack a value the gate reads")
+    if have and len(have) < planned_seeds:
+        notes.append(f"incomplete: read as passing only once all {planned_seeds} seeds are in")
+    if notes:
+        row["note"] = "; ".join(notes)
+    return row
+
+
 def regime_gate(bundle: Bundle) -> pd.DataFrame:
-    """One row per sweep setting and checkpoint rule: seeds, val NLL, test ECE@15, TS's relative NLL change with its
-    95 % interval, and whether the gate passes (module docstring)."""
-    planned = _planned(bundle)
+    """One row per sweep setting (or final baseline per data set and draw) and checkpoint rule: seeds, val NLL,
+    test ECE@15, TS's relative NLL change with its 95 % interval, and whether the gate passes (module docstring)."""
     done = bundle.done()
-    if planned.empty or done.empty:
+    if done.empty:
         return pd.DataFrame()
+    if not (done["role"] == "sweep").any():
+        return _final_baseline_gate(bundle, done)
+    planned = _planned(bundle)
     labels = setting_labels(planned)
     setting_of = dict(zip(planned["run"], planned["setting"].map(labels)))
     done = done[done["run"].isin(setting_of) & (done["role"] == "sweep")]  # a sweep's runs: a grid of settings
@@ -53,26 +87,8 @@ def regime_gate(bundle: Bundle) -> pd.DataFrame:
     rows = []
     for setting in dict.fromkeys(planned["setting"].map(labels)):
         runs = [r for r in done["run"] if setting_of[r] == setting]
-        for rule, tag in RULES.items():
-            needed = [(f"val{tag}", "nll"), (f"test{tag}", "ece@15"), (f"test{tag}", "nll"), (f"test{tag}+ts", "nll")]
-            have = [r for r in runs if r in wide.index and all(c in wide.columns and np.isfinite(wide.at[r, c])
-                                                               for c in needed)]
-            planned_seeds = int((planned["setting"].map(labels) == setting).sum())
-            row = {"setting": setting, "rule": rule, "seeds": f"{len(have)} of {planned_seeds}"}
-            if have:
-                cells = wide.loc[have]
-                change = (cells[(f"test{tag}+ts", "nll")] - cells[(f"test{tag}", "nll")]) / cells[(f"test{tag}", "nll")]
-                mean, low, high = seed_t_interval(change.to_numpy(dtype=float)[:, None])
-                ece = float(cells[(f"test{tag}", "ece@15")].mean())
-                row.update({"val_nll": float(cells[(f"val{tag}", "nll")].mean()), "test_ece@15": ece,
-                            "test_nll": float(cells[(f"test{tag}", "nll")].mean()),
-                            "test_nll+ts": float(cells[(f"test{tag}+ts", "nll")].mean()),
-                            "ts_nll_change": mean, "ci_low": low, "ci_high": high,
-                            "passes": bool(len(have) >= 3 and ece >= GATE_ECE and mean <= -GATE_TS_GAIN
-                                           and high < 0)})
-            if len(have) < len(runs):  # a finished run without every value the gate reads: said, not hidden
-                row["note"] = f"{len(runs) - len(have)} finished run(s) lack a value the gate reads"
-            rows.append(row)
+        planned_seeds = int((planned["setting"].map(labels) == setting).sum())
+        rows += [_gate_row(wide, runs, planned_seeds, setting, rule, tag) for rule, tag in RULES.items()]
     table = pd.DataFrame(rows)
     complete = all(str(s).split(" of ")[0] == str(s).split(" of ")[1] for s in table["seeds"])
     if "val_nll" in table and complete:  # the tuned baseline: the lowest validation NLL once every setting finished
@@ -80,3 +96,29 @@ def regime_gate(bundle: Bundle) -> pd.DataFrame:
         tuned = selected.loc[selected["val_nll"].idxmin(), "setting"] if selected["val_nll"].notna().any() else None
         table["tuned"] = np.where(table["setting"] == tuned, "*", "")
     return table
+
+
+def _follower_rate(bundle: Bundle, runs: list[str]) -> str:
+    """The baseline's rate as its specs record it (one value per draw: the tuned or the fixed one), '' if none."""
+    rates = {item for run in runs for item in bundle.campaign.get("specs", {}).get(run, {}).get("overrides", [])
+             if item.startswith("optim.follower_lr=")}
+    return ", ".join(sorted(rates))
+
+
+def _final_baseline_gate(bundle: Bundle, done: pd.DataFrame) -> pd.DataFrame:
+    """The gate per data set and draw of a campaign's final ``baseline`` runs (the seeds it planned, from
+    ``planned_finals``); empty where the campaign has no baseline."""
+    planned = planned_finals(bundle)
+    planned = planned[planned["method"] == "baseline"]
+    finals = done[(done["role"] == "final") & (done["method"] == "baseline")].assign(
+        draw=lambda f: f["draw"].fillna("").astype(str))
+    if planned.empty or finals.empty:
+        return pd.DataFrame()
+    wide = _task_means(bundle, list(finals["run"]))
+    rows = []
+    for (data, draw), seeds in planned.groupby(["data", "draw"], sort=True):
+        runs = list(finals[(finals["data"] == data) & (finals["draw"] == draw)]["run"])
+        rate = _follower_rate(bundle, runs)
+        setting = f"{data}, baseline, draw {draw}" + (f" ({rate})" if rate else "")
+        rows += [_gate_row(wide, runs, seeds["seed"].nunique(), setting, rule, tag) for rule, tag in RULES.items()]
+    return pd.DataFrame(rows)
