@@ -56,9 +56,9 @@ def _gate_row(wide: pd.DataFrame, runs: list[str], planned_seeds: int, setting: 
                     "test_nll": float(cells[(f"test{tag}", "nll")].mean()),
                     "test_nll+ts": float(cells[(f"test{tag}+ts", "nll")].mean()),
                     "ts_nll_change": mean, "ci_low": low, "ci_high": high,
-                    # read once every planned seed is in: a pass on part of the seeds could still turn
-                    "passes": bool(planned_seeds <= len(have) >= 3 and ece >= GATE_ECE and mean <= -GATE_TS_GAIN
-                                   and high < 0)})
+                    # read once every planned seed is in (empty before): a pass on part of the seeds could turn
+                    "passes": bool(len(have) >= 3 and ece >= GATE_ECE and mean <= -GATE_TS_GAIN and high < 0)
+                    if len(have) >= planned_seeds else None})
     notes = []
     if len(have) < len(runs):  # a finished run without every value the gate reads: said, not hidden
         notes.append(f"{len(runs) - len(have)} finished run(s) lack a value the gate reads")
