@@ -1,4 +1,4 @@
-"""Is a regime overconfident enough for a calibration method to show anything? The regime gate, from a sweep's bundle.
+"""Is there miscalibration for a method to remove? The regime gate of a sweep or of a campaign's final baselines.
 
 A comparison of calibration methods can only find a gain where there is miscalibration to remove. The gate of
 ``docs/results/overconfident-plan.md`` asks of a configuration (the baseline, mean over tasks, over >= 3 seeds):
@@ -7,6 +7,9 @@ A comparison of calibration methods can only find a gain where there is miscalib
 2. post-hoc temperature scaling, fitted on the run's validation split, lowers the test NLL by at least
    ``GATE_TS_GAIN`` (5 %) relative, with a 95 % t interval over seeds (of the per-seed relative change) that
    excludes 0.
+
+Neither criterion has a sign: an underfit, *under*confident baseline passes too (the paper protocol's Adam 1e-4
+on the mosaic does); the bundle's reliability bins (``reliability.csv.gz``) tell which way it errs.
 
 ``regime_gate`` reads it per sweep setting (``sweep_report.setting_labels``: the grid's values) of a pilot's
 sweep, or, in a campaign's bundle (no sweep runs), per data set and tuning draw of its final ``baseline`` runs:
