@@ -71,15 +71,25 @@ def test_a_complete_campaign_reads_settled_and_an_idle_calibrator_is_not_ranked(
 
 def test_a_posthoc_temperature_that_changed_an_accuracy_is_named_as_reversed_predictions():
     """Temperature scaling keeps every prediction, so a changed accuracy means a negative temperature (Guo et al.'s
-    recipe as published can end there): the summary row says which seeds, not a silently worse mean."""
+    recipe as published can end there): the summary row names the task and seed, not a silently worse mean; one
+    prediction of 8,000 changed is enough; a method that may change predictions (vector scaling) is not flagged."""
     summary = bundle_tables(make_bundle(reversed_seed=1))["summary"].set_index(["draw", "method"])
     for draw in ("1", "2"):
         assert summary.loc[(draw, "baseline+ts_guo"), "note"] == (
-            "reversed predictions: ts_guo ended at a negative temperature (the accuracy changed) on b in 1 of 3 "
-            "seeds (1)")
+            "ts_guo changed predictions (a temperature keeps them unless negative): b (seed 1)")
         assert summary.loc[(draw, "baseline+ts"), "note"] == ""  # same accuracy: nothing to say
     clean = bundle_tables(make_bundle(reversed_seed=-1))["summary"].set_index(["draw", "method"])
     assert clean.loc[("1", "baseline+ts_guo"), "note"] == ""  # the same accuracies: nothing to say
+    bundle = make_bundle(reversed_seed=-1)
+    results = bundle.results
+    one = (results["split"] == "test+ts_guo") & (results["metric"] == "accuracy") & (results["task"] == "a") & \
+        results["run"].str.endswith("-seed2")
+    results.loc[one, "value"] += 1 / 8000
+    baseline_test = results[(results["split"] == "test") & results["run"].str.contains("baseline")]
+    bundle.results = pd.concat([results, baseline_test.assign(split="test+vs", value=lambda f: f["value"] / 2)])
+    summary = bundle_tables(bundle)["summary"].set_index(["draw", "method"])
+    assert summary.loc[("1", "baseline+ts_guo"), "note"].endswith(": a (seed 2)")
+    assert summary.loc[("1", "baseline+vs"), "note"] == ""  # vector scaling may change predictions
 
 
 def test_a_draw_with_a_seed_still_running_is_incomplete_everywhere():

@@ -72,7 +72,8 @@ def test_the_secondary_readings_are_the_last_epoch_and_guos_ts_recipe(monkeypatc
     bundle = _bundle(monkeypatch, {("cog_fc", d): 0.02 for d in ("1", "2")})
     test = bundle.results[bundle.results["split"] == "test"]
     last = test.assign(split="test@last", value=lambda f: f["value"] + 0.05 * f["run"].str.contains("cog_fc"))
-    guo = test[test["run"].str.contains("baseline")].assign(split="test+ts_guo", value=lambda f: f["value"] - 0.002)
+    guo = test[test["run"].str.contains("baseline")].assign(
+        split="test+ts_guo", value=lambda f: f["value"] - 0.002 * (f["metric"] == "nll"))  # accuracy kept
     last_ts = last[last["run"].str.contains("baseline")].assign(split="test@last+ts")
     bundle.results = pd.concat([bundle.results, last, guo, last_ts], ignore_index=True)
     table = protocol_secondary({"fair": bundle}).set_index(["reading", "pair", "metric"])
@@ -142,3 +143,23 @@ def test_power_and_secondary_readings_made_of_part_of_the_design_say_so(monkeypa
     begun.results = pd.concat([begun.results, test.assign(split="test@last")], ignore_index=True)
     table = protocol_secondary({"fair": begun}).set_index(["reading", "pair", "metric"])
     assert table.loc[("last epoch", "cog_fc − baseline", "nll"), "per draw"] == "1: variant (3 seeds), 2: not run yet"
+
+
+def test_a_missing_baseline_draw_keeps_the_power_reading_provisional(monkeypatch):
+    """TS's gain from one draw of two is no measure of the campaign's: 'ts gain incomplete (draw 2 missing)', also
+    where no claim has an interval yet."""
+    monkeypatch.setattr(built, "NLL_GAIN", {("cog_fc", d): 0.02 for d in ("1", "2")})
+    half = built.make_bundle(finished=lambda m, d, s: not (m == "baseline" and d == "2"))
+    row = protocol_power({"fair": half}).set_index(["data", "metric"]).loc[("d", "nll")]
+    assert row["could detect"].endswith("ts gain incomplete (draw 2 missing))")
+    lone = built.make_bundle(finished=lambda m, d, s: d == "1" and (m == "baseline" or s == 0))
+    row = protocol_power({"fair": lone}).set_index(["data", "metric"]).loc[("d", "nll")]
+    assert row["could detect"] == "no claim interval yet; ts gain incomplete (draw 2 missing)"
+
+
+def test_a_secondary_reading_against_reversed_predictions_says_so():
+    """H3 against Guo's recipe where ts_guo reversed a task's predictions on seed 1: the draw's cell names it."""
+    table = protocol_secondary({"fair": built.make_bundle(reversed_seed=1)}).set_index(["reading", "pair", "metric"])
+    cell = table.loc[("Guo's TS recipe", "cog_ts − baseline+ts_guo", "nll"), "per draw"]
+    note = "ts_guo changed predictions (a temperature keeps them unless negative): b (seed 1)"
+    assert cell == f"1: counterpart (3 seeds; {note}), 2: counterpart (3 seeds; {note})"

@@ -50,7 +50,7 @@ def test_the_gate_passes_fails_and_waits_as_the_plan_says():
     assert last["test_nll"] == pytest.approx(0.60) and last["passes"]  # the last epoch's own splits
     assert not table.loc[("optim.follower_lr=3e-4", "best validation Brier"), "passes"]  # ECE 0.02 < 0.03
     one = table.loc[("optim.follower_lr=3e-3", "best validation Brier")]
-    assert one["seeds"] == "1 of 3" and math.isnan(one["ci_low"]) and one["passes"] is None
+    assert one["seeds"] == "1 of 3" and math.isnan(one["ci_low"]) and pd.isna(one["passes"])
     assert "tuned" not in table  # no setting is called the tuned one while a setting lacks planned seeds
 
 
@@ -103,4 +103,30 @@ def test_a_campaign_bundle_re_measures_the_gate_on_its_final_baselines_per_draw(
     assert one["ts_nll_change"] == pytest.approx(changes.mean()) and one["test_ece@15"] == pytest.approx(0.06)
     assert one["seeds"] == "3 of 3" and one["passes"] and pd.isna(one.get("note"))  # cog_fc's runs not read
     two = table.loc[("d, baseline, draw 2 (optim.follower_lr=2e-3)", "last epoch")]
-    assert two["seeds"] == "3 of 4" and two["passes"] is None and two["note"].startswith("incomplete")
+    assert two["seeds"] == "3 of 4" and pd.isna(two["passes"]) and two["note"].startswith("incomplete")
+
+
+def test_the_final_baseline_gate_names_what_keeps_a_row_from_a_reading():
+    """Seeds still running: 'incomplete'; every seed finished but one lacks the TS split: no pass and no
+    'incomplete' (it will never fill in); fewer seeds planned than the gate needs: no pass; a draw not begun: an
+    empty row without notes; an older bundle whose specs are digests alone is read (no rate in its name)."""
+    gain = [(0.40, 0.06, 0.50, 0.45), (0.41, 0.05, 0.52, 0.46), (0.42, 0.07, 0.48, 0.44)]
+    bundle = _campaign_bundle({"1": gain, "2": [None] * 3, "3": gain[:2]})
+    lacking = bundle.results["run"].eq("d-baseline-d1-seed2") & bundle.results["split"].str.endswith("+ts")
+    bundle.results = bundle.results[~lacking]
+    table = regime_gate(bundle).set_index(["setting", "rule"])
+    one = table.loc[("d, baseline, draw 1 (optim.follower_lr=1e-3)", "best validation Brier")]
+    assert one["seeds"] == "2 of 3" and pd.isna(one["passes"])
+    assert one["note"] == "1 finished run(s) lack a value the gate reads"
+    two = table.loc[("d, baseline, draw 2", "best validation Brier")]
+    assert two["seeds"] == "0 of 3" and pd.isna(two["passes"]) and pd.isna(two["note"])
+    three = table.loc[("d, baseline, draw 3 (optim.follower_lr=3e-3)", "best validation Brier")]
+    assert three["seeds"] == "2 of 2" and pd.isna(three["passes"])
+    assert three["note"] == "2 seed(s) planned: the gate reads 3 or more"
+    bundle.campaign["specs"] = {run: "digest" for run in bundle.campaign["specs"]}
+    assert set(regime_gate(bundle)["setting"]) == {"d, baseline, draw 1", "d, baseline, draw 3"}  # from what ran
+
+
+def test_a_one_draw_campaign_names_no_draw():
+    bundle = _campaign_bundle({"": [(0.40, 0.06, 0.50, 0.45)] * 3})
+    assert set(regime_gate(bundle)["setting"]) == {"d, baseline (optim.follower_lr=e-3)"}

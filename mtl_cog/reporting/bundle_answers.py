@@ -33,7 +33,8 @@ from mtl_cog.reporting.paired import COUNTERPART, INCONCLUSIVE, PAIRED_METRICS, 
 
 SUMMARY_METRICS = ("accuracy", "nll", "brier", "ece@15")
 SETTLED, DEPENDS = "settled", "depends on the tuning draw"
-# A positive temperature keeps every argmax: the accuracy is the same up to the float32 logits' rounding at a tie.
+# A positive temperature keeps every argmax, so both accuracies are the same count of the same predictions, stored
+# at 8 significant digits from one computation: equal unless a prediction changed (at least 1/N apart).
 ACCURACY_KEPT_TOLERANCE = 1e-9
 
 
@@ -103,7 +104,7 @@ def summary(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
         if seeds < row["planned_seeds"]:
             notes.append(f"incomplete: {seeds} of {row['planned_seeds']} seeds "
                          f"({', '.join(map(str, sorted(group['seed'].unique())))})")
-        reversed_note = _reversed_predictions(scores, data, draw, method)
+        reversed_note = reversed_predictions(scores, data, draw, method)
         if reversed_note:
             notes.append(reversed_note)
         if _idle(table, data, method, draw):
@@ -113,10 +114,11 @@ def summary(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
     return pd.DataFrame(rows)
 
 
-def _reversed_predictions(scores: pd.DataFrame, data: str, draw: str, method: str) -> str:
-    """A note where a post-hoc method that keeps every prediction (``keeps_predictions``: a positive temperature)
-    changed a task's test accuracy on some seed: its fit reversed that task's predictions (Guo et al.'s recipe
-    ending at a negative temperature), which moves every metric of the row; '' otherwise."""
+def reversed_predictions(scores: pd.DataFrame, data: str, draw: str, method: str) -> str:
+    """Where a post-hoc method that keeps every prediction (``keeps_predictions``: a positive temperature) changed
+    a task's test accuracy: its fit reversed that task's predictions (Guo et al.'s recipe can end at a negative
+    temperature), which moves every metric of the row. -> "<method> changed predictions (a temperature keeps
+    them unless negative): <task> (seeds 0, 2); ..." or ''. A task at exactly 0.5 accuracy hides a reversal."""
     trained, _, posthoc = method.partition("+")
     if not posthoc or posthoc not in POSTHOC or not POSTHOC.get(posthoc).keeps_predictions:
         return ""
@@ -128,12 +130,13 @@ def _reversed_predictions(scores: pd.DataFrame, data: str, draw: str, method: st
     changed = (after - before.reindex(after.index)).abs() > ACCURACY_KEPT_TOLERANCE
     if not changed.any():
         return ""
-    pairs = changed[changed].index
-    tasks, seeds = sorted({task for _, task in pairs}), sorted({seed for seed, _ in pairs})
-    named = ", ".join(tasks[:3]) + (f" and {len(tasks) - 3} more" if len(tasks) > 3 else "")
-    return (f"reversed predictions: {posthoc} ended at a negative temperature (the accuracy changed) on {named} "
-            f"in {len(seeds)} of {after.index.get_level_values('seed').nunique()} seeds "
-            f"({', '.join(map(str, seeds))})")
+    seeds_of: dict[str, list] = {}
+    for seed, task in sorted(changed[changed].index, key=lambda pair: (pair[1], pair[0])):
+        seeds_of.setdefault(task, []).append(seed)
+    named = "; ".join(f"{task} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
+                      for task, seeds in list(seeds_of.items())[:4])
+    more = f"; {len(seeds_of) - 4} more task(s)" if len(seeds_of) > 4 else ""
+    return f"{posthoc} changed predictions (a temperature keeps them unless negative): {named}{more}"
 
 
 def summary_cells(table: pd.DataFrame) -> pd.DataFrame:

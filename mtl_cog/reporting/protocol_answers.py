@@ -43,6 +43,7 @@ from mtl_cog.reporting.bundle_answers import (
     interval_reading,
     planned_draws,
     planned_finals,
+    reversed_predictions,
 )
 from mtl_cog.reporting.paired import VARIANT, paired_differences
 
@@ -232,13 +233,29 @@ SECONDARY = (
 )
 
 
+def _secondary_differences(bundle: Bundle, pairs: dict[str, str], scores: pd.DataFrame) -> pd.DataFrame:
+    """``claim_differences`` of ``scores`` with every planned draw (``with_planned_draws``) and ``reversed``: where
+    a side is a post-hoc temperature that changed predictions in that draw (``bundle_answers.reversed_predictions``:
+    Guo et al.'s recipe at a negative temperature), which a reading against it must say."""
+    diffs = claim_differences(bundle, pairs, scores)
+    if diffs.empty:
+        return diffs
+    diffs["reversed"] = ["; ".join(text for text in (reversed_predictions(scores, r.data, r.draw, method)
+                                                      for method in (r.variant, r.counterpart)) if text)
+                         for r in diffs.itertuples()]
+    return with_planned_draws(bundle, diffs)
+
+
 def _draw_cell(row) -> str:
-    """One draw of a secondary reading: its side and seeds, marked while it lacks planned seeds or has not begun."""
+    """One draw of a secondary reading: its side and seeds, marked while it lacks planned seeds or has not begun,
+    and where a side's post-hoc temperature reversed predictions."""
+    name = f"{row.draw}: " if row.draw else ""
     if "missing" in row.gap:
-        return f"{row.draw}: not run yet"
-    if row.gap:  # "draw 1: 3 of 5 seeds"
-        return f"{row.draw}: {row.better} ({row.gap.split(': ', 1)[-1]}, incomplete)"
-    return f"{row.draw}: {row.better} ({int(row.n_seeds)} seed{'' if row.n_seeds == 1 else 's'})"
+        return f"{name}not run yet"
+    seeds = (f"{row.gap.split(': ', 1)[-1]}, incomplete" if row.gap else  # "draw 1: 3 of 5 seeds"
+             f"{int(row.n_seeds)} seed{'' if row.n_seeds == 1 else 's'}")
+    flipped = row.reversed if isinstance(row.reversed, str) and row.reversed else ""
+    return f"{name}{row.better} ({seeds}" + (f"; {flipped})" if flipped else ")")
 
 
 def protocol_secondary(bundles: Bundles) -> pd.DataFrame:
@@ -248,8 +265,7 @@ def protocol_secondary(bundles: Bundles) -> pd.DataFrame:
     rows = []
     for reading, pairs, scores_of in SECONDARY:
         chosen = pairs()
-        tables = _per_protocol(bundles, lambda b, p=chosen, f=scores_of: with_planned_draws(
-            b, claim_differences(b, p, f(b))))
+        tables = _per_protocol(bundles, lambda b, p=chosen, f=scores_of: _secondary_differences(b, p, f(b)))
         for protocol in bundles:
             table = tables[protocol]
             if table.empty:

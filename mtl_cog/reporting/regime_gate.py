@@ -34,6 +34,7 @@ from mtl_cog.reporting.sweep_report import _planned, setting_labels
 
 GATE_ECE = 0.03
 GATE_TS_GAIN = 0.05
+GATE_SEEDS = 3  # the fewest seeds the gate is read on
 RULES = {"best validation Brier": "", "last epoch": "@last"}  # checkpoint rule -> the tag of its results splits
 
 
@@ -59,14 +60,16 @@ def _gate_row(wide: pd.DataFrame, runs: list[str], planned_seeds: int, setting: 
                     "test_nll": float(cells[(f"test{tag}", "nll")].mean()),
                     "test_nll+ts": float(cells[(f"test{tag}+ts", "nll")].mean()),
                     "ts_nll_change": mean, "ci_low": low, "ci_high": high,
-                    # read once every planned seed is in (empty before): a pass on part of the seeds could turn
-                    "passes": bool(len(have) >= 3 and ece >= GATE_ECE and mean <= -GATE_TS_GAIN and high < 0)
-                    if len(have) >= planned_seeds else None})
+                    # read on every planned seed (>= 3) or not at all: a pass on part of the seeds could turn
+                    "passes": bool(ece >= GATE_ECE and mean <= -GATE_TS_GAIN and high < 0)
+                    if len(have) >= max(planned_seeds, GATE_SEEDS) else None})
     notes = []
     if len(have) < len(runs):  # a finished run without every value the gate reads: said, not hidden
         notes.append(f"{len(runs) - len(have)} finished run(s) lack a value the gate reads")
-    if have and len(have) < planned_seeds:
-        notes.append(f"incomplete: read as passing only once all {planned_seeds} seeds are in")
+    if runs and len(runs) < planned_seeds:
+        notes.append(f"incomplete: read once all {planned_seeds} seeds are in")
+    if planned_seeds < GATE_SEEDS:
+        notes.append(f"{planned_seeds} seed(s) planned: the gate reads {GATE_SEEDS} or more")
     if notes:
         row["note"] = "; ".join(notes)
     return row
@@ -103,8 +106,9 @@ def regime_gate(bundle: Bundle) -> pd.DataFrame:
 
 def _follower_rate(bundle: Bundle, runs: list[str]) -> str:
     """The baseline's rate as its specs record it (one value per draw: the tuned or the fixed one), '' if none."""
-    rates = {item for run in runs for item in bundle.campaign.get("specs", {}).get(run, {}).get("overrides", [])
-             if item.startswith("optim.follower_lr=")}
+    specs = bundle.campaign.get("specs", {})
+    rates = {item for run in runs if isinstance(specs.get(run), dict)  # an older bundle's spec: a digest alone
+             for item in specs[run].get("overrides", []) if item.startswith("optim.follower_lr=")}
     return ", ".join(sorted(rates))
 
 
@@ -122,6 +126,6 @@ def _final_baseline_gate(bundle: Bundle, done: pd.DataFrame) -> pd.DataFrame:
     for (data, draw), seeds in planned.groupby(["data", "draw"], sort=True):
         runs = list(finals[(finals["data"] == data) & (finals["draw"] == draw)]["run"])
         rate = _follower_rate(bundle, runs)
-        setting = f"{data}, baseline, draw {draw}" + (f" ({rate})" if rate else "")
+        setting = f"{data}, baseline" + (f", draw {draw}" if draw else "") + (f" ({rate})" if rate else "")
         rows += [_gate_row(wide, runs, seeds["seed"].nunique(), setting, rule, tag) for rule, tag in RULES.items()]
     return pd.DataFrame(rows)
