@@ -17,7 +17,9 @@ Markdown plus ``report.md`` and ``report.html``; ``reporting/docs_tables.py`` em
   ones, how many settled and the hours their epochs took: what a headline from the bundle is scoped to;
 - ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs;
 - ``sweep_settings`` / ``sweep_paired``: a sweep's settings over its seeds, each against the grid's first
-  (``reporting/sweep_report.py``).
+  (``reporting/sweep_report.py``);
+- ``regime_gate``: is there miscalibration to remove (``reporting/regime_gate.py``); ``progress``: what ran of
+  what the campaign planned, per data set and part (``reporting/bundle_progress.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from mtl_cog.reporting.bundle_answers import (
     summary_cells,
     verdicts,
 )
+from mtl_cog.reporting.bundle_progress import finished_counted_trials, progress, tuning_budget
 from mtl_cog.reporting.bundle_reliability import diagram_bins
 from mtl_cog.reporting.html_report import ALL_TASKS, ReportTables, write_html_report
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
@@ -52,12 +55,6 @@ from mtl_cog.reporting.tables import markdown_table
 from mtl_cog.reporting.trajectories import convergence_of_curves
 
 
-def _budget(bundle: Bundle) -> int | None:
-    """The tuning budget the campaign recorded (None in a bundle written before the driver recorded it)."""
-    budget = bundle.campaign.get("budget")
-    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
-
-
 def chosen(bundle: Bundle) -> pd.DataFrame:
     """The chosen trial of every study that holds its whole budget of finished trials (one still tuning is left
     out: its best so far is no choice)."""
@@ -65,8 +62,8 @@ def chosen(bundle: Bundle) -> pd.DataFrame:
     if trials.empty or "chosen" not in trials:
         return pd.DataFrame()
     counted = trials[trials["counted"].astype(str) == "True"] if "counted" in trials else trials
-    finished = counted[counted["state"].isin(["complete", "pruned", "fail"])].groupby("study")["trial"].size()
-    budget = _budget(bundle)
+    finished = finished_counted_trials(trials)
+    budget = tuning_budget(bundle)
     if budget is None:  # a bundle written by tuning workers before the driver recorded its command
         waiting = set(counted.loc[counted["state"].isin(["running", "waiting"]), "study"])
         budget = int(finished.max()) if len(finished) else 0
@@ -261,7 +258,7 @@ def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 TABLE_NAMES = ("summary", "summary_values", "paired", "verdicts", "claims", "chosen", "draw_choices", "convergence",
                "convergence_runs", "scope", "calibrators", "curve", "curve_paired", "sweep_settings", "sweep_paired",
-               "regime_gate")
+               "regime_gate", "progress")
 
 
 def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
@@ -279,7 +276,7 @@ def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
               "convergence": convergence_counts(conv), "convergence_runs": conv, "scope": scope(bundle, conv),
               "calibrators": calibrator_table, "curve": curve, "curve_paired": curve_pair,
               "sweep_settings": sweep_settings(bundle), "sweep_paired": sweep_paired(bundle),
-              "regime_gate": regime_gate(bundle)}
+              "regime_gate": regime_gate(bundle), "progress": progress(bundle)}
     assert tuple(tables) == TABLE_NAMES
     return {name: frame for name, frame in tables.items() if not frame.empty}
 

@@ -48,6 +48,7 @@ from matplotlib.colors import to_hex
 from mtl_cog.errors import UserError
 from mtl_cog.io import atomic_write_text
 from mtl_cog.reporting.bundle import read_bundle
+from mtl_cog.reporting.bundle_progress import protocol_progress
 from mtl_cog.reporting.bundle_report import TABLE_NAMES, bundle_tables, markdown_of
 from mtl_cog.reporting.leader_curve import curve_charts
 from mtl_cog.reporting.marker_filter import apply_where
@@ -69,7 +70,7 @@ PROTOCOLS = re.compile(r"^<!-- bundle-protocols: (?P<table>\w+) (?P<named>\w+=\S
                        r"(?: where (?P<query>[^\n]+?))? -->\n"
                        r"(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-protocols -->", re.MULTILINE)
 PROTOCOL_TABLES = {"claims": protocol_claims, "power": protocol_power, "secondary": protocol_secondary,
-                   "asymmetry": protocol_asymmetry}
+                   "asymmetry": protocol_asymmetry, "progress": protocol_progress}
 MARKER_LINE = re.compile(r"^<!-- /?bundle-.*$", re.MULTILINE)  # every line that opens or closes a block
 FIGURE_TABLES = ("curve",)  # the tables a figure can be drawn of
 PENDING_FIGURE = "*Not in the bundle yet: the runs this figure is drawn from have not finished.*"

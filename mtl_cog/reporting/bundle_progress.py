@@ -1,0 +1,86 @@
+"""How far a campaign is, from its bundle alone: what ran of what it planned, per data set and part.
+
+A results page laid out before its campaign ends needs a "what ran, what is left" that cannot go stale between
+two working sessions: ``progress`` reads it from the committed bundle (``campaign.json``, ``runs.csv``,
+``trials.csv``), and a lane regenerates it with every commit like any other table. One row per data set and part:
+
+- ``tuning``: the studies begun (a study not begun is unknown to the bundle, so the part names how many have) and
+  their finished counted trials against the recorded budget per study (``campaign.json``'s ``budget``); a trial
+  stopped by a lane stop and run again counts once;
+- ``final`` / ``curve`` / ``sweep``: the runs of that role that finished against those ``campaign.json`` plans
+  (its specs' labels), and how many failed (a failed run is retried when the lane resumes);
+- ``status``: ``complete`` when every planned run (every begun study's budget) finished, else ``running``.
+
+``protocol_progress`` sets the bundles of several protocols side by side (the ``bundle-protocols: progress``
+block of ``docs/results/overconfident.md``).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mtl_cog.reporting.bundle import Bundle
+
+ROLES = ("final", "curve", "sweep")  # the roles whose runs campaign.json plans before they run
+COLUMNS = ["data", "part", "planned", "done", "failed", "status"]
+
+
+def tuning_budget(bundle: Bundle) -> int | None:
+    """The tuning budget the campaign recorded (None in a bundle written before the driver recorded it)."""
+    budget = bundle.campaign.get("budget")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
+
+
+def finished_counted_trials(trials: pd.DataFrame) -> pd.Series:
+    """Per study, its counted trials that finished (complete, pruned or failed: each spends the budget)."""
+    counted = trials[trials["counted"].astype(str) == "True"] if "counted" in trials else trials
+    return counted[counted["state"].isin(["complete", "pruned", "fail"])].groupby("study")["trial"].size()
+
+
+def _planned_labels(bundle: Bundle) -> pd.DataFrame:
+    labels = [spec["labels"] for spec in bundle.campaign.get("specs", {}).values()
+              if isinstance(spec, dict) and isinstance(spec.get("labels"), dict)]
+    return pd.DataFrame(labels, columns=["data", "role"]) if labels else pd.DataFrame(columns=["data", "role"])
+
+
+def _tuning_rows(bundle: Bundle) -> list[dict]:
+    trials, budget = bundle.trials, tuning_budget(bundle)
+    if trials.empty or "study" not in trials or budget is None:
+        return []
+    finished = finished_counted_trials(trials)
+    # a trial's run in runs.csv is named <study>-<its trials.csv run> (campaign.run_name), which carries its data set
+    data_by_run = bundle.runs.set_index("run")["data"]
+    data_of = trials.assign(data=(trials["study"] + "-" + trials["run"].astype(str)).map(data_by_run)).dropna(
+        subset=["data"]).groupby("study")["data"].first()
+    rows = []
+    for data, studies in data_of.groupby(data_of):
+        done = sum(min(int(finished.get(study, 0)), budget) for study in studies.index)
+        planned = budget * len(studies)
+        rows.append({"data": data, "part": f"tuning ({len(studies)} studies begun, {budget} trials each)",
+                     "planned": planned, "done": done, "failed": 0,
+                     "status": "complete" if done >= planned else "running"})
+    return rows
+
+
+def progress(bundle: Bundle) -> pd.DataFrame:
+    """One row per data set and part: planned, finished and failed runs and the status (module docstring)."""
+    rows = _tuning_rows(bundle)
+    planned, runs = _planned_labels(bundle), bundle.runs
+    for role in ROLES:
+        for data, group in planned[planned["role"] == role].groupby("data"):
+            mine = runs[(runs["role"] == role) & (runs["data"] == data)]
+            done = int((mine["status"] == "done").sum())
+            rows.append({"data": data, "part": role, "planned": len(group), "done": done,
+                         "failed": int((mine["status"] == "failed").sum()),
+                         "status": "complete" if done >= len(group) else "running"})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def protocol_progress(bundles: dict[str, list[Bundle]]) -> pd.DataFrame:
+    """``progress`` of each protocol's bundles, one table with the protocol first."""
+    frames = [progress(b).assign(protocol=protocol) for protocol, given in bundles.items() for b in given]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    table = pd.concat(frames, ignore_index=True)
+    return table[["protocol", *COLUMNS]]

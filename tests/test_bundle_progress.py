@@ -1,0 +1,67 @@
+"""What ran of what a campaign planned, read from its bundle alone (``mtl_cog/reporting/bundle_progress.py``): a
+study still tuning, final runs finished and failed, a whole campaign, two protocols side by side on a page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import test_bundle_answers as built  # final runs of baseline, cog_fc, cog_ts in two draws, planned in campaign.json
+
+from mtl_cog.reporting import bundle as bundles
+from mtl_cog.reporting.bundle_progress import progress, protocol_progress
+from mtl_cog.reporting.docs_tables import regenerate_docs
+
+
+def _trials(study: str, states: list[str], counted: list[bool] | None = None) -> pd.DataFrame:
+    return pd.DataFrame({"trial": range(len(states)), "run": [f"trial_{i:02d}" for i in range(len(states))],
+                         "state": states, "counted": counted or [True] * len(states)})
+
+
+def _with_tuning(bundle: bundles.Bundle, studies: dict[str, pd.DataFrame], budget: int = 4) -> bundles.Bundle:
+    """The studies' trials in trials.csv and their runs in runs.csv (named <study>-<run>, data set d)."""
+    bundle.campaign["budget"] = budget
+    for study, table in studies.items():
+        bundle.set_trials(study, table)
+        for run, state in zip(table["run"], table["state"]):
+            row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": f"{study}-{run}", "data": "d", "role": "trial",
+                                                          "status": {"complete": "done"}.get(state, state)}
+            bundle.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
+                           pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    return bundle
+
+
+def test_progress_counts_each_studys_finished_trials_and_the_planned_final_runs():
+    """Two studies of budget 4: one whole (a retried attempt, not counted, counts nothing), one with a trial still
+    running; final runs: one not finished, one failed."""
+    bundle = built.make_bundle(finished=lambda m, d, s: not (m == "cog_fc" and d == "2" and s == 2))
+    bundle = _with_tuning(bundle, {
+        "d-cog_fc": _trials("d-cog_fc", ["complete", "pruned", "fail", "complete", "complete"],
+                            [True, True, False, True, True]),
+        "d-cog_ts": _trials("d-cog_ts", ["complete", "pruned", "running"])})
+    failed = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "d-cog_ts-d2-seed0", "data": "d", "role": "final",
+                                                     "status": "failed"}
+    bundle.add_run(failed, pd.DataFrame(columns=bundles.RESULT_COLUMNS), pd.DataFrame(columns=bundles.CURVE_COLUMNS))
+    table = progress(bundle).set_index("part")
+    tuning = table.loc["tuning (2 studies begun, 4 trials each)"]
+    assert (tuning["planned"], tuning["done"], tuning["status"]) == (8, 6, "running")
+    final = table.loc["final"]
+    assert (final["planned"], final["done"], final["failed"], final["status"]) == (18, 16, 1, "running")
+
+
+def test_a_finished_campaign_reads_complete():
+    bundle = _with_tuning(built.make_bundle(), {"d-cog_fc": _trials("d-cog_fc", ["complete"] * 4)})
+    assert set(progress(bundle)["status"]) == {"complete"}
+
+
+def test_the_protocols_progress_block_fills_in_and_names_a_bundle_not_written(tmp_path: Path):
+    bundles.write_bundle(tmp_path / "results/fair_d/bundle", built.make_bundle())
+    page = tmp_path / "docs" / "r.md"
+    page.parent.mkdir()
+    page.write_text("<!-- bundle-protocols: progress paper=results/paper_d/bundle fair=results/fair_d/bundle -->\n"
+                    "old\n<!-- /bundle-protocols -->\n")
+    regenerate_docs(tmp_path)
+    text = page.read_text()
+    assert "| fair | d | final | 18 | 18 | 0 | complete |" in text
+    assert "*Not written yet: paper (results/paper_d/bundle).*" in text
+    assert protocol_progress({"paper": [], "fair": []}).empty
