@@ -102,6 +102,7 @@ def test_a_campaign_bundle_re_measures_the_gate_on_its_final_baselines_per_draw(
     changes = np.array([(0.45 - 0.50) / 0.50, (0.46 - 0.52) / 0.52, (0.44 - 0.48) / 0.48])
     assert one["ts_nll_change"] == pytest.approx(changes.mean()) and one["test_ece@15"] == pytest.approx(0.06)
     assert one["seeds"] == "3 of 3" and one["passes"] and pd.isna(one.get("note"))  # cog_fc's runs not read
+    assert "confidence − accuracy" not in table  # no reliability bins in this bundle: no column of blanks
     two = table.loc[("d, baseline, draw 2 (optim.follower_lr=2e-3)", "last epoch")]
     assert two["seeds"] == "3 of 4" and pd.isna(two["passes"]) and two["note"].startswith("incomplete")
 
@@ -130,3 +131,37 @@ def test_the_final_baseline_gate_names_what_keeps_a_row_from_a_reading():
 def test_a_one_draw_campaign_names_no_draw():
     bundle = _campaign_bundle({"": [(0.40, 0.06, 0.50, 0.45)] * 3})
     assert set(regime_gate(bundle)["setting"]) == {"d, baseline (optim.follower_lr=e-3)"}
+
+
+def test_confidence_minus_accuracy_is_recounted_from_the_bins_with_its_sign():
+    """A binary task (bins of p) and a 3-class one (bins of the top label): the gap from the bins equals mean
+    top-label confidence minus accuracy computed from the logits (the sums keep 6 digits); a binary task with every
+    p >= 0.5 reads the same either way; a recorded accuracy the bins cannot reproduce gives NaN, not a guess."""
+    from mtl_cog.evaluation.predictions import Predictions
+    from mtl_cog.reporting.bundle_reliability import confidence_gaps, reliability_rows
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    binary_z = rng.normal(0, 3, n)  # overconfident: labels drawn from sigmoid(z / 2)
+    binary_y = (rng.random(n) < 1 / (1 + np.exp(-binary_z / 2))).astype(int)
+    multi_z = rng.normal(0, 1, (n, 3)) * 0.5  # underconfident: labels follow the argmax more often than p says
+    multi_y = np.where(rng.random(n) < 0.8, multi_z.argmax(1), rng.integers(0, 3, n))
+    positive_z = np.abs(binary_z) + 0.01  # every prediction p >= 0.5
+    predictions = Predictions(["bin", "multi", "pos"], [binary_z, multi_z, positive_z], [binary_y, multi_y, binary_y])
+    rows = reliability_rows(predictions, "test", run="r")
+
+    def truth(z, y):
+        if z.ndim == 1:
+            p = 1 / (1 + np.exp(-z))
+            return np.maximum(p, 1 - p).mean() - ((p >= 0.5) == y).mean(), ((p >= 0.5) == y).mean()
+        p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+        return p.max(1).mean() - (p.argmax(1) == y).mean(), (p.argmax(1) == y).mean()
+
+    expected = {"bin": truth(binary_z, binary_y), "multi": truth(multi_z, multi_y), "pos": truth(positive_z, binary_y)}
+    accuracy = pd.Series({("r", t): float(f"{acc:.8g}") for t, (_, acc) in expected.items()})
+    gaps = confidence_gaps(rows, accuracy)
+    for task, (gap, _) in expected.items():
+        assert gaps[("r", task)] == pytest.approx(gap, abs=1e-5)
+    assert gaps[("r", "bin")] > 0 > gaps[("r", "multi")]
+    accuracy[("r", "bin")] += 0.01  # not the accuracy of these predictions: no reading fits
+    assert math.isnan(confidence_gaps(rows, accuracy)[("r", "bin")])

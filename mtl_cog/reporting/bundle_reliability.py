@@ -136,3 +136,33 @@ def diagram_bins(rows: pd.DataFrame, keys: list[str], all_tasks: str | None) -> 
     frame = pd.concat(frames, ignore_index=True)
     first = frame["task"] == all_tasks if all_tasks is not None else pd.Series(False, index=frame.index)
     return pd.concat([frame[first], frame[~first]], ignore_index=True)
+
+
+ACCURACY_MATCH = 1e-6  # a recorded accuracy (8 significant digits) against one recounted from the bins' exact counts
+HALF = BINS // 2  # bins HALF.. hold p >= 0.5: a binary task's predictions of its positive class
+
+
+def confidence_gaps(rows: pd.DataFrame, accuracy: pd.Series) -> pd.Series:
+    """Per (run, task): mean top-label confidence minus accuracy from the task's bins (> 0: overconfident, < 0:
+    underconfident), which ECE cannot tell apart.
+
+    A binary task's bins hold its positive-class probability p (a prediction below 0.5 is the negative class, of
+    confidence 1 - p), a multi-class task's its top-label confidence; the bundle does not record which, so each is
+    recounted and checked against the run's own ``accuracy`` (indexed by run and task): the reading whose
+    recounted accuracy matches it is used; a task where neither matches (a prediction exactly at 0.5) or the two
+    matching readings disagree is NaN, never a guess."""
+    values, _ = histograms(rows)
+    gaps = []
+    for (run, task), (count, confidence, outcome) in zip(rows[["run", "task"]].itertuples(index=False),
+                                                          values[:, :3]):
+        n = count.sum()
+        low = slice(0, HALF)
+        top = {"multi-class": (confidence.sum(), outcome.sum()),
+               "binary": (confidence[HALF:].sum() + (count[low] - confidence[low]).sum(),
+                          outcome[HALF:].sum() + (count[low] - outcome[low]).sum())}
+        recorded = accuracy.get((run, task), np.nan)
+        fits = [(conf - right) / n for conf, right in top.values()
+                if n > 0 and abs(right / n - recorded) <= ACCURACY_MATCH]
+        # both fit where no prediction lies below 0.5: then both readings are the same sums
+        gaps.append(fits[0] if fits and max(fits) - min(fits) <= ACCURACY_MATCH else np.nan)
+    return pd.Series(gaps, index=pd.MultiIndex.from_frame(rows[["run", "task"]]), dtype=float)

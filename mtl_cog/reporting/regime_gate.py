@@ -29,20 +29,31 @@ import pandas as pd
 
 from mtl_cog.reporting.bundle import Bundle
 from mtl_cog.reporting.bundle_answers import planned_finals
+from mtl_cog.reporting.bundle_reliability import confidence_gaps
 from mtl_cog.reporting.paired import seed_t_interval
 from mtl_cog.reporting.sweep_report import _planned, setting_labels
 
 GATE_ECE = 0.03
 GATE_TS_GAIN = 0.05
 GATE_SEEDS = 3  # the fewest seeds the gate is read on
+GAP = "confidence − accuracy"  # > 0 overconfident, < 0 underconfident (selected checkpoint, task mean)
 RULES = {"best validation Brier": "", "last epoch": "@last"}  # checkpoint rule -> the tag of its results splits
 
 
 def _task_means(bundle: Bundle, runs: list[str]) -> pd.DataFrame:
-    """run x (split, metric) of the task means."""
+    """run x (split, metric) of the task means, and ``(test, confidence − accuracy)``: the task mean of the
+    selected checkpoint's mean confidence minus accuracy (``bundle_reliability.confidence_gaps``), NaN where a task's
+    bins cannot say (or the bundle keeps none: a sweep's)."""
     results = bundle.results
     means = results[(results["task"] == "mean") & results["run"].isin(runs)]
-    return means.pivot_table(index="run", columns=["split", "metric"], values="value", aggfunc="first")
+    wide = means.pivot_table(index="run", columns=["split", "metric"], values="value", aggfunc="first")
+    bins = bundle.reliability[(bundle.reliability["split"] == "test") & bundle.reliability["run"].isin(runs)]
+    accuracy = results[(results["split"] == "test") & (results["metric"] == "accuracy")].set_index(["run", "task"])
+    gaps = confidence_gaps(bins, accuracy["value"]) if len(bins) else pd.Series(dtype=float)
+    per_run = gaps.groupby(level="run").mean().where(gaps.isna().groupby(level="run").sum() == 0) if len(gaps) \
+        else pd.Series(dtype=float)
+    wide[("test", GAP)] = per_run.reindex(wide.index)
+    return wide
 
 
 def _gate_row(wide: pd.DataFrame, runs: list[str], planned_seeds: int, setting: str, rule: str, tag: str) -> dict:
@@ -60,6 +71,9 @@ def _gate_row(wide: pd.DataFrame, runs: list[str], planned_seeds: int, setting: 
                     "test_nll": float(cells[(f"test{tag}", "nll")].mean()),
                     "test_nll+ts": float(cells[(f"test{tag}+ts", "nll")].mean()),
                     "ts_nll_change": mean, "ci_low": low, "ci_high": high,
+                    # the sign ECE lacks, where every run's bins say it (the selected checkpoint's alone)
+                    GAP: float(cells[("test", GAP)].mean()) if not tag and cells[("test", GAP)].notna().all()
+                    else np.nan,
                     # read on every planned seed (>= 3) or not at all: a pass on part of the seeds could turn
                     "passes": bool(ece >= GATE_ECE and mean <= -GATE_TS_GAIN and high < 0)
                     if len(have) >= max(planned_seeds, GATE_SEEDS) else None})
@@ -95,7 +109,7 @@ def regime_gate(bundle: Bundle) -> pd.DataFrame:
         runs = [r for r in done["run"] if setting_of[r] == setting]
         planned_seeds = int((planned["setting"].map(labels) == setting).sum())
         rows += [_gate_row(wide, runs, planned_seeds, setting, rule, tag) for rule, tag in RULES.items()]
-    table = pd.DataFrame(rows)
+    table = _gap_where_known(pd.DataFrame(rows))
     complete = all(str(s).split(" of ")[0] == str(s).split(" of ")[1] for s in table["seeds"])
     if "val_nll" in table and complete:  # the tuned baseline: the lowest validation NLL once every setting finished
         selected = table[table["rule"] == next(iter(RULES))]
@@ -128,4 +142,9 @@ def _final_baseline_gate(bundle: Bundle, done: pd.DataFrame) -> pd.DataFrame:
         rate = _follower_rate(bundle, runs)
         setting = f"{data}, baseline" + (f", draw {draw}" if draw else "") + (f" ({rate})" if rate else "")
         rows += [_gate_row(wide, runs, seeds["seed"].nunique(), setting, rule, tag) for rule, tag in RULES.items()]
-    return pd.DataFrame(rows)
+    return _gap_where_known(pd.DataFrame(rows))
+
+
+def _gap_where_known(table: pd.DataFrame) -> pd.DataFrame:
+    """The table without the confidence − accuracy column where no row has one (a bundle without bins)."""
+    return table.drop(columns=GAP) if GAP in table and table[GAP].isna().all() else table
