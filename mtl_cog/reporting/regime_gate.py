@@ -9,7 +9,8 @@ A comparison of calibration methods can only find a gain where there is miscalib
    excludes 0.
 
 Neither criterion has a sign: an underfit, *under*confident baseline passes too (the paper protocol's Adam 1e-4
-on the mosaic does); the bundle's reliability bins (``reliability.csv.gz``) tell which way it errs.
+on the mosaic does). ``confidence − accuracy`` gives it (> 0 overconfident), at the selected checkpoint, from the
+bundle's reliability bins (``bundle_reliability.confidence_gaps``); a bundle without bins has no such column.
 
 ``regime_gate`` reads it per sweep setting (``sweep_report.setting_labels``: the grid's values) of a pilot's
 sweep, or, in a campaign's bundle (no sweep runs), per data set and tuning draw of its final ``baseline`` runs:
