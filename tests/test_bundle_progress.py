@@ -24,34 +24,51 @@ def _with_tuning(bundle: bundles.Bundle, studies: dict[str, pd.DataFrame], budge
     for study, table in studies.items():
         bundle.set_trials(study, table)
         for run, state in zip(table["run"], table["state"]):
+            if state not in ("complete", "pruned", "fail"):  # runs.csv holds finished runs only
+                continue
             row = {c: "" for c in bundles.RUN_COLUMNS} | {"run": f"{study}-{run}", "data": "d", "role": "trial",
-                                                          "status": {"complete": "done"}.get(state, state)}
+                                                          "status": {"complete": "done", "fail": "failed"}[state]
+                                                          if state != "pruned" else "pruned"}
             bundle.add_run(row, pd.DataFrame(columns=bundles.RESULT_COLUMNS),
                            pd.DataFrame(columns=bundles.CURVE_COLUMNS))
     return bundle
 
 
 def test_progress_counts_each_studys_finished_trials_and_the_planned_final_runs():
-    """Two studies of budget 4: one whole (a retried attempt, not counted, counts nothing), one with a trial still
-    running; final runs: one not finished, one failed."""
+    """Two studies of budget 4: one whole (a counted failure spends the budget, an attempt a lane stop cut short and
+    retried is not counted), one whose third trial is still running (not in runs.csv, still a begun study); final
+    runs: one not finished, one failed."""
     bundle = built.make_bundle(finished=lambda m, d, s: not (m == "cog_fc" and d == "2" and s == 2))
     bundle = _with_tuning(bundle, {
-        "d-cog_fc": _trials("d-cog_fc", ["complete", "pruned", "fail", "complete", "complete"],
+        "d-cog_fc": _trials("d-cog_fc", ["complete", "fail", "fail", "complete", "pruned"],
                             [True, True, False, True, True]),
-        "d-cog_ts": _trials("d-cog_ts", ["complete", "pruned", "running"])})
+        "d-cog_ts": _trials("d-cog_ts", ["running", "waiting"])})
     failed = {c: "" for c in bundles.RUN_COLUMNS} | {"run": "d-cog_ts-d2-seed0", "data": "d", "role": "final",
                                                      "status": "failed"}
     bundle.add_run(failed, pd.DataFrame(columns=bundles.RESULT_COLUMNS), pd.DataFrame(columns=bundles.CURVE_COLUMNS))
     table = progress(bundle).set_index("part")
     tuning = table.loc["tuning (2 studies begun, 4 trials each)"]
-    assert (tuning["planned"], tuning["done"], tuning["status"]) == (8, 6, "running")
+    assert (tuning["planned"], tuning["done"], tuning["failed"], tuning["status"]) == (8, 4, 1, "running")
     final = table.loc["final"]
     assert (final["planned"], final["done"], final["failed"], final["status"]) == (18, 16, 1, "running")
 
 
-def test_a_finished_campaign_reads_complete():
-    bundle = _with_tuning(built.make_bundle(), {"d-cog_fc": _trials("d-cog_fc", ["complete"] * 4)})
-    assert set(progress(bundle)["status"]) == {"complete"}
+def test_tuning_reads_complete_only_once_the_final_runs_are_planned():
+    """Every begun study at its budget, but no final run planned yet: more studies may come (the bundle cannot
+    know them), so it says so; with the finals planned (every study chose), complete."""
+    whole = {"d-cog_fc": _trials("d-cog_fc", ["complete"] * 4)}
+    assert set(progress(_with_tuning(built.make_bundle(), whole))["status"]) == {"complete"}
+    early = _with_tuning(bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}}), whole)
+    assert list(progress(early)["status"]) == ["begun studies at budget"]
+
+
+def test_a_curve_campaign_counts_its_curve_runs():
+    bundle = built.make_bundle()
+    for record in bundle.campaign["specs"].values():
+        record["labels"]["role"] = "curve"
+    bundle.runs["role"] = "curve"
+    row = progress(bundle).set_index("part").loc["curve"]
+    assert (row["planned"], row["done"], row["status"]) == (18, 18, "complete")
 
 
 def test_the_protocols_progress_block_fills_in_and_names_a_bundle_not_written(tmp_path: Path):

@@ -165,3 +165,50 @@ def test_confidence_minus_accuracy_is_recounted_from_the_bins_with_its_sign():
     assert gaps[("r", "bin")] > 0 > gaps[("r", "multi")]
     accuracy[("r", "bin")] += 0.01  # not the accuracy of these predictions: no reading fits
     assert math.isnan(confidence_gaps(rows, accuracy)[("r", "bin")])
+
+
+def test_a_task_keeps_one_bin_convention_across_runs():
+    """Run r2 of a binary task has a prediction at exactly p = 0.5 (binned above, predicted negative), so its binary
+    reading misses the accuracy while the multi-class one fits by coincidence (2 positives, 2 correct): the task's
+    other runs (r1, r3) decide it is binary by majority, and r2 reads NaN instead of the wrong gap."""
+    from mtl_cog.evaluation.predictions import Predictions
+    from mtl_cog.reporting.bundle_reliability import confidence_gaps, reliability_rows
+
+    rng = np.random.default_rng(1)
+    z = rng.normal(0, 3, 500)
+    y = (rng.random(500) < 1 / (1 + np.exp(-z))).astype(int)
+    rows = pd.concat([reliability_rows(Predictions(["t"], [z], [y]), "test", run="r1"),
+                      reliability_rows(Predictions(["t"], [-z], [1 - y]), "test", run="r3"),
+                      reliability_rows(Predictions(["t"], [np.array([0.0, 2, 2, -2])], [np.array([0, 1, 0, 1])]),
+                                       "test", run="r2")])
+    accuracy = pd.Series({("r1", "t"): ((z > 0) == y).mean(), ("r3", "t"): ((z > 0) == y).mean(), ("r2", "t"): 0.5})
+    gaps = confidence_gaps(rows, accuracy)
+    p = 1 / (1 + np.exp(-z))
+    assert gaps[("r1", "t")] == pytest.approx(np.maximum(p, 1 - p).mean() - ((z > 0) == y).mean(), abs=1e-5)
+    assert math.isnan(gaps[("r2", "t")])
+    alone = confidence_gaps(rows[rows["run"] == "r2"], accuracy)  # no other run: the coincidence is not caught
+    assert not math.isnan(alone[("r2", "t")])
+
+
+def test_the_gate_shows_the_sign_at_the_selected_checkpoint_and_says_when_bins_cannot_give_it():
+    from mtl_cog.evaluation.predictions import Predictions
+    from mtl_cog.reporting.bundle_reliability import reliability_rows
+
+    gain = [(0.40, 0.06, 0.50, 0.45), (0.41, 0.05, 0.52, 0.46), (0.42, 0.07, 0.48, 0.44)]
+    bundle = _campaign_bundle({"1": gain})
+    z = np.array([3.0, 3.0, 3.0, -3.0])  # confidence 0.9526 on each; 3 of 4 right: overconfident by 0.2026
+    y = np.array([1, 1, 0, 0])
+    baselines = [r for r in bundle.runs["run"] if "-baseline-" in r]
+    bundle.reliability = pd.concat([reliability_rows(Predictions(["a"], [z], [y]), "test", run=r) for r in baselines])
+    bundle.results = pd.concat([bundle.results, pd.DataFrame(
+        [(r, "test", "a", "accuracy", 0.75) for r in baselines], columns=bundle.results.columns)])
+    table = regime_gate(bundle).set_index("rule")
+    gap = 1 / (1 + math.exp(-3)) - 0.75
+    assert table.loc["best validation Brier", "confidence − accuracy"] == pytest.approx(gap, abs=1e-5)
+    assert pd.isna(table.loc["last epoch", "confidence − accuracy"])  # bins of the selected checkpoint only
+    off = bundle.results["run"].eq(baselines[0]) & bundle.results["metric"].eq("accuracy") & \
+        bundle.results["task"].eq("a")
+    bundle.results.loc[off, "value"] = 0.5  # these bins cannot give that accuracy
+    row = regime_gate(bundle).set_index("rule").loc["best validation Brier"]
+    assert pd.isna(row["confidence − accuracy"])
+    assert row["note"] == "confidence − accuracy: 1 run(s) whose bins do not reproduce their accuracy"

@@ -6,7 +6,8 @@ two working sessions: ``progress`` reads it from the committed bundle (``campaig
 
 - ``tuning``: the studies begun (a study not begun is unknown to the bundle, so the part names how many have) and
   their finished counted trials against the recorded budget per study (``campaign.json``'s ``budget``); a trial
-  stopped by a lane stop and run again counts once;
+  stopped by a lane stop and run again counts once; ``complete`` once the final runs are planned (every study has
+  chosen), ``begun studies at budget`` before;
 - ``final`` / ``curve`` / ``sweep``: the runs of that role that finished against those ``campaign.json`` plans
   (its specs' labels), and how many failed (a failed run is retried when the lane resumes);
 - ``status``: ``complete`` when every planned run (every begun study's budget) finished, else ``running``.
@@ -17,9 +18,13 @@ block of ``docs/results/overconfident.md``).
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from mtl_cog.reporting.bundle import Bundle
+
+STUDY_NAME = re.compile(r"^(?P<arm>.+?)(?:-d(?P<draw>\d+))?(?:-w(?P<widening>\d+))?$")  # <data>-<method>[-dN][-wN]
 
 ROLES = ("final", "curve", "sweep")  # the roles whose runs campaign.json plans before they run
 COLUMNS = ["data", "part", "planned", "done", "failed", "status"]
@@ -43,29 +48,41 @@ def _planned_labels(bundle: Bundle) -> pd.DataFrame:
     return pd.DataFrame(labels, columns=["data", "role"]) if labels else pd.DataFrame(columns=["data", "role"])
 
 
-def _tuning_rows(bundle: Bundle) -> list[dict]:
+def _data_of(study: str, known: set[str]) -> str:
+    """A study's data set: studies are named ``<data>-<method>[-d<draw>][-w<widening>]`` (``reproduce``); the
+    longest data set of the campaign that prefixes it, else the name up to its method."""
+    prefixes = [d for d in known if study.startswith(f"{d}-")]
+    return max(prefixes, key=len) if prefixes else STUDY_NAME.match(study)["arm"].rsplit("-", 1)[0]
+
+
+def _tuning_rows(bundle: Bundle, finals_planned: set[str]) -> list[dict]:
+    """Per data set, the studies begun: every study in trials.csv, a trial still running included (runs.csv holds
+    finished runs only). Whether more studies are to come the bundle does not say until the final runs are planned,
+    which happens once every study has chosen: until then the status reads ``begun studies at budget``."""
     trials, budget = bundle.trials, tuning_budget(bundle)
     if trials.empty or "study" not in trials or budget is None:
         return []
     finished = finished_counted_trials(trials)
-    # a trial's run in runs.csv is named <study>-<its trials.csv run> (campaign.run_name), which carries its data set
-    data_by_run = bundle.runs.set_index("run")["data"]
-    data_of = trials.assign(data=(trials["study"] + "-" + trials["run"].astype(str)).map(data_by_run)).dropna(
-        subset=["data"]).groupby("study")["data"].first()
+    known = set(bundle.runs["data"].dropna().astype(str)) | set(_planned_labels(bundle)["data"].dropna())
+    data_of = pd.Series({study: _data_of(study, known) for study in trials["study"].unique()})
+    counted = trials[trials["counted"].astype(str) == "True"] if "counted" in trials else trials
     rows = []
     for data, studies in data_of.groupby(data_of):
-        done = sum(min(int(finished.get(study, 0)), budget) for study in studies.index)
+        # a study's finished counted trials beyond its budget (an older widening) are shown as they are
+        done = sum(int(finished.get(study, 0)) for study in studies.index)
         planned = budget * len(studies)
+        failed = int((counted["study"].isin(studies.index) & (counted["state"] == "fail")).sum())
+        at_budget = all(int(finished.get(study, 0)) >= budget for study in studies.index)
+        status = "running" if not at_budget else "complete" if data in finals_planned else "begun studies at budget"
         rows.append({"data": data, "part": f"tuning ({len(studies)} studies begun, {budget} trials each)",
-                     "planned": planned, "done": done, "failed": 0,
-                     "status": "complete" if done >= planned else "running"})
+                     "planned": planned, "done": done, "failed": failed, "status": status})
     return rows
 
 
 def progress(bundle: Bundle) -> pd.DataFrame:
     """One row per data set and part: planned, finished and failed runs and the status (module docstring)."""
-    rows = _tuning_rows(bundle)
     planned, runs = _planned_labels(bundle), bundle.runs
+    rows = _tuning_rows(bundle, set(planned.loc[planned["role"] == "final", "data"]))
     for role in ROLES:
         for data, group in planned[planned["role"] == role].groupby("data"):
             mine = runs[(runs["role"] == role) & (runs["data"] == data)]

@@ -25,6 +25,8 @@ a timestamp), so re-collecting the same runs gives the same bytes.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
@@ -147,22 +149,41 @@ def confidence_gaps(rows: pd.DataFrame, accuracy: pd.Series) -> pd.Series:
     underconfident), which ECE cannot tell apart.
 
     A binary task's bins hold its positive-class probability p (a prediction below 0.5 is the negative class, of
-    confidence 1 - p), a multi-class task's its top-label confidence; the bundle does not record which, so each is
-    recounted and checked against the run's own ``accuracy`` (indexed by run and task): the reading whose
-    recounted accuracy matches it is used; a task where neither matches (a prediction exactly at 0.5) or the two
-    matching readings disagree is NaN, never a guess."""
+    confidence 1 - p), a multi-class task's its top-label confidence; the bundle does not record which. Each row is
+    recounted both ways against the run's own ``accuracy`` (indexed by run and task). A task keeps one convention in
+    every run, so it is decided per task by the rows where exactly one reading reproduces the accuracy (one row can
+    fit the wrong reading by coincidence while a prediction at exactly 0.5, binned above and predicted below, spoils
+    the right one; the other runs outvote it: the reading most deciding rows chose, by a strict majority). A row
+    gets its task's reading where that reproduces its accuracy;
+    where no row decides (no prediction below 0.5 in any run: the two readings are the same sums) the reading both
+    agree on; else NaN (the readings conflict, or this row's accuracy does not fit). A task seen in one run only has
+    no other run to outvote such a coincidence (it needs a logit of exactly 0 and as many positives as correct
+    predictions)."""
     values, _ = histograms(rows)
-    gaps = []
-    for (run, task), (count, confidence, outcome) in zip(rows[["run", "task"]].itertuples(index=False),
-                                                          values[:, :3]):
-        n = count.sum()
-        low = slice(0, HALF)
+    keys = list(rows[["run", "task"]].itertuples(index=False, name=None))
+    readings = []  # per row: {convention: (gap, fits the recorded accuracy)}
+    for (run, task), (count, confidence, outcome) in zip(keys, values[:, :3]):
+        n, low = count.sum(), slice(0, HALF)
         top = {"multi-class": (confidence.sum(), outcome.sum()),
                "binary": (confidence[HALF:].sum() + (count[low] - confidence[low]).sum(),
                           outcome[HALF:].sum() + (count[low] - outcome[low]).sum())}
         recorded = accuracy.get((run, task), np.nan)
-        fits = [(conf - right) / n for conf, right in top.values()
-                if n > 0 and abs(right / n - recorded) <= ACCURACY_MATCH]
-        # both fit where no prediction lies below 0.5: then both readings are the same sums
-        gaps.append(fits[0] if fits and max(fits) - min(fits) <= ACCURACY_MATCH else np.nan)
-    return pd.Series(gaps, index=pd.MultiIndex.from_frame(rows[["run", "task"]]), dtype=float)
+        readings.append({kind: ((conf - right) / n if n else np.nan, bool(n and abs(right / n - recorded) <=
+                                                                           ACCURACY_MATCH))
+                         for kind, (conf, right) in top.items()})
+    votes: dict[str, Counter] = {}
+    for (_, task), reading in zip(keys, readings):
+        fitting = [kind for kind, (_, fits) in reading.items() if fits]
+        votes.setdefault(task, Counter()).update(fitting if len(fitting) == 1 else [])
+    gaps = []
+    for (_, task), reading in zip(keys, readings):
+        ranked = votes[task].most_common()
+        if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):  # a strict majority of deciding rows
+            gap, fits = reading[ranked[0][0]]
+            gaps.append(gap if fits else np.nan)
+        elif not ranked and all(fits for _, fits in reading.values()):
+            pair = [gap for gap, _ in reading.values()]
+            gaps.append(pair[0] if abs(pair[0] - pair[1]) <= ACCURACY_MATCH else np.nan)
+        else:
+            gaps.append(np.nan)
+    return pd.Series(gaps, index=pd.MultiIndex.from_tuples(keys, names=["run", "task"]), dtype=float)

@@ -24,7 +24,6 @@ Markdown plus ``report.md`` and ``report.html``; ``reporting/docs_tables.py`` em
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +44,7 @@ from mtl_cog.reporting.bundle_answers import (
     summary_cells,
     verdicts,
 )
-from mtl_cog.reporting.bundle_progress import finished_counted_trials, progress, tuning_budget
+from mtl_cog.reporting.bundle_progress import STUDY_NAME, finished_counted_trials, progress, tuning_budget
 from mtl_cog.reporting.bundle_reliability import diagram_bins
 from mtl_cog.reporting.html_report import ALL_TASKS, ReportTables, write_html_report
 from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
@@ -106,7 +105,6 @@ def _edges(trial: pd.Series) -> tuple[str, str]:
 
 
 CHANGED_FOLD = 2.0
-STUDY_NAME = re.compile(r"^(?P<arm>.+?)(?:-d(?P<draw>\d+))?(?:-w(?P<widening>\d+))?$")
 
 
 def _knobs(overrides: str) -> dict[str, float]:

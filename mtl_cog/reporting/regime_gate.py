@@ -79,6 +79,9 @@ def _gate_row(wide: pd.DataFrame, runs: list[str], planned_seeds: int, setting: 
                     "passes": bool(ece >= GATE_ECE and mean <= -GATE_TS_GAIN and high < 0)
                     if len(have) >= max(planned_seeds, GATE_SEEDS) else None})
     notes = []
+    unread = int(wide.loc[have, ("test", GAP)].isna().sum()) if have and not tag else 0
+    if unread and wide[("test", GAP)].notna().any():  # bins elsewhere in the bundle: these runs' cannot be read
+        notes.append(f"confidence − accuracy: {unread} run(s) whose bins do not reproduce their accuracy")
     if len(have) < len(runs):  # a finished run without every value the gate reads: said, not hidden
         notes.append(f"{len(runs) - len(have)} finished run(s) lack a value the gate reads")
     if runs and len(runs) < planned_seeds:
@@ -110,7 +113,7 @@ def regime_gate(bundle: Bundle) -> pd.DataFrame:
         runs = [r for r in done["run"] if setting_of[r] == setting]
         planned_seeds = int((planned["setting"].map(labels) == setting).sum())
         rows += [_gate_row(wide, runs, planned_seeds, setting, rule, tag) for rule, tag in RULES.items()]
-    table = _gap_where_known(pd.DataFrame(rows))
+    table = _gap_where_known(pd.DataFrame(rows), wide)
     complete = all(str(s).split(" of ")[0] == str(s).split(" of ")[1] for s in table["seeds"])
     if "val_nll" in table and complete:  # the tuned baseline: the lowest validation NLL once every setting finished
         selected = table[table["rule"] == next(iter(RULES))]
@@ -143,9 +146,9 @@ def _final_baseline_gate(bundle: Bundle, done: pd.DataFrame) -> pd.DataFrame:
         rate = _follower_rate(bundle, runs)
         setting = f"{data}, baseline" + (f", draw {draw}" if draw else "") + (f" ({rate})" if rate else "")
         rows += [_gate_row(wide, runs, seeds["seed"].nunique(), setting, rule, tag) for rule, tag in RULES.items()]
-    return _gap_where_known(pd.DataFrame(rows))
+    return _gap_where_known(pd.DataFrame(rows), wide)
 
 
-def _gap_where_known(table: pd.DataFrame) -> pd.DataFrame:
-    """The table without the confidence − accuracy column where no row has one (a bundle without bins)."""
-    return table.drop(columns=GAP) if GAP in table and table[GAP].isna().all() else table
+def _gap_where_known(table: pd.DataFrame, wide: pd.DataFrame) -> pd.DataFrame:
+    """The table without the confidence − accuracy column where no run's bins give one (a bundle without bins)."""
+    return table.drop(columns=GAP) if GAP in table and wide[("test", GAP)].isna().all() else table
