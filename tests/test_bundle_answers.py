@@ -258,3 +258,14 @@ def test_scope_of_a_bundle_without_a_finished_run_and_of_a_resumed_run():
         2, 0, 2, "0 of 0", 0.0)
     from mtl_cog.reporting.bundle_report import _values
     assert _values(pd.Series(["1", "1 2", "", None])) == "1-2"  # a run resumed under another thread count
+
+
+def test_a_reversal_in_another_data_set_is_not_this_ones():
+    from mtl_cog.reporting.bundle_answers import reversed_predictions
+
+    rows = [{"data": data, "draw": "1", "method": method, "seed": 0, "task": "a", "accuracy": accuracy}
+            for data, flipped in (("d", False), ("e", True))
+            for method, accuracy in (("baseline", 0.8), ("baseline+ts_guo", 0.2 if flipped else 0.8))]
+    scores = pd.DataFrame(rows)
+    assert reversed_predictions(scores, "d", "1", "baseline+ts_guo") == ""
+    assert reversed_predictions(scores, "e", "1", "baseline+ts_guo").endswith(": a (seed 0)")

@@ -199,9 +199,10 @@ def test_the_gate_shows_the_sign_at_the_selected_checkpoint_and_says_when_bins_c
     z = np.array([3.0, 3.0, 3.0, -3.0])  # confidence 0.9526 on each; 3 of 4 right: overconfident by 0.2026
     y = np.array([1, 1, 0, 0])
     baselines = [r for r in bundle.runs["run"] if "-baseline-" in r]
-    bundle.reliability = pd.concat([reliability_rows(Predictions(["a"], [z], [y]), "test", run=r) for r in baselines])
+    bundle.reliability = pd.concat([reliability_rows(Predictions(["a", "b"], [z, z], [y, y]), "test", run=r)
+                                    for r in baselines])
     bundle.results = pd.concat([bundle.results, pd.DataFrame(
-        [(r, "test", "a", "accuracy", 0.75) for r in baselines], columns=bundle.results.columns)])
+        [(r, "test", t, "accuracy", 0.75) for r in baselines for t in ("a", "b")], columns=bundle.results.columns)])
     table = regime_gate(bundle).set_index("rule")
     gap = 1 / (1 + math.exp(-3)) - 0.75
     assert table.loc["best validation Brier", "confidence − accuracy"] == pytest.approx(gap, abs=1e-5)
@@ -210,5 +211,5 @@ def test_the_gate_shows_the_sign_at_the_selected_checkpoint_and_says_when_bins_c
         bundle.results["task"].eq("a")
     bundle.results.loc[off, "value"] = 0.5  # these bins cannot give that accuracy
     row = regime_gate(bundle).set_index("rule").loc["best validation Brier"]
-    assert pd.isna(row["confidence − accuracy"])
+    assert pd.isna(row["confidence − accuracy"])  # one task unread: the run's task mean is no mean of its tasks
     assert row["note"] == "confidence − accuracy: 1 run(s) whose bins do not reproduce their accuracy"
