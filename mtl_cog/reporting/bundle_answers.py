@@ -51,6 +51,13 @@ def _trained(method: str) -> str:
     return method.split("+", 1)[0]
 
 
+def planned_labels(bundle: Bundle) -> list[dict]:
+    """The labels (role, data, method, draw, seed...) ``campaign.json`` records of every planned run; none in a
+    bundle written before it recorded them."""
+    return [r["labels"] for r in bundle.campaign.get("specs", {}).values()
+            if isinstance(r, dict) and isinstance(r.get("labels"), dict)]
+
+
 def planned_finals(bundle: Bundle) -> pd.DataFrame:
     """Every *planned* final run as (data, method, draw, seed): what a complete campaign will have.
 
@@ -59,8 +66,7 @@ def planned_finals(bundle: Bundle) -> pd.DataFrame:
     study × every seed that some final run has. A table then says ``incomplete`` while a (method, draw) has fewer
     seeds than planned, instead of reading the finished ones as the whole design.
     """
-    labelled = [r["labels"] for r in bundle.campaign.get("specs", {}).values()
-                if isinstance(r, dict) and isinstance(r.get("labels"), dict)]
+    labelled = planned_labels(bundle)
     if labelled:
         frame = pd.DataFrame(labelled)
         frame = frame[frame["role"] == "final"]

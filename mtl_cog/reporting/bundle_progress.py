@@ -23,6 +23,7 @@ import re
 import pandas as pd
 
 from mtl_cog.reporting.bundle import Bundle
+from mtl_cog.reporting.bundle_answers import planned_labels
 
 STUDY_NAME = re.compile(r"^(?P<arm>.+?)(?:-d(?P<draw>\d+))?(?:-w(?P<widening>\d+))?$")  # <data>-<method>[-dN][-wN]
 
@@ -43,8 +44,7 @@ def finished_counted_trials(trials: pd.DataFrame) -> pd.Series:
 
 
 def _planned_labels(bundle: Bundle) -> pd.DataFrame:
-    labels = [spec["labels"] for spec in bundle.campaign.get("specs", {}).values()
-              if isinstance(spec, dict) and isinstance(spec.get("labels"), dict)]
+    labels = planned_labels(bundle)
     return pd.DataFrame(labels, columns=["data", "role"]) if labels else pd.DataFrame(columns=["data", "role"])
 
 
