@@ -6,7 +6,9 @@ A comparison of calibration methods can only find a gain where there is miscalib
 1. test ECE@15 at least ``GATE_ECE`` (0.03), and
 2. post-hoc temperature scaling, fitted on the run's validation split, lowers the test NLL by at least
    ``GATE_TS_GAIN`` (5 %) relative, with a 95 % t interval over seeds (of the per-seed relative change) that
-   excludes 0.
+   excludes 0. A seed's relative change is of its *task-mean* NLLs, ``(nll+ts − nll) / nll``, not the mean of
+   per-task changes, which on the mosaic is far larger: its tasks with a small NLL change most in relative
+   terms while adding little to the task mean the claims are read on.
 
 Neither criterion has a sign: an underfit, *under*confident baseline passes too (the paper protocol's Adam 1e-4
 on the mosaic does). ``confidence − accuracy`` gives it (> 0 overconfident), at the selected checkpoint, from the
