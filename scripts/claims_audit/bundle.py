@@ -1,0 +1,157 @@
+"""One results bundle's raw files (runs.csv, results.csv.gz, campaign.json, reliability.csv.gz), read with pandas
+alone, and the quantities the page prints recomputed from them: paired differences, TS's gain, the regime gate."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from claims_audit.rule import (
+    CLAIMS,
+    DRAWS,
+    GAP,
+    GATE_CHANGE,
+    GATE_ECE,
+    GATE_SEEDS,
+    IDENTITY,
+    RULES,
+    Draw,
+    answer,
+    reading,
+    summarise,
+    t_interval,
+)
+
+
+class AuditError(Exception):
+    """Bad input (a missing page or bundle file, a page without markers): one ``error:`` line, exit 2."""
+
+
+def read_bundle_file(path: Path, reader):
+    try:
+        return reader(path)
+    except FileNotFoundError:
+        raise AuditError(f"bundle file not found: {path}") from None
+    except (OSError, ValueError) as err:  # unreadable, or not the format it should be
+        raise AuditError(f"cannot read {path}: {err}") from None
+
+
+class Bundle:
+    """One results bundle's raw files, read once."""
+
+    def __init__(self, path: Path):
+        runs = read_bundle_file(path / "runs.csv", pd.read_csv)
+        results = read_bundle_file(path / "results.csv.gz", pd.read_csv)
+        values = pd.to_numeric(results["value"], errors="coerce")
+        if not np.isfinite(values).all():  # the project's own loader refuses such a bundle: so does this audit
+            raise AuditError(f"{path / 'results.csv.gz'}: {int((~np.isfinite(values)).sum())} value(s) not finite")
+        campaign = read_bundle_file(path / "campaign.json", lambda p: json.loads(p.read_text()))
+        self.specs, self.counterparts = campaign.get("specs", {}), campaign.get("counterparts", {})
+        bins = path / "reliability.csv.gz"  # a sweep's bundle keeps none
+        self.reliability = read_bundle_file(bins, pd.read_csv) if bins.is_file() else None
+        runs["draw"] = pd.to_numeric(runs["draw"], errors="coerce")
+        self.done = runs[runs["status"] == "done"]
+        self.finals = self.done[self.done["role"] == "final"]
+        self.curves = self.done[self.done["role"] == "curve"].assign(ratio=lambda r: pd.to_numeric(r["ratio"]))
+        tasks = results[results["task"] != "mean"]
+        # the task mean from the task rows themselves, not the bundle's own 'mean' row (unweighted, as the page says)
+        # a NaN task value, or a task row missing, leaves the mean undefined rather than a mean of fewer tasks
+        grouped = tasks[tasks["split"] != "calibrator"].groupby(["run", "split", "metric"])["value"]
+        self.n_tasks = tasks["task"].nunique()
+        self.means = grouped.mean().where(grouped.count() == self.n_tasks)
+        test_accuracy = tasks[(tasks["split"] == "test") & (tasks["metric"] == "accuracy")]
+        self.accuracy = test_accuracy.set_index(["run", "task"])["value"]
+        self.temperatures = tasks[(tasks["split"] == "calibrator") & (tasks["metric"] == "temperature")]
+        self.planned: dict[tuple[str, int], set[int]] = {}
+        for labels in (spec["labels"] for spec in self.specs.values() if spec["labels"]["role"] == "final"):
+            self.planned.setdefault((labels["method"], int(labels["draw"])), set()).add(int(labels["seed"]))
+        self.data = {spec["labels"]["data"] for spec in self.specs.values()}
+
+    def values(self, method: str, metric: str, base: str = "test") -> pd.Series:
+        """Task-mean ``metric`` of a final method per (draw, seed); ``baseline+X``: the baseline's ``base+X``."""
+        run_method, _, calibrator = method.partition("+")
+        split = f"{base}+{calibrator}" if calibrator else base
+        runs = self.finals[self.finals["method"] == run_method]
+        keys = pd.MultiIndex.from_arrays([runs["run"], [split] * len(runs), [metric] * len(runs)])
+        index = pd.MultiIndex.from_arrays([runs["draw"].astype(int), runs["seed"].astype(int)], names=["draw", "seed"])
+        return pd.Series(self.means.reindex(keys).to_numpy(), index=index).dropna()
+
+    def untested(self, draw: int) -> bool:
+        """Whether COG-TS's learned temperature is within 1 % of identity on every task of every final run of a draw."""
+        runs = self.finals[(self.finals["method"] == "cog_ts") & (self.finals["draw"] == draw)]["run"]
+        found = self.temperatures[self.temperatures["run"].isin(runs)]["value"]
+        return bool(len(found)) and bool(((found - 1).abs() < IDENTITY).all())
+
+    def pair(self, variant: str, counterpart: str, metric: str, draw: int, side: int, base: str = "test",
+             against: "Bundle | None" = None) -> Draw:
+        """One draw's paired difference variant − counterpart over the seeds both sides finished, and its reading;
+        the counterpart's runs from ``against`` where given (the asymmetry: another protocol's bundle)."""
+        against = against or self
+        diffs = (self.values(variant, metric, base) - against.values(counterpart, metric, base)).dropna()
+        diffs = diffs[diffs.index.get_level_values("draw") == draw]
+        planned = self.planned.get((variant.partition("+")[0], draw), set())
+        planned = planned & against.planned.get((counterpart.partition("+")[0], draw), set())
+        mean, low, high, half = t_interval(diffs)
+        untested = variant == "cog_ts" and self.untested(draw)
+        return Draw(len(diffs), len(planned), mean, low, high, half, reading(low, high, side, len(diffs)), untested)
+
+
+def claim(bundle: Bundle, text: str, metric: str, against: Bundle | None = None
+          ) -> tuple[dict[int, Draw], float, float, str]:
+    """A claim on one metric: its draws, the page's difference (mean of the draws' means), the widest draw's
+    half-width and the answer; the counterpart's runs from ``against`` where given."""
+    _, variant, counterpart, side = CLAIMS[text]
+    side = -side if metric == "accuracy" else side  # a higher accuracy is the better one
+    draws = {d: bundle.pair(variant, counterpart, metric, d, side, against=against) for d in DRAWS}
+    return draws, *summarise(draws), answer(draws)
+
+
+def ts_gain(bundle: Bundle, metric: str) -> float:
+    """Post-hoc TS's gain on the final baseline: mean over seeds of baseline − baseline+ts, then over draws."""
+    gain = (bundle.values("baseline", metric) - bundle.values("baseline+ts", metric)).dropna()
+    return float(gain.groupby(level="draw").mean().mean()) if len(gain) else np.nan
+
+
+def confidence_gap(bundle: Bundle, runs: list[str]) -> float:
+    """Mean top-label confidence minus accuracy (task mean, then run mean) from the test split's reliability bins.
+
+    A binary task's 20 bins hold p(positive) and count positives (a prediction below 0.5 is the negative class, of
+    confidence 1 − p, right where the label is 0); a multi-class task's hold the top-label confidence and count
+    correct predictions. The bins do not say which, so each row takes the reading whose accuracy is the closer to
+    the run's recorded test accuracy of that task (both readings agree where no prediction is below 0.5)."""
+    rel, gaps = bundle.reliability, {}
+    if rel is None:
+        return np.nan
+    for run, task, *bins in rel[(rel["split"] == "test") & rel["run"].isin(runs)][
+            ["run", "task", "count", "confidence_sum", "outcome_sum"]].itertuples(index=False):
+        count, confidence, outcome = (np.array(str(b).split(), float) for b in bins)
+        n, low, high = count.sum(), slice(0, len(count) // 2), slice(len(count) // 2, None)
+        multi_class = (confidence.sum(), outcome.sum())
+        binary = (confidence[high].sum() + (count[low] - confidence[low]).sum(),
+                  outcome[high].sum() + (count[low] - outcome[low]).sum())
+        accuracy = bundle.accuracy.get((run, task), np.nan)
+        conf, right = min((multi_class, binary), key=lambda r: abs(r[1] / n - accuracy))
+        gaps.setdefault(run, []).append((conf - right) / n)
+    return float(np.mean([np.mean(g) for g in gaps.values()])) if set(gaps) == set(runs) else np.nan
+
+
+def gate(bundle: Bundle, runs: list[str], planned: int, rule: str) -> dict:
+    """The regime gate of one setting's runs under one checkpoint rule (the page's columns)."""
+    tag = RULES[rule]
+    columns = {"val_nll": (f"val{tag}", "nll"), "test_ece@15": (f"test{tag}", "ece@15"),
+               "test_nll": (f"test{tag}", "nll"), "test_nll+ts": (f"test{tag}+ts", "nll")}
+    table = pd.DataFrame({name: bundle.means.reindex([(r, *key) for r in runs]).to_numpy()
+                          for name, key in columns.items()}, index=runs).dropna()
+    row = {"seeds": f"{len(table)} of {planned}", "passes": "", GAP: np.nan}
+    change = table["test_nll+ts"] / table["test_nll"] - 1  # per seed, relative change of the task-mean NLL
+    row.update(table.mean().to_dict())
+    row["ts_nll_change"], row["ci_low"], row["ci_high"], _ = t_interval(change)
+    if len(table) and len(table) >= max(planned, GATE_SEEDS):  # read on every planned seed or not at all
+        row["passes"] = str(bool(row["test_ece@15"] >= GATE_ECE and row["ts_nll_change"] <= GATE_CHANGE
+                                 and row["ci_high"] < 0))
+    if not tag and len(table):  # the bins are the selected checkpoint's only
+        row[GAP] = confidence_gap(bundle, list(table.index))
+    return row
+
+

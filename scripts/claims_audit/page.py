@@ -1,0 +1,133 @@
+"""A claims page's generated blocks (marker, header, rows) and the ledger of comparisons: a printed number against
+ours, a printed word against ours, every expected row and column present once."""
+
+import ast
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import numpy as np
+
+from claims_audit.bundle import AuditError, Bundle
+
+MARKER = re.compile(r"<!-- (bundle-(?:protocols|table): [^>]*?) -->[ \t]*\n(.*?)<!-- /bundle-", re.S)
+ANY_MARKER = re.compile(r"<!-- (bundle-(?:protocols|table): [^>]*?) -->")
+DECIMALS = 4  # the generator prints every audited number to 4 decimals: a coarser one hides a change
+# a per-draw claims cell: 'reading (difference [low, high])', wrapped in 'not tested at this budget (...)' where
+# COG-TS's temperature stayed at identity, then '(draw d: n of p seeds)' while the draw is short of seeds
+CELL = re.compile(r"^(?:(not tested at this budget) \()?(supported|contradicted|inconclusive at this scale|"
+                  r"no interval \(one seed\)) \(([+-][0-9.]+)(?: \[([+-][0-9.]+), ([+-][0-9.]+)\])?\)\)?"
+                  r"(?: \(draw \d+: (\d+) of (\d+) seeds\))?$")
+# the whole of one draw's segment: what follows the seeds is ', incomplete' or a '; ...' note (not audited), then ')'
+SECONDARY_SEGMENT = re.compile(r"^(\d+: (?:variant|counterpart|inconclusive|no interval \(one seed\)) \((?:\d+ of )?"
+                               r"\d+ seeds(?:, incomplete)?)(?:; .*)?\)$|^(\d+: not run yet)$")
+
+
+class Audit:
+    """The comparisons made and the mismatches found."""
+
+    def __init__(self, root: Path):
+        self.root, self.bundles, self.mismatches = root, {}, []
+        self.numbers = self.readings = 0
+        self.skipped: list[str] = []  # generated blocks no check here reads: reported, never passed silently
+
+    def bundle(self, rel: str) -> Bundle:
+        if rel not in self.bundles:
+            try:
+                self.bundles[rel] = Bundle(self.root / rel)
+            except (KeyError, TypeError, ValueError) as err:
+                raise AuditError(f"{self.root / rel}: a bundle file lacks or misstates {err}") from None
+        return self.bundles[rel]
+
+    def number(self, what: str, cell: str, ours: float) -> None:
+        """A printed number matches ours within half a unit of its last printed digit (0.0043: ± 0.00005, float
+        slack aside); a blank cell stands for no value."""
+        self.numbers += 1
+        cell = str(cell).strip()
+        try:  # never looser than the generator's 4 decimals: '0' or '0E+5' must not pass for -0.0043
+            exponent = Decimal(cell).as_tuple().exponent if cell else 0
+            tolerance = 0.5 * 10.0 ** min(exponent, -DECIMALS) + 1e-12
+            ok = abs(float(cell) - ours) <= tolerance if cell else not np.isfinite(ours)
+        except (InvalidOperation, TypeError, ValueError):  # not a number where the page should print one
+            ok = False
+        if not ok:
+            self.mismatches.append(f"{what}: page {cell or '(blank)'}, bundles {ours:.6g}")
+
+    def text(self, what: str, cell: str, ours: str) -> None:
+        self.readings += 1
+        if str(cell).strip() != ours:
+            self.mismatches.append(f"{what}: page {cell or '(blank)'!r}, bundles {ours or '(blank)'!r}")
+
+    def columns(self, where: str, header: list[str], known: set[str], required: set[str]) -> None:
+        """A column no check reads, or one a check needs, is a mismatch, not a silent pass (no table at all: the
+        generator's 'not in the bundle yet' line, which ``coverage`` accepts only where no row is due)."""
+        if not header:
+            return
+        for column in sorted(set(header) - known):
+            self.text(f"{where}: column {column!r}", "present", "absent (no check reads it)")
+        for column in sorted(required - set(header)):
+            self.text(f"{where}: column {column!r}", "absent", "present")
+
+    def coverage(self, where: str, keys: list[tuple], expected: set[tuple]) -> None:
+        """Every expected row once: a dropped, duplicated or stray row is a mismatch."""
+        seen = set()
+        for key in keys:
+            if key in seen:
+                self.text(f"{where}: row {key}", "repeated", "once")
+            seen.add(key)
+        for key in sorted(expected - seen, key=str):
+            self.text(f"{where}: row {key}", "(missing)", "present")
+        for key in sorted(seen - expected, key=str):
+            self.text(f"{where}: row {key}", "present", "(not expected)")
+
+
+def tables(path: Path) -> list[tuple[str, list[str], list[dict]]]:
+    """Each generated block's marker (without ``<!-- -->``), its Markdown table's header and rows."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise AuditError(f"cannot read {path}: {err}") from None
+    blocks = []
+    parsed = {m.start() for m in MARKER.finditer(text)}
+    for match in ANY_MARKER.finditer(text):  # a marker the block pattern cannot read: never skipped in silence
+        if match.start() not in parsed:
+            blocks.append((match.group(1), None, []))
+    for match in MARKER.finditer(text):
+        lines = [line for line in match.group(2).splitlines() if line.startswith("|")]
+        header = [c.strip() for c in lines[0].strip("|").split("|")] if lines else []
+        rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+        blocks.append((match.group(1), header, rows))
+    return blocks
+
+
+def protocol_bundles(audit: Audit, head: str) -> dict[tuple[str, str], Bundle]:
+    """``(protocol, data set) -> bundle`` from a ``bundle-protocols`` marker's ``paper=a,b fair=c,d``."""
+    found = {}
+    for protocol, paths in re.findall(r"(\w+)=([^\s=]+)", head.split(" where ")[0]):
+        for rel in paths.split(","):
+            bundle = audit.bundle(rel)
+            found.update({(protocol, data): bundle for data in bundle.data})
+    return found
+
+
+def metrics_of(head: str, default: tuple[str, ...]) -> set[str]:
+    """The metrics a marker's ``where metric in [...]`` / ``where metric == '...'`` keeps, else ``default``."""
+    found = re.search(r"where metric (in|==) (.*)$", head)
+    if not found:
+        return set(default)
+    value = ast.literal_eval(found.group(2))
+    return {value} if isinstance(value, str) else set(value)
+
+
+
+def split_top(cell: str) -> list[str]:
+    """``cell`` split at the ', ' outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(cell):
+        depth += (char == "(") - (char == ")")
+        if depth == 0 and cell.startswith(", ", i):
+            parts.append(cell[start:i])
+            start = i + 2
+    return parts + [cell[start:]]
+
+
