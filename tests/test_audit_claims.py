@@ -104,12 +104,13 @@ def test_a_changed_curve_verdict_is_caught(tmp_path):
 
 def test_bad_input_is_one_error_line(tmp_path):
     (tmp_path / "plain.md").write_text("# A page\n\nNo generated tables here.\n")
-    (tmp_path / "elsewhere.md").write_text("<!-- bundle-table: results/no_such_lane/bundle regime_gate -->\n"
+    (tmp_path / "results" / "lane_without_bundle").mkdir(parents=True)  # its folder exists: damage, not 'not yet'
+    (tmp_path / "elsewhere.md").write_text("<!-- bundle-table: results/lane_without_bundle/bundle regime_gate -->\n"
                                            "| setting | rule |\n|---|---|\n<!-- /bundle-table -->\n")
     expected = {"missing.md": "error: page not found", "plain.md": "has no bundle-protocols or bundle-table markers",
                 "elsewhere.md": "error: bundle file not found"}
     for name, words in expected.items():
-        done = audit(tmp_path / name, "--root", REPO)
+        done = audit(tmp_path / name, "--root", tmp_path)
         assert done.returncode == 2 and not done.stdout, (name, done.stdout, done.stderr)
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and words in done.stderr, name
 
@@ -195,5 +196,60 @@ def test_bundle_values_the_project_would_refuse_are_refused(tmp_path, monkeypatc
     except AuditError as err:
         assert "not finite" in str(err)
     nothing = Draw(0, 5, float("nan"), *[float("nan")] * 3, "", False)
-    assert answer({1: nothing, 2: nothing}) == ""  # no draw ran: the page leaves the answer blank
+    assert answer({1: nothing, 2: nothing}, scored=False) == ""  # no final run in the table: no row to answer
+    assert answer({1: nothing, 2: nothing}) == "incomplete (draw 1 missing, draw 2 missing)"
     assert answer({1: bundle.pair("cog_fc", "baseline", "nll", 1, -1), 2: nothing}) == "incomplete (draw 2 missing)"
+
+
+def test_where_clauses_are_read_as_the_generator_reads_them(monkeypatch):
+    """A marker's filter (==, !=, in, joined by and; numbers compare by value) narrows the rows expected; a clause
+    outside the grammar or on a column the audit does not key on is refused, never ignored."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from claims_audit.page import kept
+
+    key = ("arm", "ratio", "metric")
+    rows = [(arm, ratio, metric) for arm, ratio in (("baseline", ""), ("cog_fc", "0.0100"), ("cog_fc", "1.0000"))
+            for metric in ("nll", "ece@15", "brier")]
+    assert kept("bundle-table: b curve", key, rows) == set(rows)
+    assert kept("bundle-table: b curve where metric == 'nll'", key, rows) == {r for r in rows if r[2] == "nll"}
+    narrowed = kept("x where metric in ['nll', 'brier'] and arm != 'baseline' and ratio == 0.01", key, rows)
+    assert narrowed == {("cog_fc", "0.0100", "nll"), ("cog_fc", "0.0100", "brier")}
+    for clause in ("x where metric = 'nll'", "x where n_seeds == 3", "x where metric == 'nll' or arm == 'a'"):
+        try:
+            kept(clause, key, rows)
+            raise AssertionError(f"{clause!r} was accepted")
+        except ValueError:
+            pass
+
+
+def test_a_bundle_file_unlike_its_seal_is_refused(tmp_path):
+    """A bundle whose file no longer has the SHA-256 its manifest.json sealed is bad input (exit 2), as it is to the
+    project's loader: a hand-edited runs.csv is never audited."""
+    import shutil
+
+    bundle = "results/overconfident_curve_cog_fc/bundle"
+    shutil.copytree(REPO / bundle, tmp_path / bundle)
+    appendix = (REPO / PAGE).with_name("overconfident_appendix.md").read_text()
+    start = appendix.index(f"<!-- bundle-table: {bundle} curve_paired ")
+    (tmp_path / "page.md").write_text(appendix[start:appendix.index("<!-- /bundle-table -->", start) + 22] + "\n")
+    assert audit(tmp_path / "page.md", "--root", tmp_path).returncode == 0
+    with open(tmp_path / bundle / "runs.csv", "a") as runs:
+        runs.write("\n")
+    done = audit(tmp_path / "page.md", "--root", tmp_path)
+    assert done.returncode == 2 and not done.stdout and done.stderr.count("\n") == 1, done.stdout + done.stderr
+    assert "runs.csv: not the file manifest.json sealed" in done.stderr, done.stderr
+
+
+def test_figures_and_bundles_not_written_yet_are_named_not_failed(tmp_path):
+    figure = ("<!-- bundle-figure: results/x/bundle curve figures/x.svg where metric == 'nll' -->\n"
+              "![curve](figures/x.svg)\n<!-- /bundle-figure -->\n")
+    pending = ("<!-- bundle-table: results/no_lane_yet/bundle curve -->\n"
+               "*Not written yet: results/no_lane_yet/bundle (its lane has not committed a run).*\n"
+               "<!-- /bundle-table -->\n")
+    (tmp_path / "page.md").write_text(f"# A page\n\n{figure}\n{pending}")
+    done = audit(tmp_path / "page.md", "--root", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "figure ×1" in done.stdout and "not written yet ×1" in done.stdout
+    (tmp_path / "page.md").write_text(pending.replace("*Not written", "| arm |\n|---|\n| baseline |\n*Not written"))
+    done = audit(tmp_path / "page.md", "--root", tmp_path)
+    assert done.returncode == 1 and "rows of a bundle not written yet: page 'present'" in done.stdout, done.stdout

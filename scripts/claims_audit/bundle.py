@@ -1,6 +1,7 @@
 """One results bundle's raw files (runs.csv, results.csv.gz, campaign.json, reliability.csv.gz), read with pandas
 alone, and the quantities the page prints recomputed from them: paired differences, TS's gain, the regime gate."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -37,10 +38,27 @@ def read_bundle_file(path: Path, reader):
         raise AuditError(f"cannot read {path}: {err}") from None
 
 
+def verify_manifest(path: Path) -> None:
+    """Every file the bundle's ``manifest.json`` seals has the SHA-256 sealed there, as the project's loader demands
+    before it reads a table: a damaged or hand-edited file is refused, never audited. An unsealed bundle (no
+    manifest) is read as it is, as the project reads it."""
+    if not (path / "manifest.json").is_file():
+        return
+    files = read_bundle_file(path / "manifest.json", lambda p: json.loads(p.read_text()))["files"]
+    for name, entry in files.items():
+        if Path(name).name != name:
+            raise AuditError(f"{path / 'manifest.json'}: names {name!r}, not a file of the bundle's own folder")
+        digest = read_bundle_file(path / name, lambda p: hashlib.sha256(p.read_bytes()).hexdigest())
+        if digest != entry["sha256"]:
+            raise AuditError(f"{path / name}: not the file manifest.json sealed (its SHA-256 differs); restore the "
+                             "committed bundle (git checkout) before auditing")
+
+
 class Bundle:
     """One results bundle's raw files, read once."""
 
     def __init__(self, path: Path):
+        verify_manifest(path)
         runs = read_bundle_file(path / "runs.csv", pd.read_csv)
         results = read_bundle_file(path / "results.csv.gz", pd.read_csv)
         values = pd.to_numeric(results["value"], errors="coerce")
@@ -97,14 +115,15 @@ class Bundle:
         return Draw(len(diffs), len(planned), mean, low, high, half, reading(low, high, side, len(diffs)), untested)
 
 
-def claim(bundle: Bundle, text: str, metric: str, against: Bundle | None = None
+def claim(bundle: Bundle, text: str, metric: str, against: Bundle | None = None, scored: bool | None = None
           ) -> tuple[dict[int, Draw], float, float, str]:
     """A claim on one metric: its draws, the page's difference (mean of the draws' means), the widest draw's
-    half-width and the answer; the counterpart's runs from ``against`` where given."""
+    half-width and the answer; the counterpart's runs from ``against`` where given. ``scored``: whether the table
+    holds any finished final run (default: ``bundle`` does)."""
     _, variant, counterpart, side = CLAIMS[text]
     side = -side if metric == "accuracy" else side  # a higher accuracy is the better one
     draws = {d: bundle.pair(variant, counterpart, metric, d, side, against=against) for d in DRAWS}
-    return draws, *summarise(draws), answer(draws)
+    return draws, *summarise(draws), answer(draws, bool(len(bundle.finals)) if scored is None else scored)
 
 
 def ts_gain(bundle: Bundle, metric: str) -> float:

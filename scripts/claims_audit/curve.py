@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from claims_audit.bundle import Bundle
-from claims_audit.page import Audit, metrics_of
+from claims_audit.page import Audit, kept, keys
 from claims_audit.rule import reading, t_interval
 
 CURVE_METRICS = ("nll", "brier", "ece@15", "smece", "accuracy")  # the curve's metrics where a marker names none
@@ -47,13 +47,13 @@ def per_seed(bundle: Bundle, arm: str, ratio: float, metric: str) -> pd.Series:
 def audit_curve(audit: Audit, where: str, bundle: Bundle, rows: list[dict], header: list[str], head: str) -> None:
     known = {"arm", "ratio", "metric", "mean", "ci_low", "ci_high", "n_seeds", "n_tasks", "data"}
     audit.columns(where, header, known, known)
-    metrics = metrics_of(head, CURVE_METRICS)
-    audit.coverage(where, [(r.get("arm"), r.get("ratio"), r.get("metric")) for r in rows],
-                   {(arm, ratio_cell(ratio), m) for arm, ratio in arms(bundle) for m in metrics})
+    points = {(arm, ratio_cell(ratio)): ratio for arm, ratio in arms(bundle)}  # found by the cell the page prints
+    key = ("arm", "ratio", "metric")
+    audit.coverage(where, keys(rows, key), kept(head, key, [(*point, m) for point in points for m in CURVE_METRICS]))
     for row in rows:
         label = f"{where}: {row['arm']}, {row['ratio'] or 'reference'}, {row['metric']}"
-        ratio = float(row["ratio"]) if row["ratio"] else np.nan
-        values = per_seed(bundle, row["arm"], ratio, row["metric"])
+        ratio = points.get((row["arm"], row["ratio"]))
+        values = per_seed(bundle, row["arm"], ratio, row["metric"]) if ratio is not None else pd.Series(dtype=float)
         mean, low, high, _ = t_interval(values)
         for column, ours in {"mean": mean, "ci_low": low, "ci_high": high}.items():
             audit.number(f"{label}: {column}", row[column], ours)
@@ -62,7 +62,7 @@ def audit_curve(audit: Audit, where: str, bundle: Bundle, rows: list[dict], head
         audit.text(f"{label}: data", row["data"], ", ".join(sorted(bundle.data)))
 
 
-def paired_rows(bundle: Bundle, metrics: set[str]) -> dict[tuple[str, str, str, str], pd.Series]:
+def paired_rows(bundle: Bundle) -> dict[tuple[str, str, str, str], pd.Series]:
     """(method, ratio cell, metric, reference label) -> the per-seed differences the page's row is read on."""
     found = {}
     for method in sorted(set(bundle.curves.loc[bundle.curves["ratio"].notna(), "method"])):
@@ -72,7 +72,7 @@ def paired_rows(bundle: Bundle, metrics: set[str]) -> dict[tuple[str, str, str, 
                                                                                                if r < 1])]
         for reference, at, name, compared in references:
             for ratio in compared:
-                for metric in metrics:
+                for metric in CURVE_METRICS:
                     mine, theirs = per_seed(bundle, method, ratio, metric), per_seed(bundle, reference, at, metric)
                     differences = (mine - theirs).dropna()
                     if len(differences):
@@ -85,9 +85,8 @@ def audit_curve_paired(audit: Audit, where: str, bundle: Bundle, rows: list[dict
     known = {"ratio", "metric", "reference", "mean_difference", "ci_low", "ci_high", "n_seeds", "better", "data",
              "method"}
     audit.columns(where, header, known, known)
-    expected = paired_rows(bundle, metrics_of(head, CURVE_METRICS))
-    audit.coverage(where, [(r.get("method"), r.get("ratio"), r.get("metric"), r.get("reference")) for r in rows],
-                   set(expected))
+    expected, key = paired_rows(bundle), ("method", "ratio", "metric", "reference")
+    audit.coverage(where, keys(rows, key), kept(head, key, expected))
     for row in rows:
         key = (row["method"], row["ratio"], row["metric"], row["reference"])
         label = f"{where}: {row['method']} at {row['ratio']} − {row['reference']}, {row['metric']}"

@@ -1,7 +1,6 @@
 """A claims page's generated blocks (marker, header, rows) and the ledger of comparisons: a printed number against
 ours, a printed word against ours, every expected row and column present once."""
 
-import ast
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -11,7 +10,12 @@ import numpy as np
 from claims_audit.bundle import AuditError, Bundle
 
 MARKER = re.compile(r"<!-- (bundle-(?:protocols|table): [^>]*?) -->[ \t]*\n(.*?)<!-- /bundle-", re.S)
-ANY_MARKER = re.compile(r"<!-- (bundle-(?:protocols|table): [^>]*?) -->")
+ANY_MARKER = re.compile(r"<!-- (bundle-(?:protocols|table|figure): [^>]*?) -->")
+# a marker's 'where' clause, read as data as the generator reads it: 'column == literal', 'column != literal' or
+# 'column in [literal, ...]' joined by 'and'; a literal is a quoted string or a number
+LITERAL = r"'[^'\n]*'|\"[^\"\n]*\"|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+CONDITION = re.compile(rf"\s*([A-Za-z_][A-Za-z0-9_@.+-]*)\s*(?:(==|!=)\s*({LITERAL})|in\s*\[((?:\s*(?:{LITERAL})\s*,)*"
+                       rf"\s*(?:{LITERAL}))\s*\])\s*(?:and\b|$)")
 DECIMALS = 4  # the generator prints every audited number to 4 decimals: a coarser one hides a change
 # a per-draw claims cell: 'reading (difference [low, high])', wrapped in 'not tested at this budget (...)' where
 # COG-TS's temperature stayed at identity, then '(draw d: n of p seeds)' while the draw is short of seeds
@@ -31,7 +35,11 @@ class Audit:
         self.numbers = self.readings = 0
         self.skipped: list[str] = []  # generated blocks no check here reads: reported, never passed silently
 
-    def bundle(self, rel: str) -> Bundle:
+    def bundle(self, rel: str) -> Bundle | None:
+        """The bundle at ``rel``; None where its campaign folder does not exist yet (its lane has not committed a
+        run: the generator writes a 'Not written yet' line there, no table)."""
+        if not (self.root / rel).parent.exists():
+            return None
         if rel not in self.bundles:
             try:
                 self.bundles[rel] = Bundle(self.root / rel)
@@ -90,8 +98,8 @@ def tables(path: Path) -> list[tuple[str, list[str], list[dict]]]:
     blocks = []
     parsed = {m.start() for m in MARKER.finditer(text)}
     for match in ANY_MARKER.finditer(text):  # a marker the block pattern cannot read: never skipped in silence
-        if match.start() not in parsed:
-            blocks.append((match.group(1), None, []))
+        if match.start() not in parsed:  # a figure (an SVG the generator draws, no table here) is named as such
+            blocks.append((match.group(1), [] if match.group(1).startswith("bundle-figure") else None, []))
     for match in MARKER.finditer(text):
         lines = [line for line in match.group(2).splitlines() if line.startswith("|")]
         header = [c.strip() for c in lines[0].strip("|").split("|")] if lines else []
@@ -106,18 +114,44 @@ def protocol_bundles(audit: Audit, head: str) -> dict[tuple[str, str], Bundle]:
     for protocol, paths in re.findall(r"(\w+)=([^\s=]+)", head.split(" where ")[0]):
         for rel in paths.split(","):
             bundle = audit.bundle(rel)
+            if bundle is None:  # not written yet: the page names it on a line of its own
+                continue
             found.update({(protocol, data): bundle for data in bundle.data})
     return found
 
 
-def metrics_of(head: str, default: tuple[str, ...]) -> set[str]:
-    """The metrics a marker's ``where metric in [...]`` / ``where metric == '...'`` keeps, else ``default``."""
-    found = re.search(r"where metric (in|==) (.*)$", head)
-    if not found:
-        return set(default)
-    value = ast.literal_eval(found.group(2))
-    return {value} if isinstance(value, str) else set(value)
+def literal(text: str) -> str | float:
+    return text[1:-1] if text[:1] in "'\"" else float(text)
 
+
+def kept(head: str, columns: tuple[str, ...], candidates) -> set[tuple]:
+    """The candidate rows (tuples of ``columns``) that the marker's ``where`` clause keeps (all, without one): a
+    quoted literal compares with the cell's text, a number with its value. A clause outside the grammar, or on a
+    column not in ``columns``, is a ValueError (the block is then reported unrecognised, never passed)."""
+    clause, conditions, at = head.partition(" where ")[2], [], 0
+    while at < len(clause):
+        match = CONDITION.match(clause, at)
+        if not match or match.end() == at:
+            raise ValueError(f"a where clause this audit cannot read: {clause[at:]!r}")
+        column, operator, one, many = match.groups()
+        if column not in columns:
+            raise ValueError(f"a where clause on {column!r}, a column this audit does not filter on")
+        values = [literal(one)] if one else [literal(v) for v in re.findall(LITERAL, many)]
+        conditions.append((columns.index(column), operator != "!=", values))
+        at = match.end()
+
+    def equal(cell, value) -> bool:
+        try:
+            return float(cell) == value if isinstance(value, float) else str(cell) == value
+        except (TypeError, ValueError):
+            return False
+    return {c for c in candidates
+            if all(any(equal(c[i], v) for v in values) == wanted for i, wanted, values in conditions)}
+
+
+def keys(rows: list[dict], columns: tuple[str, ...]) -> list[tuple]:
+    """Each page row's key: its cells in ``columns``."""
+    return [tuple(row.get(column) for column in columns) for row in rows]
 
 
 def split_top(cell: str) -> list[str]:

@@ -64,8 +64,10 @@ def summarise(draws: dict[int, Draw]) -> tuple[float, float]:
     return float(np.mean([r.mean for r in ran])) if ran else np.nan, max(halves) if halves else np.nan
 
 
-def answer(draws: dict[int, Draw]) -> str:
-    if not any(r.n for r in draws.values()):  # nothing run yet: the page leaves the answer blank
+def answer(draws: dict[int, Draw], scored: bool = True) -> str:
+    """A claim's answer over the draws; blank where the table's bundle has no finished final run at all (``scored``
+    false: the generator writes no row), else *incomplete* naming each draw short of its planned seeds."""
+    if not scored:
         return ""
     gaps = [f"draw {d} missing" if r.n == 0 else f"draw {d}: {r.n} of {r.planned} seeds"
             for d, r in draws.items() if r.n == 0 or r.n < r.planned]
