@@ -232,7 +232,8 @@ PROTOCOL_BLOCKS = {"claims": audit_claims, "power": audit_power, "secondary": au
 TABLE_BLOCKS = {"claims": audit_per_draw, "regime_gate": audit_gate, "curve": audit_curve,
                 "curve_paired": audit_curve_paired}
 # the generator's other tables: named in the output as not audited; a kind outside both lists is a mismatch
-UNAUDITED = {"progress", "summary", "chosen", "draw_choices", "convergence", "calibrators", "scope"}
+UNAUDITED = {"progress", "summary", "summary_values", "paired", "verdicts", "chosen", "draw_choices", "convergence",
+             "convergence_runs", "scope", "calibrators", "sweep_settings", "sweep_paired"}
 
 
 def audit_page(audit: Audit, path: Path) -> int:
