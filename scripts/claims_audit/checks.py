@@ -14,7 +14,6 @@ from claims_audit.rule import (
     CLAIM_OF_ID,
     CLAIMS,
     DRAWS,
-    GAINS,
     GAP,
     PRIMARY,
     RULES,
@@ -22,6 +21,7 @@ from claims_audit.rule import (
     SECONDARY_PAIRS,
     answer,
     summarise,
+    surviving_share,
 )
 
 CLAIM_KEY = ("data", "claim", "metric")  # what names a row of a claims or asymmetry table
@@ -44,11 +44,9 @@ def audit_claims(audit: Audit, where: str, bundles: dict, rows: list[dict], head
             audit.number(f"{label}: {p} difference", row[f"{p} difference"], difference)
             audit.number(f"{label}: {p} ± (95 %)", row[f"{p} ± (95 %)"], half)
         if "surviving share" in row and {"paper", "fair"} <= set(summary):
-            # fair over paper, where the paper protocol supports a claimed gain and the fair answer is complete
             (_, paper, _, paper_ans), (_, fair, _, fair_ans) = summary["paper"], summary["fair"]
-            shared = CLAIMS[row["claim"]][0] in GAINS and paper_ans == "supported" and paper != 0
-            share = fair / paper if shared and not fair_ans.startswith("incomplete") else np.nan
-            audit.number(f"{label}: surviving share", row["surviving share"], share)
+            audit.number(f"{label}: surviving share", row["surviving share"],
+                         surviving_share(row["claim"], paper_ans, paper, fair_ans, fair))
 
 
 def audit_asymmetry(audit: Audit, where: str, bundles: dict, rows: list[dict], header: list[str], head: str) -> None:
@@ -75,10 +73,8 @@ def audit_asymmetry(audit: Audit, where: str, bundles: dict, rows: list[dict], h
         audit.number(f"{label}: ± (95 %)", row["± (95 %)"], half)
         audit.text(f"{label}: fair", row["fair"], fair_ans)
         audit.number(f"{label}: fair difference", row["fair difference"], fair_difference)
-        shared = (CLAIMS[row["claim"]][0] in GAINS and ans == "supported" and difference != 0
-                  and not fair_ans.startswith("incomplete") and np.isfinite(fair_difference))
-        audit.number(f"{label}: surviving share", row["surviving share"], fair_difference / difference if shared
-                     else np.nan)
+        audit.number(f"{label}: surviving share", row["surviving share"],
+                     surviving_share(row["claim"], ans, difference, fair_ans, fair_difference))
 
 
 def audit_per_draw(audit: Audit, where: str, bundle: Bundle, rows: list[dict], header: list[str], head: str) -> None:

@@ -79,3 +79,9 @@ def answer(draws: dict[int, Draw], scored: bool = True) -> str:
     return readings.pop() if len(readings) == 1 else "depends on the tuning draw"
 
 
+def surviving_share(claim_text: str, answer_text: str, difference: float, fair_answer: str,
+                    fair_difference: float) -> float:
+    """The fair difference over a supported claimed gain's (H1, H2), once the fair answer is complete; else NaN."""
+    shared = (CLAIMS[claim_text][0] in GAINS and answer_text == "supported" and difference != 0
+              and not fair_answer.startswith("incomplete") and np.isfinite(fair_difference))
+    return fair_difference / difference if shared else np.nan
