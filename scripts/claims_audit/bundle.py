@@ -85,9 +85,17 @@ class Bundle:
         for labels in (spec["labels"] for spec in self.specs.values() if spec["labels"]["role"] == "final"):
             self.planned.setdefault((labels["method"], int(labels["draw"])), set()).add(int(labels["seed"]))
         self.data = {spec["labels"]["data"] for spec in self.specs.values()}
+        self.computed: dict[tuple[str, str, str], pd.Series] = {}
 
     def values(self, method: str, metric: str, base: str = "test") -> pd.Series:
-        """Task-mean ``metric`` of a final method per (draw, seed); ``baseline+X``: the baseline's ``base+X``."""
+        """Task-mean ``metric`` of a final method per (draw, seed); ``baseline+X``: the baseline's ``base+X``.
+        Kept once computed: a bundle never changes once read, and a page asks for the same values hundreds of times
+        (callers only read the series)."""
+        if (method, metric, base) not in self.computed:
+            self.computed[(method, metric, base)] = self._values(method, metric, base)
+        return self.computed[(method, metric, base)]
+
+    def _values(self, method: str, metric: str, base: str) -> pd.Series:
         run_method, _, calibrator = method.partition("+")
         split = f"{base}+{calibrator}" if calibrator else base
         runs = self.finals[self.finals["method"] == run_method]
