@@ -96,12 +96,16 @@ class Bundle:
         return self.computed[(method, metric, base)]
 
     def _values(self, method: str, metric: str, base: str) -> pd.Series:
-        run_method, _, calibrator = method.partition("+")
-        split = f"{base}+{calibrator}" if calibrator else base
-        runs = self.finals[self.finals["method"] == run_method]
-        keys = pd.MultiIndex.from_arrays([runs["run"], [split] * len(runs), [metric] * len(runs)])
+        runs = self.finals[self.finals["method"] == method.partition("+")[0]]
         index = pd.MultiIndex.from_arrays([runs["draw"].astype(int), runs["seed"].astype(int)], names=["draw", "seed"])
-        return pd.Series(self.means.reindex(keys).to_numpy(), index=index).dropna()
+        return pd.Series(self.task_means(runs["run"], method, metric, base), index=index).dropna()
+
+    def task_means(self, runs: pd.Series, method: str, metric: str, base: str = "test") -> np.ndarray:
+        """Each run's task-mean ``metric`` on split ``base`` (``method`` ``baseline+X``: split ``base+X``)."""
+        calibrator = method.partition("+")[2]
+        split = f"{base}+{calibrator}" if calibrator else base
+        keys = pd.MultiIndex.from_arrays([runs, [split] * len(runs), [metric] * len(runs)])
+        return self.means.reindex(keys).to_numpy()
 
     def untested(self, draw: int) -> bool:
         """Whether COG-TS's learned temperature is within 1 % of identity on every task of every final run of a draw."""

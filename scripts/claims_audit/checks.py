@@ -25,6 +25,8 @@ from claims_audit.rule import (
 )
 
 CLAIM_KEY = ("data", "claim", "metric")  # what names a row of a claims or asymmetry table
+# a campaign's regime-gate row: 'fashion_mnist, baseline, draw 1 (optim.follower_lr=…)'
+FINAL_SETTING = re.compile(r"(\w+), baseline, draw (\d+)(?: \((.*)\))?$")
 ASYMMETRY_CLAIMS = ("H1", "H3")  # the COG studies the two protocols share (H2's COG+LS and H4's MS have no pairing)
 
 
@@ -59,8 +61,9 @@ def audit_asymmetry(audit: Audit, where: str, bundles: dict, rows: list[dict], h
     both = {d for p, d in bundles if p == "paper"} & {d for p, d in bundles if p == "fair"}
     # the paired table holds the paper bundle's baseline finals and the fair bundle's COG-FC / COG-TS finals: it
     # has rows (some perhaps incomplete) as soon as either side has finished one
-    scored = {d: bool(len(bundles[("paper", d)].finals.query("method == 'baseline'"))
-                      + len(bundles[("fair", d)].finals.query("method in ['cog_fc', 'cog_ts']"))) for d in both}
+    variants = {CLAIMS[CLAIM_OF_ID[ident]][1] for ident in ASYMMETRY_CLAIMS}
+    scored = {d: bool((bundles[("paper", d)].finals["method"] == "baseline").sum()
+                      + bundles[("fair", d)].finals["method"].isin(variants).sum()) for d in both}
     audit.coverage(where, keys(rows, CLAIM_KEY), kept(head, CLAIM_KEY, [
         (d, CLAIM_OF_ID[ident], m) for d in both if scored[d] for ident in ASYMMETRY_CLAIMS for m in ALL_METRICS]))
     for row in rows:
@@ -152,8 +155,8 @@ def audit_secondary(audit: Audit, where: str, bundles: dict, rows: list[dict], h
         difference, half = summarise(draws)
         audit.number(f"{label}: difference", row["difference"], difference)
         audit.number(f"{label}: ± (95 %)", row["± (95 %)"], half)
-        segments = [SECONDARY_SEGMENT.match(s) for s in split_top(row["per draw"])]
-        found = [m.group(1) or m.group(2) if m else s for m, s in zip(segments, split_top(row["per draw"]))]
+        segments = split_top(row["per draw"])
+        found = [m.group(1) or m.group(2) if m else s for s in segments for m in [SECONDARY_SEGMENT.match(s)]]
         ours = []
         for d, r in draws.items():
             side = {"supported": "variant", "contradicted": "counterpart"}.get(r.reading, r.reading.split(" at ")[0])
@@ -181,7 +184,7 @@ def audit_gate(audit: Audit, where: str, bundle: Bundle, rows: list[dict], heade
     audit.columns(where, header, known | extra, known - {"note"} | needed)
     if campaign:
         keys = [(m.group(1), int(m.group(2)), r.get("rule")) if m else (r.get("setting"), r.get("rule"))
-                for r in rows for m in [re.match(r"(\w+), baseline, draw (\d+)(?: \(.*\))?$", r.get("setting", ""))]]
+                for r in rows for m in [FINAL_SETTING.match(r.get("setting", ""))]]
         expected = {(d, draw, rule) for d in bundle.data for (method, draw) in bundle.planned if method == "baseline"
                     for rule in RULES} if len(bundle.finals) else set()
     else:
@@ -191,7 +194,7 @@ def audit_gate(audit: Audit, where: str, bundle: Bundle, rows: list[dict], heade
     tuned_at = {}
     for row in rows:
         label = f"{where}: {row['setting']}, {row['rule']}"
-        final = re.match(r"(\w+), baseline, draw (\d+)(?: \((.*)\))?$", row["setting"])
+        final = FINAL_SETTING.match(row["setting"])
         if final:
             data, draw, rate = final.group(1), int(final.group(2)), final.group(3) or ""
             f = bundle.finals

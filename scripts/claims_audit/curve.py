@@ -34,14 +34,11 @@ def arms(bundle: Bundle) -> set[tuple[str, float]]:
 
 def per_seed(bundle: Bundle, arm: str, ratio: float, metric: str) -> pd.Series:
     """Task-mean test ``metric`` of one curve point per seed."""
-    method, _, calibrator = arm.partition("+")
-    split = f"test+{calibrator}" if calibrator else "test"
-    runs = bundle.curves[bundle.curves["method"] == method]
+    runs = bundle.curves[bundle.curves["method"] == arm.partition("+")[0]]
     # the ratio as a run folder names it (6 significant digits), a reference arm has none
     same = runs["ratio"].isna() if np.isnan(ratio) else [f"{r:.6g}" == f"{ratio:.6g}" for r in runs["ratio"]]
     runs = runs[same]
-    keys = pd.MultiIndex.from_arrays([runs["run"], [split] * len(runs), [metric] * len(runs)])
-    return pd.Series(bundle.means.reindex(keys).to_numpy(), index=runs["seed"].astype(int).to_numpy()).dropna()
+    return pd.Series(bundle.task_means(runs["run"], arm, metric), index=runs["seed"].astype(int).to_numpy()).dropna()
 
 
 def audit_curve(audit: Audit, where: str, bundle: Bundle, rows: list[dict], header: list[str], head: str) -> None:
