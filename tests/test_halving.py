@@ -7,7 +7,7 @@ import optuna
 from optuna.trial import TrialState
 from test_tuning import KNOBS, _study
 
-from mtl_cog.experiments import halving, tuning
+from mtl_cog.experiments import halving, trial_retries, tuning
 
 
 def test_an_interrupted_trial_keeps_the_rungs_it_reached_and_is_judged_once(tmp_path):
@@ -30,10 +30,10 @@ def test_an_interrupted_trial_keeps_the_rungs_it_reached_and_is_judged_once(tmp_
     study.tell(first, 0.44)
     stopped = study.ask(space)
     assert report(stopped, [0.58, 0.52, 0.45, 0.44]) == "alive"  # the best at rungs 1 and 3, then stopped
-    tuning.retry_lost(stopped)
+    trial_retries.retry_lost(stopped)
     study.tell(stopped, state=TrialState.FAIL)
     retry = study.ask(space)
-    assert retry.params == stopped.params and tuning.first_attempt(retry) == 1
+    assert retry.params == stopped.params and trial_retries.first_attempt(retry) == 1
     assert report(retry, [0.30, 0.29], first_epoch=5) == "alive"
     retried = study.get_trials()[retry.number]
     assert tuning.rung_values(retried) == "0.58 0.45"  # its run's own values at epochs 1 and 3
@@ -64,7 +64,7 @@ def test_a_trial_whose_worker_asked_for_its_retry_gets_no_second_one_from_the_he
     folder both counted and both competing."""
     study = _study(tmp_path, budget=4, prune=True)
     stopped = study.ask({k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in KNOBS})
-    tuning.retry_lost(stopped)  # ... and the worker is killed before the tell: the trial stays running
+    trial_retries.retry_lost(stopped)  # ... and the worker is killed before the tell: the trial stays running
     study.tell(stopped, state=TrialState.FAIL)  # what the stale heartbeat then does
     halving.HeartbeatRetry(3)(study, study.get_trials()[0])
     assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.WAITING]  # one retry, not two
@@ -84,7 +84,7 @@ def test_a_restored_failed_extra_stays_a_failure_and_only_a_lost_trial_is_supers
     table = pd.DataFrame([
         {**row, "trial": 0, "run": "trial_00", "state": "complete", "counted": True, "reason": "", "val_nll": 0.2},
         {**row, "trial": 1, "run": "trial_01", "state": "fail", "counted": False, "reason": "FloatingPointError: x"},
-        {**row, "trial": 2, "run": "trial_02", "state": "fail", "counted": False, "reason": tuning.LOST_REASON}])
+        {**row, "trial": 2, "run": "trial_02", "state": "fail", "counted": False, "reason": trial_retries.LOST_REASON}])
     bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c"})
     bundle.set_trials(spec.name, table)
     bundles.write_bundle(tmp_path / "b", bundle)

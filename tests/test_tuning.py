@@ -9,7 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 from mtl_cog.errors import UserError
-from mtl_cog.experiments import protocol, tuning
+from mtl_cog.experiments import halving, protocol, trial_retries, tuning
 
 KNOBS = [protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True), protocol.Knob("leader_ratio", 1e-3, 1.0, log=True)]
 
@@ -95,7 +95,7 @@ def test_an_interrupted_trial_is_asked_again_and_continues_its_run_folder(tmp_pa
 
     def objective(trial):
         trial.suggest_float("optim.follower_lr", 1e-4, 1e-2, log=True)
-        tuning.retry_lost(trial)  # what the worker does on Ctrl-C, before Optuna marks the trial failed
+        trial_retries.retry_lost(trial)  # what the worker does on Ctrl-C, before Optuna marks the trial failed
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -103,13 +103,13 @@ def test_an_interrupted_trial_is_asked_again_and_continues_its_run_folder(tmp_pa
     assert study.trials[0].state == TrialState.FAIL
     assert [t.number for t in tuning.counted_trials(study, 2)[0]] == [1]  # the waiting retry counts, not the lost one
     retry = study.ask({"optim.follower_lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
-    assert retry.params == {"optim.follower_lr": 1e-3} and tuning.first_attempt(retry) == 0
+    assert retry.params == {"optim.follower_lr": 1e-3} and trial_retries.first_attempt(retry) == 0
 
 
 def test_a_trial_lost_with_its_worker_does_not_count(tmp_path):
     study = _study(tmp_path, budget=2)
     lost = study.ask()
-    lost.set_user_attr(tuning.LOST, True)  # restored from a bundle after its machine was lost: asked again
+    lost.set_user_attr(halving.LOST, True)  # restored from a bundle after its machine was lost: asked again
     study.tell(lost, state=TrialState.FAIL)
     assert tuning.remaining(study, 2) == 2
     assert [t.number for t in tuning.result(study, 2).uncounted] == [0]
@@ -137,7 +137,7 @@ def test_a_dead_trial_is_retried_with_its_parameters_and_its_first_number(tmp_pa
     trials = study.get_trials()
     assert trials[0].state == TrialState.FAIL and trials[1].state == TrialState.WAITING
     retry = study.ask()
-    assert retry.params == dead.params and tuning.first_attempt(retry) == 0  # continues trial_00
+    assert retry.params == dead.params and trial_retries.first_attempt(retry) == 0  # continues trial_00
     assert tuning.has_work(study, 2)
     study.tell(retry, 0.4)
     assert [t.number for t in tuning.counted_trials(study, 2)[0]] == [1]  # the retry stands in for the dead one
@@ -358,7 +358,7 @@ def test_after_a_stopped_trial_the_next_proposal_is_the_uninterrupted_ones(tmp_p
             tuning.reseed(study, 7, 6)
             trial = study.ask(space)
             if interrupt and n == 3:  # a TPE proposal (3 start points first): its retry is asked next
-                tuning.retry_lost(trial)
+                trial_retries.retry_lost(trial)
                 study.tell(trial, state=TrialState.FAIL)
                 tuning.reseed(study, 7, 6)
                 trial = study.ask(space)  # the retry: same parameters, asked first

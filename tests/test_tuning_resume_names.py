@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from mtl_cog.experiments import protocol, tuning
+from mtl_cog.experiments import protocol, trial_retries, tuning
 
 KNOBS = [protocol.Knob("optim.follower_lr", 1e-4, 1e-2, log=True)]
 
@@ -21,7 +21,7 @@ def _open(tmp_path: Path) -> optuna.Study:
 def _run(study: optuna.Study, value: float) -> int:
     trial = study.ask()
     tuning.suggest(trial, KNOBS)
-    number = tuning.run_number(trial)
+    number = trial_retries.run_number(trial)
     study.tell(trial, value)
     return number
 
@@ -45,7 +45,7 @@ def test_a_retried_trial_shifts_no_later_folder(tmp_path):
     folders += [_run(study, 0.3), _run(study, 0.35)]  # the retry, then a new trial (Optuna's 4)
     assert [t.number for t in study.trials] == [0, 1, 2, 3, 4]
     assert folders == [0, 1, 2, 3]  # trial_00 .. trial_03, as without the kill (not trial_04)
-    assert tuning.run_numbers(study) == {0: 0, 1: 1, 2: 2, 3: 2, 4: 3}
+    assert trial_retries.run_numbers(study) == {0: 0, 1: 1, 2: 2, 3: 2, 4: 3}
 
 
 def test_a_lost_trial_retried_by_its_worker_keeps_its_folder_too(tmp_path):
@@ -53,14 +53,14 @@ def test_a_lost_trial_retried_by_its_worker_keeps_its_folder_too(tmp_path):
     _run(study, 0.5)
     lost = study.ask()
     tuning.suggest(lost, KNOBS)
-    tuning.retry_lost(lost)  # a worker being stopped asks for its trial again
+    trial_retries.retry_lost(lost)  # a worker being stopped asks for its trial again
     study.tell(lost, state=TrialState.FAIL)
     assert [_run(study, 0.3), _run(study, 0.2)] == [1, 2]
 
 
 def test_a_study_from_before_keeps_its_folder_names(tmp_path):
     study = _open(tmp_path)
-    study.set_user_attr(tuning.NUMBERING_ATTR, None)  # started before folders counted first attempts
+    study.set_user_attr(trial_retries.NUMBERING_ATTR, None)  # started before folders counted first attempts
     _run(study, 0.5)
     _kill_running_trial(study, tmp_path)
     assert [_run(study, 0.3), _run(study, 0.2)] == [1, 3]  # the retry of 1, then Optuna's number 3

@@ -268,6 +268,10 @@ class OptimConfig:
     weight_decay: float = 0.0  # Adam's L2 penalty, on the leader and the follower alike
     lr_step_epochs: int = 10  # step schedule: divide both learning rates by 1/lr_gamma every N epochs
     lr_gamma: float = 0.1  # the step schedule's factor: both learning rates are multiplied by it every lr_step_epochs
+    # Epochs after which both learning rates are multiplied by lr_gamma (torch's MultiStepLR), e.g. [20, 25] at 30
+    # epochs; set, it replaces the every-lr_step_epochs schedule, so lr_step_epochs must then be left at a period no
+    # run reaches (the paper protocol's late-steps arm, mtl_cog/experiments/protocol.py). Empty: the step schedule.
+    lr_milestones: list[int] = field(default_factory=list)
 
     def validate(self, has_leader: bool) -> None:
         check_learning_rate(self.follower_lr, "optim.follower_lr")
@@ -284,6 +288,15 @@ class OptimConfig:
             raise ConfigError(f"optim.lr_step_epochs must be > 0. Got {self.lr_step_epochs}.")
         if not 0 < self.lr_gamma <= 1:
             raise ConfigError(f"optim.lr_gamma must be in (0, 1]. Got {self.lr_gamma}.")
+        if self.lr_milestones:
+            if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in self.lr_milestones) \
+                    or list(self.lr_milestones) != sorted(set(self.lr_milestones)):
+                raise ConfigError("optim.lr_milestones must be increasing whole epochs >= 1. "
+                                  f"Got {self.lr_milestones}.")
+            if self.lr_step_epochs <= self.lr_milestones[-1]:  # two schedules at once: one would silently win
+                raise ConfigError(f"optim.lr_milestones {self.lr_milestones} replace the step schedule, but "
+                                  f"optim.lr_step_epochs={self.lr_step_epochs} would also step the rates: set "
+                                  "optim.lr_step_epochs=1000000 (no step) with milestones, or leave lr_milestones out.")
 
 
 PRECISIONS = ("no", "bf16", "fp16")
@@ -528,6 +541,10 @@ class Config:
         self.eval.validate()
         self.two_stage.validate()
         self.mtl.validate()
+        if self.optim.lr_milestones and self.optim.lr_milestones[-1] >= self.train.epochs:  # a step never taken
+            raise ConfigError(f"optim.lr_milestones {self.optim.lr_milestones}: a step after epoch "
+                              f"{self.optim.lr_milestones[-1]} never happens in a run of train.epochs="
+                              f"{self.train.epochs}; give milestones below the epoch count.")
         if self.eval.score_last_epoch and self.two_stage.enabled:  # the last epoch would lack the second stage
             raise ConfigError("eval.score_last_epoch scores stage one's last network, which TST / V-TST replace with "
                               "a second-stage head: it would name a network the method never trains. Leave it off "

@@ -39,7 +39,7 @@ from optuna.trial import TrialState
 
 from mtl_cog.config import Config, load_config, search_ranges
 from mtl_cog.errors import UserError
-from mtl_cog.experiments import campaign, gpu_time, protocol, tuning
+from mtl_cog.experiments import campaign, gpu_time, halving, protocol, trial_retries, tuning
 from mtl_cog.experiments.launcher import LocalLauncher, RunJob, python_module_command
 from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state, validation_scores
 from mtl_cog.io import output_folder
@@ -127,12 +127,12 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
         if len(params) != len(distributions) or not all(math.isfinite(v) for v in params.values()):
             raise UserError(f"the results bundle's {bundles.TRIALS}: trial {row.get('trial')} of study {spec.name} "
                             f"lacks its parameters ({', '.join(distributions)}); restore the file from git.")
-        retry_of = row.get(tuning.RETRY_OF)
+        retry_of = row.get(trial_retries.RETRY_OF)
         retry_attrs = {} if retry_of is None or pd.isna(retry_of) or retry_of == "" else {
-            tuning.RETRY_OF: int(retry_of)}
+            trial_retries.RETRY_OF: int(retry_of)}
         if row["state"] in ("running", "waiting"):  # asked, not finished: asked again, with the rungs it passed
-            first = retry_attrs.get(tuning.RETRY_OF, int(row["trial"]) if row["state"] == "running" else None)
-            tuning.enqueue_retry(study, params, first, tuning.rung_attrs(row.get("rung_values")))
+            first = retry_attrs.get(trial_retries.RETRY_OF, int(row["trial"]) if row["state"] == "running" else None)
+            trial_retries.enqueue_retry(study, params, first, tuning.rung_attrs(row.get("rung_values")))
             continue
         reason = row.get("reason")
         attrs = {"overrides": row["overrides"], "run": row["run"],
@@ -140,14 +140,14 @@ def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles
         state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(row["state"], TrialState.FAIL)
         # its worker died: retried in its place, not counted (an extra trial of parallel workers, also not counted,
         # has a reason of its own and stays what it was: a failed extra is no lost one)
-        lost = str(row.get("counted", True)) == "False" and attrs["reason"] in ("", tuning.LOST_REASON)
+        lost = str(row.get("counted", True)) == "False" and attrs["reason"] in ("", trial_retries.LOST_REASON)
         value = float(row["val_nll"]) if state == TrialState.COMPLETE else None
         epochs = row.get("epochs_trained")
         if epochs is not None and not pd.isna(epochs):
             attrs[tuning.EPOCHS_ATTR] = int(epochs)
         study.add_trial(optuna.trial.create_trial(
             params=params, distributions=distributions, value=value, state=state,
-            user_attrs={**attrs, **({tuning.LOST: True} if lost else {})},
+            user_attrs={**attrs, **({halving.LOST: True} if lost else {})},
             system_attrs=tuning.rung_attrs(row.get("rung_values"))))
     return len(rows) - present
 
@@ -326,7 +326,7 @@ def work(argv: list[str] | None = None) -> int:
     tuning.enqueue_start(study, knobs, args.budget, args.sampler_seed, spec.rotation)
 
     def trial_specs(trial: optuna.Trial, setting: dict[str, float]) -> list[tuple[campaign.RunSpec, Config]]:
-        number = tuning.run_number(trial)
+        number = trial_retries.run_number(trial)
         out = []
         for seed, run_dir in trial_runs(folder, number, seeds):
             overrides = (*args.overrides, f"seed={seed}", *protocol.as_overrides(setting))
@@ -365,7 +365,7 @@ def work(argv: list[str] | None = None) -> int:
                         hooks=pruning_hook(trial, spec_.run_dir) if args.prune else None)
                 nlls.append(validation_nll(spec_.run_dir, cfg))
         except KeyboardInterrupt:  # the worker is stopped, not the trial failed: asked again, not counted
-            tuning.retry_lost(trial)
+            trial_retries.retry_lost(trial)
             raise
         except optuna.TrialPruned as pruned:
             trial.set_user_attr("reason", str(pruned))
@@ -383,7 +383,7 @@ def work(argv: list[str] | None = None) -> int:
         try:
             record(specs)
         except (UserError, OSError):  # the bundle could not take it: the worker stops, the trial is asked again
-            tuning.retry_lost(trial)
+            trial_retries.retry_lost(trial)
             raise
         return value
 

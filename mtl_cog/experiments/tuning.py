@@ -52,9 +52,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from mtl_cog.config.search_ranges import Knob, ranges_text
 from mtl_cog.errors import UserError
-from mtl_cog.experiments.halving import LOST, RUNG_KEY, HeartbeatRetry, RetryAwareHalving, rung_attrs_of, superseded
+from mtl_cog.experiments.halving import RUNG_KEY, HeartbeatRetry, RetryAwareHalving, rung_attrs_of, superseded
 from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, start_points
 from mtl_cog.experiments.study_storage import check_storage, shown
+from mtl_cog.experiments.trial_retries import BY_FIRST_ATTEMPTS, LOST_REASON, NUMBERING_ATTR, RETRY_OF
 
 STUDY_FILE = "optuna.db"
 HEARTBEAT_SECONDS = 20  # a live trial's worker writes its heartbeat this often (a thread, whatever the epoch length)
@@ -64,6 +65,24 @@ REDUCTION = 3  # successive halving keeps the best third at each rung
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours to print
+
+
+@dataclass(frozen=True)
+class TuningRule:
+    """How a study spends its budget beyond its trial count: the pruning guard (``halving``) and a cap on the epochs
+    its trials train together (``epoch_budget``; None: trials alone). Recorded with every trial (trials.csv's
+    ``rule``) so that a study resumes under the rule it was tuned with, or is refused."""
+
+    min_trials_per_rung: int = 1
+    epoch_budget: int | None = None
+
+    @property
+    def text(self) -> str:
+        cap = "" if self.epoch_budget is None else f"; epoch budget {self.epoch_budget}"
+        return f"halving judged with >= {self.min_trials_per_rung} trials per rung{cap}"
+
+
+LEGACY_RULE = TuningRule()
 
 
 def storage_url(tuning_dir: Path) -> str:
@@ -80,16 +99,24 @@ def min_resource(epochs: int) -> int:
     return max(1, epochs // REDUCTION ** 2)
 
 
-def pruner(prune: bool, epochs: int) -> optuna.pruners.BasePruner:
+def pruner(prune: bool, epochs: int, min_trials_per_rung: int = 1) -> optuna.pruners.BasePruner:
     if not prune:
         return optuna.pruners.NopPruner()
-    return RetryAwareHalving(min_resource=min_resource(epochs), reduction_factor=REDUCTION)
+    return RetryAwareHalving(min_resource(epochs), REDUCTION, min_trials_per_rung)
+
+
+def min_trials_per_rung(budget: int, legacy: bool) -> int:
+    """Trials that must hold a value at a rung before successive halving judges one there: every start point
+    (``halving``'s module docstring); 1 (Optuna's rule, the first trial promoted unopposed) for studies tuned before
+    2026-12-06, which resume under the rule they were tuned with."""
+    return 1 if legacy else start_count(budget)
 
 
 def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob],
-               trial_seeds: Sequence[int], seed: int = SAMPLER_SEED) -> optuna.Study:
+               trial_seeds: Sequence[int], seed: int = SAMPLER_SEED, rule: TuningRule | None = None) -> optuna.Study:
     """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner; every trial
-    trains once per seed of ``trial_seeds`` (``--tuning-seeds``), the sampler draws with ``seed``.
+    trains once per seed of ``trial_seeds`` (``--tuning-seeds``), the sampler draws with ``seed``; ``rule``: the
+    pruning guard and epoch budget (None: the legacy rule, Optuna's halving and no epoch budget).
 
     Refused when the storage cannot hold a study (``study_storage.check_storage``, before anything is
     written) or the study was started over another search (``check_same_search``).
@@ -102,14 +129,15 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
             storage = RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
                                  heartbeat_stale_trial_callback=retry)
         study = optuna.create_study(storage=storage, study_name=name, direction="minimize",
-                                    sampler=sampler(seed, budget), pruner=pruner(prune, epochs), load_if_exists=True)
+                                    sampler=sampler(seed, budget), load_if_exists=True,
+                                    pruner=pruner(prune, epochs, (rule or LEGACY_RULE).min_trials_per_rung))
         if not study.trials and NUMBERING_ATTR not in study.user_attrs:  # new: folders count first attempts
             study.set_user_attr(NUMBERING_ATTR, BY_FIRST_ATTEMPTS)
     except SQLAlchemyError as err:  # what the checks cannot see: a server that refuses, a database gone mid-way
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"study storage {shown(url)} cannot be opened ({cause[:300]}). Check that the database "
                         "is reachable and writable, or use another --study-storage.") from None
-    check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds))
+    check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds, rule))
     return study
 
 
@@ -141,11 +169,14 @@ SEARCH_ATTR = "search"  # the study's user attribute that records what its trial
 PRUNING_REPORTS = "the kept checkpoint's validation NLL"
 
 
-def search_record(knobs: Sequence[Knob], epochs: int, prune: bool, trial_seeds: Sequence[int]) -> dict:
+def search_record(knobs: Sequence[Knob], epochs: int, prune: bool, trial_seeds: Sequence[int],
+                  rule: TuningRule | None = None) -> dict:
     """What makes two trials comparable: the knobs and their ranges, the epochs per trial, pruning off or what it
-    ranks by, the seeds every trial trains with (its value is their mean)."""
-    return {"knobs": [[k.key, k.low, k.high, k.log] for k in knobs], "epochs": epochs,
-            "prune": PRUNING_REPORTS if prune else False, "trial_seeds": [int(s) for s in trial_seeds]}
+    ranks by, the seeds every trial trains with (its value is their mean), and the tuning rule where it is not the
+    legacy one (a study recorded before the rule existed reads as the legacy rule)."""
+    record = {"knobs": [[k.key, k.low, k.high, k.log] for k in knobs], "epochs": epochs,
+              "prune": PRUNING_REPORTS if prune else False, "trial_seeds": [int(s) for s in trial_seeds]}
+    return record | ({} if rule is None or rule == LEGACY_RULE else {"rule": rule.text})
 
 
 def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
@@ -203,68 +234,6 @@ def suggest(trial: optuna.Trial, knobs: list[Knob]) -> dict[str, float]:
     return {k.key: trial.suggest_float(k.key, k.low, k.high, log=k.log) for k in knobs}
 
 
-def first_attempt(trial: FrozenTrial | optuna.Trial) -> int:
-    """The number of the trial this one retries (itself if none)."""
-    if not isinstance(trial, FrozenTrial):
-        trial = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
-    retried = trial.system_attrs.get("failed_trial")  # RetryHeartbeatStaleTrialCallback's mark: the first attempt
-    retried = trial.user_attrs.get(RETRY_OF, retried)  # an interrupted worker's (``retry_lost``)
-    return trial.number if retried is None else retried
-
-
-RETRY_OF = "retry_of"
-
-
-def retry_lost(trial: optuna.Trial) -> None:
-    """The worker running ``trial`` is being stopped (Ctrl-C, a campaign interrupted): Optuna will mark the trial
-    failed, which must not count against the method. Mark it ``LOST`` and ask for it again with the same
-    parameters; the retry continues the same run folder (``first_attempt``) and the rungs it completed."""
-    trial.set_user_attr(LOST, True)
-    frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
-    enqueue_retry(trial.study, trial.params, first_attempt(frozen), rung_attrs_of(frozen))
-
-
-LOST_REASON = "its worker stopped; asked again with the same parameters"  # trials.csv's reason of a LOST trial
-
-
-def enqueue_retry(study: optuna.Study, params: dict[str, float], retry_of: int | None,
-                  rungs: dict[str, float]) -> None:
-    """Ask for a trial with ``params`` (Optuna's ``enqueue_trial``), retrying ``retry_of`` (None: a first
-    attempt) and holding the ``rungs`` its run has completed: it continues that run, and successive halving must
-    not judge it there again on a later epoch's value (``mtl_cog.experiments.halving``)."""
-    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"fixed_params": params, **rungs},
-                                              user_attrs={} if retry_of is None else {RETRY_OF: retry_of}))
-
-
-# How a study numbers its trial_NN folders (a user attribute set when the study is created). Studies
-# from before it keep what they started with, the first attempt's trial number, so that their
-# folders keep their names when they are resumed.
-NUMBERING_ATTR = "run_numbers"
-BY_FIRST_ATTEMPTS = "first attempts in order"
-
-
-def run_numbers(study: optuna.Study) -> dict[int, int]:
-    """Optuna's trial number -> the NN of the trial's run folder ``trial_NN``.
-
-    NN is the trial's place among the study's first attempts (trials that retry none: neither a
-    dead trial's heartbeat retry nor ``retry_lost``'s), a retry taking its first attempt's: what an
-    uninterrupted tuning numbers them. Optuna numbers a retry after every trial asked so far, so
-    numbering folders by Optuna's numbers would shift every later folder once a worker was killed.
-    The first attempts before a trial exist when it is asked, so its NN never changes.
-    """
-    trials = study.get_trials(deepcopy=False)
-    if study.user_attrs.get(NUMBERING_ATTR) != BY_FIRST_ATTEMPTS:
-        return {t.number: first_attempt(t) for t in trials}
-    firsts = sorted(t.number for t in trials if first_attempt(t) == t.number)
-    place = {number: i for i, number in enumerate(firsts)}
-    return {t.number: place[first_attempt(t)] for t in trials}
-
-
-def run_number(trial: optuna.Trial) -> int:
-    """The NN of ``trial``'s run folder ``trial_NN`` (``run_numbers``)."""
-    return run_numbers(trial.study)[trial.number]
-
-
 def counted_trials(study: optuna.Study, budget: int) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
     """(the budget's trials, extras): the first ``budget`` trials in number order, failed ones included.
 
@@ -284,10 +253,32 @@ def remaining(study: optuna.Study, budget: int) -> int:
     return budget - len(counted_trials(study, budget)[0])
 
 
-def has_work(study: optuna.Study, budget: int) -> bool:
-    """Trials still to ask, or asked-for ones waiting (enqueued start points, retries of dead trials)."""
+def has_work(study: optuna.Study, budget: int, rule: TuningRule = LEGACY_RULE, epochs: int = 0) -> bool:
+    """Trials still to ask, or asked-for ones waiting (enqueued start points, retries of dead trials), while the
+    study's epoch budget (``rule``) is not spent."""
     trials = counted_trials(study, budget)[0]
+    if budget_spent(study, budget, rule, epochs):
+        return False
     return len(trials) < budget or any(t.state == TrialState.WAITING for t in trials)
+
+
+def epochs_so_far(trial: FrozenTrial, epochs: int) -> int:
+    """Epochs a counted trial has trained: a running one up to its last report, a waiting one none yet (a retry's
+    earlier epochs belong to the attempt it replaces, which is not counted), a finished one ``epochs_trained``."""
+    if trial.state == TrialState.RUNNING:
+        return max(trial.intermediate_values, default=0)
+    return 0 if trial.state == TrialState.WAITING else epochs_trained(trial, epochs)
+
+
+def epochs_spent(study: optuna.Study, budget: int, epochs: int) -> int:
+    """Epochs the budget's trials have trained so far, together."""
+    return sum(epochs_so_far(t, epochs) for t in counted_trials(study, budget)[0])
+
+
+def budget_spent(study: optuna.Study, budget: int, rule: TuningRule, epochs: int) -> bool:
+    """Whether the study's epoch budget is spent (never, without one): no trial is asked after that, and a running
+    one is stopped (``fair_tuning.pruning_hook``)."""
+    return rule.epoch_budget is not None and epochs_spent(study, budget, epochs) >= rule.epoch_budget
 
 
 def settle_stale(study: optuna.Study, wait: bool = True) -> None:
@@ -327,12 +318,15 @@ class StudyResult:
     uncounted: list[FrozenTrial]  # failed because their worker died; retried in their place
 
 
-def result(study: optuna.Study, budget: int) -> StudyResult:
+def result(study: optuna.Study, budget: int, rule: TuningRule = LEGACY_RULE, epochs: int = 0) -> StudyResult:
+    """The study's outcome; with its epoch budget spent, the trials never asked (or waiting) are no unfinished
+    work: the budget ended the study."""
     trials, extras = counted_trials(study, budget)
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)]
     best = min(complete, key=lambda t: (t.value, t.number)) if complete else None
-    unfinished = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    if len(trials) < budget:
+    spent = budget_spent(study, budget, rule, epochs)
+    unfinished = [t for t in trials if t.state == TrialState.RUNNING or t.state == TrialState.WAITING and not spent]
+    if len(trials) < budget and not spent:
         unfinished += [None] * (budget - len(trials))  # type: ignore[list-item]  (never asked)
     listed = {t.number for t in [*trials, *extras]}
     uncounted = [t for t in study.get_trials(deepcopy=False) if t.number not in listed and t.state.is_finished()]

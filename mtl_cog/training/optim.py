@@ -51,13 +51,15 @@ def build_optimizer(network: nn.Module, leader_modules: list[str], cfg: OptimCon
     return torch.optim.Adam(param_groups, weight_decay=cfg.weight_decay)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.optim.lr_scheduler.StepLR:
-    """Step schedule (lr * gamma every N epochs) for both groups.
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    """Step schedule (lr * gamma every N epochs, or after each of ``cfg.lr_milestones``) for both groups.
 
     Stepped once per epoch by the training loop and deliberately *not* passed through
     ``accelerator.prepare``: Accelerate's wrapper steps it once per process, which would decay
     N times too fast on N processes (docs/explanation/architecture.md, "Pitfalls").
     """
+    if cfg.lr_milestones:
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.lr_milestones), gamma=cfg.lr_gamma)
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_step_epochs, gamma=cfg.lr_gamma)
 
 
