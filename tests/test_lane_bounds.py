@@ -21,7 +21,7 @@ def test_every_is_a_finite_positive_number_of_seconds(every):
 
 
 def test_the_default_commits_at_most_every_half_hour():
-    assert lane.parse(["--name", "x", "--", "scripts/reproduce.py"]).every == 1800
+    assert lane.parse(["--name", "x", "--", "scripts/reproduce.py"]).every == 3600
 
 
 def test_a_name_longer_than_the_file_system_takes_is_one_error_line(tmp_path):

@@ -192,7 +192,7 @@ def test_pruning_reports_the_kept_checkpoints_nll_not_the_epochs_own(tmp_path):
     from mtl_cog.runs.metrics_log import append_line
 
     trial = _RecordingTrial()
-    hook = pruning_hook(trial, tmp_path).on_epoch_end
+    hook = pruning_hook(trial, tmp_path, True).on_epoch_end
     for epoch, nll, best in ((1, 0.9, 1), (2, 0.7, 2), (3, 1.4, 2), (4, 0.6, 4)):
         append_line(tmp_path / rundir.METRICS, {"epoch": epoch, "stage": "stage_one", "val": {"nll": nll}})
         hook(_epoch_end(epoch, nll, best))
@@ -200,7 +200,7 @@ def test_pruning_reports_the_kept_checkpoints_nll_not_the_epochs_own(tmp_path):
 
     # A trial resumed after a kill: its first epoch did not improve; the kept NLL comes from the file.
     resumed = _RecordingTrial()
-    pruning_hook(resumed, tmp_path).on_epoch_end(_epoch_end(5, 2.0, 4))
+    pruning_hook(resumed, tmp_path, True).on_epoch_end(_epoch_end(5, 2.0, 4))
     assert resumed.reports == [(5, 0.6)]
 
 
@@ -208,7 +208,7 @@ def test_pruning_refuses_a_run_whose_kept_epoch_has_no_metrics_line(tmp_path):
     from mtl_cog.experiments.fair_tuning import pruning_hook
 
     with pytest.raises(UserError, match="epoch 4"):
-        pruning_hook(_RecordingTrial(), tmp_path).on_epoch_end(_epoch_end(5, 2.0, 4))
+        pruning_hook(_RecordingTrial(), tmp_path, True).on_epoch_end(_epoch_end(5, 2.0, 4))
 
 
 def test_a_range_is_widened_past_the_edge_its_choice_sat_at_within_the_knobs_limits():

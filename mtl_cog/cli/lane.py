@@ -17,8 +17,9 @@ what is committed. A lane makes that automatic:
   committed one has (older than what another machine committed) is refused, at the start and before
   every sync, instead of overwriting the newer bundle; one lane per name and work folder
   (``WORK/NAME/lane.lock``);
-- every ``--every`` seconds (default 30 minutes: a commit per half hour keeps the history readable, and a lost
-  machine loses at most that much), and when the command ends or is interrupted (SIGINT, SIGTERM or SIGHUP to the
+- every ``--every`` seconds (default an hour: one commit an hour, its message saying what finished, e.g.
+  "results: NAME 23/50 finals, 80/80 trials (lane)", keeps the history readable; a lost machine loses at most
+  that much), and when the command ends or is interrupted (SIGINT, SIGTERM or SIGHUP to the
   lane: SIGINT to the campaign, its clean stop; a second signal: SIGTERM; a lane killed outright: the
   campaign gets SIGINT from the kernel), ``out/bundle`` is copied
   (under the campaign's own bundle lock, so never half-written) to ``results/NAME/bundle`` and
@@ -58,7 +59,7 @@ from mtl_cog.errors import UserError, run_cli
 from mtl_cog.reporting.docs_tables import bundles_on, figures_on, pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
-DEFAULT_EVERY_SECONDS = 1800.0  # commit the bundle at most every 30 minutes, and when the command ends
+DEFAULT_EVERY_SECONDS = 3600.0  # commit the bundle at most once an hour, and when the command ends
 STOP_GRACE_SECONDS = 120  # after SIGINT, how long a campaign may take to record what finished before SIGTERM
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one folder under results/, no git pathspec magic
 COMMITTED, UNCHANGED, FAILED = "committed", "unchanged", "failed"
@@ -218,13 +219,30 @@ def commit_bundle(repo: Path, published: Path, name: str) -> str:
     for attempt in range(COMMIT_TRIES):
         added = git(repo, "add", "-A", "--", *paths, check=False)
         done = added.returncode == 0 and git(
-            repo, "commit", "-q", "-m", f"results: {name} bundle as runs finish (lane)", "--", *paths,
+            repo, "commit", "-q", "-m", commit_message(published, name), "--", *paths,
             check=False).returncode == 0
         if done:
             return COMMITTED
         time.sleep(2 + 3 * attempt)
     print(f"lane {name}: could not commit {path} (git busy?); the next sync tries again", file=sys.stderr)
     return FAILED
+
+
+def commit_message(published: Path, name: str) -> str:
+    """What finished, from the bundle: "results: NAME 23/50 finals, 80/80 trials (lane)" (a bundle that cannot
+    be read, or has no planned parts yet: "results: NAME bundle as runs finish (lane)")."""
+    from mtl_cog.reporting.bundle import read_bundle  # pandas: only when a lane commits
+    from mtl_cog.reporting.bundle_progress import progress
+
+    try:
+        rows = progress(read_bundle(published))
+    except Exception:  # noqa: BLE001  (the message only: the bundle's own checks run where it is read)
+        rows = None
+    if rows is None or rows.empty:
+        return f"results: {name} bundle as runs finish (lane)"
+    rows = rows.assign(unit=[("trials" if str(part).startswith("tuning") else f"{part}s") for part in rows["part"]])
+    told = [f"{int(g['done'].sum())}/{int(g['planned'].sum())} {unit}" for unit, g in rows.groupby("unit", sort=False)]
+    return f"results: {name} {', '.join(told)} (lane)"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -234,7 +252,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work", default=None, help="where the frozen code and the output live "
                         "(default: $MTL_COG_LANES or ~/.cache/mtl_cog/lanes)")
     parser.add_argument("--every", type=float, default=DEFAULT_EVERY_SECONDS,
-                        help="seconds between syncs (default 1800: at most one commit per 30 minutes, and one at exit)")
+                        help="seconds between syncs (default 3600: at most one commit an hour, and one at exit)")
     parser.add_argument("--repo", default=str(CONFIGS.parent), help=argparse.SUPPRESS)  # tests: another checkout
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- then the campaign's script and its arguments (without --out)")

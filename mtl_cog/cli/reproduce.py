@@ -72,6 +72,7 @@ from mtl_cog.experiments.launcher import (
     processes_per_run,
     thread_env,
 )
+from mtl_cog.experiments.tuning_rule import TuningRule
 from mtl_cog.io import check_writable
 from mtl_cog.reporting.bundle import bundle_dir, read_bundle
 from mtl_cog.reporting.bundle_report import write_bundle_report
@@ -124,6 +125,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "and draw (the edge knobs widened) with the same budget; off by default")
     parser.add_argument("--prune", action="store_true",
                         help="fair: successive halving of the tuning trials (the same rungs for every method)")
+    parser.add_argument("--epoch-budget", type=whole_number(1, None, "an epoch count"), default=None, metavar="N",
+                        help="fair/paper: epochs a study's trials may train together (every study the same; default: "
+                             "the trial count alone); at least the start points' epochs (mtl_cog/experiments/"
+                             "tuning_rule.py)")
+    parser.add_argument("--paper-schedule", choices=protocol.PAPER_SCHEDULES, default="scaled_period",
+                        help="paper: the COG variants' rate schedule (default scaled_period, the paper's period "
+                             "scaled by its epoch share; constant and late_steps keep its long live phase: "
+                             "protocol.py)")
     parser.add_argument("--tune-workers", type=whole_number(1, 4096, "workers >= 1"), default=None, metavar="N",
                         help="fair: Optuna workers per study (default: --jobs locally, 4 on slurm); they share it")
     parser.add_argument("--study-storage", default=None, metavar="URL",
@@ -141,6 +150,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_launcher_arguments(parser, parallel_flag="--jobs")
     campaign.add_campaign_arguments(parser)
     args = parser.parse_args(argv)
+    if args.paper_schedule != "scaled_period" and args.protocol != "paper":
+        raise UserError(f"--paper-schedule {args.paper_schedule} sets the paper protocol's COG schedule; use it with "
+                        "--protocol paper, or leave it out.")
+    if args.epoch_budget is not None and args.protocol not in TUNED:
+        raise UserError(f"--epoch-budget caps tuning studies, which --protocol {args.protocol} has none of; leave it "
+                        "out.")
     if args.legacy_tuning and args.protocol != "fair" or args.widen and args.protocol not in TUNED:
         raise UserError(f"--protocol {args.protocol}: " + ("--legacy-tuning only resumes fair-protocol campaigns tuned "
                         "before 2026-12-04" if args.legacy_tuning else "--widen re-tunes studies, which only the fair "
@@ -205,7 +220,8 @@ def protocol_overrides(dataset: str, config: Path, args: argparse.Namespace) -> 
     if args.protocol != "paper":
         return []
     cfg = load_config(list(run_files(dataset, config, args)), [f"train.epochs={args.epochs}"] if args.epochs else [])
-    return protocol.paper_overrides(cfg, multitask=TASKS.get(cfg.data.task).num_tasks(cfg.data) > 1)
+    return protocol.paper_overrides(cfg, multitask=TASKS.get(cfg.data.task).num_tasks(cfg.data) > 1,
+                                    schedule=args.paper_schedule)
 
 
 def is_tuned(dataset: str, config: Path, args: argparse.Namespace) -> bool:
@@ -235,7 +251,9 @@ def final_specs(args: argparse.Namespace, chosen: pd.DataFrame | None) -> list[c
 
 
 def study_specs(args: argparse.Namespace) -> fair_tuning.Studies:
-    """(dataset, method, draw) -> its Optuna study of ``--budget`` trials."""
+    """(dataset, method, draw) -> its Optuna study of ``--budget`` trials, under this command's tuning rule (the
+    bundle's recorded rule replaces it for a study the bundle records: ``study_rules.recorded_rules``)."""
+    rule = command_rule(args)
     studies = {}
     for draw in range(1, args.draws + 1):
         seeds = fair_tuning.draw_seeds(args.tuning_seeds, draw)
@@ -253,8 +271,24 @@ def study_specs(args: argparse.Namespace) -> fair_tuning.Studies:
                 knobs = protocol.search_space(cfg, base_rate, own_knobs=args.protocol == "fair")
                 studies[(dataset, config.stem, str(draw))] = tuning.StudySpec(
                     dataset, config.stem, files, overrides, base_rate, tuple(knobs), cfg.train.epochs, folder, seeds,
-                    str(draw), protocol.sampler_seed(draw), rotate=not args.legacy_tuning)
+                    str(draw), protocol.sampler_seed(draw), rotate=not args.legacy_tuning, rule=rule)
+                check_epoch_budget(rule, args.budget, cfg.train.epochs)
     return studies
+
+
+def command_rule(args: argparse.Namespace) -> TuningRule:
+    """This command's tuning rule for new studies: halving judges a rung once every start point reached it."""
+    return TuningRule(tuning.start_count(args.budget), args.epoch_budget)
+
+
+def check_epoch_budget(rule: TuningRule, budget: int, epochs: int) -> None:
+    """An epoch budget that takes effect: every start point can finish (else halving's guard is void), and the
+    trials cannot all finish within it (else it caps nothing)."""
+    least, most = tuning.start_count(budget) * epochs, budget * epochs
+    if rule.epoch_budget is not None and not least <= rule.epoch_budget < most:
+        raise UserError(f"--epoch-budget {rule.epoch_budget}: with --budget {budget} trials of {epochs} epochs it must "
+                        f"be at least {least} (the {tuning.start_count(budget)} start points' epochs) and below "
+                        f"{most} (every trial's: it would cap nothing).")
 
 
 def dataset_follower_lr(dataset: str, args: argparse.Namespace) -> float:
@@ -310,7 +344,11 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     measured = gpu_time.find_gpu_check(args.gpu_check, CONFIGS.parent, args.runs_per_device)
     studies = study_specs(args) if args.protocol in TUNED else {}
     recorded = read_bundle(bundle_dir(args.out))
+    if args.legacy_tuning and (recorded is None or recorded.trials.empty):
+        raise UserError(f"--legacy-tuning only resumes a campaign tuned under the retired rules, whose bundle is in "
+                        f"--out; {bundle_dir(args.out)} records no tuning. Leave --legacy-tuning out for a new one.")
     study_rules.check_start_rule(studies, recorded, args.budget)  # dry runs too
+    studies = study_rules.recorded_rules(studies, recorded, command_rule(args), args.epoch_budget is not None)
     plan = preregistration.plan_record(args.plan, campaign.code_commit()) if args.plan else None
     if plan is not None:
         preregistration.check_plan(recorded, plan)
@@ -387,6 +425,10 @@ def print_plan(args: argparse.Namespace, studies: fair_tuning.Studies, final: ca
               + (f" × {args.draws} draws" if args.draws > 1 else "")
               + f", {cfg.model.backbone} @ {cfg.data.image_size} px, {cfg.train.epochs} epochs,{sizes}; "
               f"~{gpu_time.format_duration(estimate.seconds)} per run")
+        cog = next((p.config for p in mine if p.config.method.leader), None)
+        if args.protocol == "paper" and cog is not None and estimate.sizes is not None:
+            print(f"    COG variants, --paper-schedule {args.paper_schedule}: "
+                  + protocol.live_steps_text(cog, estimate.sizes["train"]))
     note = "" if not studies else (" (tuning included, with --prune)" if used != full else " (tuning included)")
     estimates.print_estimate(planned, measured, parallel, "final runs", used, note, out=final.out)
     if studies:

@@ -42,6 +42,7 @@ from mtl_cog.errors import UserError
 from mtl_cog.experiments import campaign, gpu_time, halving, protocol, trial_retries, tuning
 from mtl_cog.experiments.launcher import LocalLauncher, RunJob, python_module_command
 from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state, validation_scores
+from mtl_cog.experiments.tuning_rule import TuningRule
 from mtl_cog.io import output_folder
 from mtl_cog.reporting import bundle as bundles
 from mtl_cog.reporting.trajectories import read_metrics_lines
@@ -63,7 +64,7 @@ def study_url(args: argparse.Namespace) -> str:
 
 def open_spec(spec: tuning.StudySpec, url: str, budget: int, prune: bool) -> optuna.Study:
     return tuning.open_study(url, spec.name, spec.epochs, prune, budget, spec.knobs, spec.trial_seeds,
-                             spec.sampler_seed)
+                             spec.sampler_seed, spec.rule)
 
 
 # ------------------------------------------------------------------------------------------ driver side
@@ -81,7 +82,7 @@ def run_workers(studies: Studies, args: argparse.Namespace, runner, env: tuple[t
         restore_study(study, spec, recorded)
         tuning.enqueue_start(study, list(spec.knobs), args.budget, spec.sampler_seed, spec.rotation)
         tuning.settle_stale(study)
-        if not tuning.has_work(study, args.budget):
+        if not tuning.has_work(study, args.budget, spec.rule, spec.epochs):
             complete += 1
             continue
         command = python_module_command("mtl_cog.cli.tune", worker_args(spec, study_url(args), args, campaign_name))
@@ -106,7 +107,8 @@ def worker_args(spec: tuning.StudySpec, url: str, args: argparse.Namespace, camp
             str(spec.sampler_seed), "--data", spec.dataset, "--method", spec.method, "--campaign", campaign_name,
             "--bundle-out", str(args.out), "--widening", str(spec.widening), *(["--rotate"] if spec.rotate else []),
             "--knobs", json.dumps([[k.key, k.low, k.high, k.log] for k in spec.knobs]),
-            "--", *spec.overrides]
+            "--min-trials-per-rung", str(spec.rule.min_trials_per_rung),
+            *(["--epoch-budget", str(spec.rule.epoch_budget)] if spec.rule.epoch_budget else []), "--", *spec.overrides]
 
 
 def restore_study(study: optuna.Study, spec: tuning.StudySpec, recorded: bundles.Bundle | None) -> int:
@@ -203,7 +205,7 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
     rows, incomplete = [], []
     for (dataset, method, draw), spec in studies.items():
         study = open_spec(spec, study_url(args), args.budget, args.prune)
-        outcome = tuning.result(study, args.budget)
+        outcome = tuning.result(study, args.budget, spec.rule, spec.epochs)
         if outcome.unfinished or outcome.best is None:
             finished = sum(t is not None and t.state.is_finished() for t in outcome.trials)
             incomplete.append(f"{spec.name} ({finished} of {args.budget} trials finished; see "
@@ -220,12 +222,21 @@ def choose_settings(studies: Studies, args: argparse.Namespace) -> pd.DataFrame:
                      "trials": len(outcome.trials), "failed": sum(t.state == TrialState.FAIL for t in outcome.trials),
                      "pruned": sum(t.state == TrialState.PRUNED for t in outcome.trials),
                      "epoch_share": trained / (len(outcome.trials) * spec.epochs), "extra_trials": len(outcome.extras),
+                     "epochs_trained": trained, "unopposed": unopposed(outcome), "rule": spec.rule.text,
                      "val_in_sample": protocol.fits_on_validation(load_config(list(spec.config), list(spec.overrides))),
                      "tuning_seeds": " ".join(map(str, spec.trial_seeds)), "trial": best.user_attrs.get("run", "")})
     if incomplete:
         raise UserError(f"tuning is incomplete for {', '.join(incomplete)}: every method must get its whole budget, "
                         "so nothing was chosen. Fix the cause and run the same command again: it continues there.")
     return pd.DataFrame(rows)
+
+
+def unopposed(outcome: tuning.StudyResult) -> bool:
+    """Whether the study's choice is its first trial and no other trial finished: a choice nothing competed with
+    (under the legacy rule, the first start point promoted at every rung and the others pruned against it)."""
+    first = min(outcome.trials, key=lambda t: t.number)
+    return outcome.best is not None and outcome.best.number == first.number and not any(
+        t.state == TrialState.COMPLETE for t in outcome.trials if t.number != first.number)
 
 
 def bundles_trials(out: Path, study: str, table: pd.DataFrame) -> None:
@@ -242,9 +253,10 @@ def bundles_trials(out: Path, study: str, table: pd.DataFrame) -> None:
 # ------------------------------------------------------------------------------------------ worker side
 
 
-def pruning_hook(trial: optuna.Trial, run_dir: Path) -> Hooks:
+def pruning_hook(trial: optuna.Trial, run_dir: Path, prune: bool, budget_spent=lambda: False) -> Hooks:
     """After each stage-one epoch, report the validation NLL the trial would score if it stopped now;
-    stop the run when successive halving says so.
+    stop the run when successive halving says so (``prune``) or the study's epoch budget is spent
+    (``budget_spent()``, ``tuning_rule``).
 
     That is the NLL of the checkpoint the run keeps (chosen on validation Brier), the number the
     study ranks finished trials by, not the epoch's own NLL: at a rung the pruner then compares what
@@ -256,8 +268,10 @@ def pruning_hook(trial: optuna.Trial, run_dir: Path) -> Hooks:
         if end.stage != "stage_one":
             return
         trial.report(kept_checkpoint_nll(end, run_dir), end.epoch)
-        if trial.should_prune():
+        if prune and trial.should_prune():
             raise optuna.TrialPruned(f"pruned after epoch {end.epoch}")
+        if budget_spent():
+            raise optuna.TrialPruned(f"stopped after epoch {end.epoch}: the study's epoch budget is spent")
     return Hooks(on_epoch_end=on_epoch_end)
 
 
@@ -303,6 +317,9 @@ def parse_worker_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="shift the start points at random, one shift per draw and re-tuning (independent draws)")
     parser.add_argument("--knobs", default=None, help="JSON [[key, low, high, log], ...]: the study's ranges "
                         "(default: the protocol's search space; a widened study passes its own)")
+    parser.add_argument("--min-trials-per-rung", type=int, default=1,
+                        help="successive halving judges a trial at a rung once this many hold a value there")
+    parser.add_argument("--epoch-budget", type=int, default=None, help="epochs the study's trials train together")
     parser.add_argument("overrides", nargs="*", help="the protocol's overrides (after --)")
     return parser.parse_args(argv)
 
@@ -318,11 +335,12 @@ def work(argv: list[str] | None = None) -> int:
     if args.prune and len(seeds) > 1:  # the pruner would see one seed's epochs and rank the mean of several
         raise UserError(f"--prune with {len(seeds)} tuning seeds: successive halving stops a trial on one run's "
                         "epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
+    rule = TuningRule(args.min_trials_per_rung, args.epoch_budget)
     study = tuning.open_study(args.storage, args.study, base.train.epochs, args.prune, args.budget, knobs, seeds,
-                              args.sampler_seed)
+                              args.sampler_seed, rule)
     spec = tuning.StudySpec(args.data, args.method, tuple(args.config), tuple(args.overrides), args.base_follower_lr,
                             tuple(knobs), base.train.epochs, folder, tuple(seeds), args.draw, args.sampler_seed,
-                            args.widening, args.rotate)
+                            args.widening, args.rotate, rule)
     tuning.enqueue_start(study, knobs, args.budget, args.sampler_seed, spec.rotation)
 
     def trial_specs(trial: optuna.Trial, setting: dict[str, float]) -> list[tuple[campaign.RunSpec, Config]]:
@@ -348,6 +366,9 @@ def work(argv: list[str] | None = None) -> int:
                                         if not (p.spec.run_dir / rundir.DONE).is_file()])
         collector.collect([p.spec.run for p in planned])
 
+    def spent() -> bool:
+        return tuning.budget_spent(study, args.budget, rule, base.train.epochs)
+
     def objective(trial: optuna.Trial) -> float:
         setting = protocol.resolve(tuning.suggest(trial, knobs))
         specs = trial_specs(trial, setting)
@@ -362,7 +383,8 @@ def work(argv: list[str] | None = None) -> int:
                       + {DONE: ", already trained", UNFINISHED: ", continues its run"}.get(state, ""), flush=True)
                 if state != DONE:
                     fit(cfg, resume_dir=spec_.run_dir if state == UNFINISHED else None,
-                        hooks=pruning_hook(trial, spec_.run_dir) if args.prune else None)
+                        hooks=pruning_hook(trial, spec_.run_dir, args.prune, spent) if args.prune or
+                        rule.epoch_budget else None)
                 nlls.append(validation_nll(spec_.run_dir, cfg))
         except KeyboardInterrupt:  # the worker is stopped, not the trial failed: asked again, not counted
             trial_retries.retry_lost(trial)
@@ -391,11 +413,11 @@ def work(argv: list[str] | None = None) -> int:
         """The study's rows of trials.csv, written after Optuna stored each trial's end (record() runs inside the
         trial, where the trial still reads "running")."""
         if args.bundle_out is not None:
-            bundles_trials(args.bundle_out, args.study,
-                           pd.DataFrame(tuning.trials_table(spec, tuning.result(study, args.budget))))
+            outcome = tuning.result(study, args.budget, rule, spec.epochs)
+            bundles_trials(args.bundle_out, args.study, pd.DataFrame(tuning.trials_table(spec, outcome)))
 
     write_trials()  # a restored or already finished study: its rows as they stand
-    while tuning.has_work(study, args.budget):
+    while tuning.has_work(study, args.budget, rule, spec.epochs):
         tuning.reseed(study, args.sampler_seed, args.budget)
         study.optimize(objective, n_trials=1)
         write_trials()

@@ -18,14 +18,14 @@ stopped is asked again with the same parameters and continues its run folder fro
 
 With both, an interrupted tuning prunes as an uninterrupted one would.
 
-**No trial wins unopposed** (``min_trials_per_rung``). Asynchronous halving judges a trial at a rung against the
-trials that reached it before; the first trial to reach a rung is alone there and always promoted. With one worker
-the first start point therefore ran all its epochs, and every later trial was pruned against it: in 6 of the 10
-fair Fashion-MNIST studies of the overconfident campaign only trial 0 finished, and in one draw all five methods
-"chose" it. So a trial is pruned at a rung only once at least ``min_trials_per_rung`` trials (itself included) hold
-a value there; the tuning sets it to the number of start points, so all of them reach each rung before any is
-judged there. It is the rule of Optuna's median and percentile pruners' ``n_min_trials`` ("minimum number of
-reported trial results at a step to judge whether to prune"), which ``SuccessiveHalvingPruner`` lacks; its
+**No trial wins unopposed** (``min_trials_per_rung``, ``tuning_rule``). Asynchronous halving judges a trial at a
+rung against the trials that reached it before; the first trial to reach a rung is alone there and always promoted.
+With one worker the first start point therefore ran all its epochs, and every later trial was pruned against it: in
+6 of the 10 fair Fashion-MNIST studies of the overconfident campaign only trial 0 finished, and in one draw all five
+methods "chose" it. So a trial is pruned at a rung only once at least ``min_trials_per_rung`` trials (itself
+included) hold a value there; the tuning sets it to the number of start points, so all of them reach each rung
+before any is judged there. It is the rule of Optuna's median and percentile pruners' ``n_min_trials`` ("minimum
+number of reported trial results at a step to judge whether to prune"), which ``SuccessiveHalvingPruner`` lacks; its
 ``bootstrap_count`` does the opposite (it *prunes* every trial until that many completed the rung).
 
 And a trial gets one retry: a worker stopped by Ctrl-C asks for it itself (``retry_lost``, marking the trial

@@ -259,6 +259,17 @@ def live_epochs(cfg: Config) -> int:
     return live
 
 
+PAPER_LIVE_STEPS = "~3,100 (CIFAR-10, batch 256) to ~3,800 (CelebA)"  # the paper's schedule, steps at >= 1/10
+
+
+def live_steps_text(cfg: Config, train_images: int) -> str:
+    """The dry run's line on ``cfg``'s live phase next to the paper's (no last partial batch is dropped)."""
+    live = live_epochs(cfg)
+    steps = live * math.ceil(train_images / cfg.train.batch_size)
+    return (f"rate within 1/10 of its start for {live} of {cfg.train.epochs} epochs = {steps:,} steps "
+            f"(the paper's schedule: {PAPER_LIVE_STEPS})")
+
+
 def paper_step_epochs(epochs: int, multitask: bool) -> int:
     """The paper's decay period scaled to ``epochs`` (see above), at least one epoch."""
     return max(1, math.floor(epochs * PAPER_STEP_SHARE[multitask] + 0.5))  # half up: 75 epochs -> 3, not 2

@@ -2,6 +2,8 @@
 
 - ``check_start_rule``: a bundle's recorded studies must start from the points this command's rule draws (shifted
   per draw, or unshifted under ``--legacy-tuning``), refused before anything runs, dry runs included;
+- ``recorded_rules``: a study resumes under the tuning rule its bundle records (``tuning_rule``); methods compared
+  in one data set and draw are tuned under one rule;
 - ``widen``: after a choice sat at a range edge, new studies over the widened range (``--widen``: every method of
   that data set and draw alike; the legacy rule: the method at the edge alone).
 """
@@ -15,6 +17,7 @@ import pandas as pd
 
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import protocol, tuning
+from mtl_cog.experiments.tuning_rule import TuningRule, rule_of_row
 from mtl_cog.reporting import bundle as bundles
 
 Studies = dict[tuple[str, str, str], tuning.StudySpec]  # (data, method, draw) -> study
@@ -37,6 +40,37 @@ def check_start_rule(studies: Studies, recorded: bundles.Bundle | None, budget: 
                                 f"{ {k: float(v) for k, v in held.items()} }, not at {point}, where this command's "
                                 f"rule ({rule}) starts: it was tuned under another rule. A campaign tuned before "
                                 "2026-12-04 resumes with --legacy-tuning; otherwise use a new --out.")
+
+
+def recorded_rules(studies: Studies, recorded: bundles.Bundle | None, rule: TuningRule,
+                   epoch_budget_given: bool) -> Studies:
+    """Each study with the rule it is tuned under: ``rule`` (this command's) for a study the bundle does not record
+    yet, the recorded one for a study it does, which resumes under the rule it was tuned with.
+
+    Refused, before anything runs: a ``--epoch-budget`` given that differs from a recorded study's (it would not
+    take effect), and methods of one data set and draw under different rules (their choices would rest on budgets
+    spent differently: a campaign tuned before 2026-12-06 extended by a new method or draw; use a new --out)."""
+    held = recorded.trials if recorded is not None and "study" in recorded.trials else None
+    out = {}
+    for key, spec in studies.items():
+        rows = [] if held is None else held[held["study"] == spec.name].to_dict("records")
+        use = rule_of_row(rows[0]) if rows else rule
+        if rows and epoch_budget_given and use.epoch_budget != rule.epoch_budget:
+            raise UserError(f"--epoch-budget {rule.epoch_budget}: the results bundle's study {spec.name} was tuned "
+                            f"under {use.text}, and resumes under it. Leave --epoch-budget out (or give "
+                            f"{use.epoch_budget}) to resume, or use a new --out for another budget.")
+        out[key] = dataclasses.replace(spec, rule=use)
+    groups: dict[tuple[str, str], dict[TuningRule, list[str]]] = {}
+    for (dataset, _, draw), spec in out.items():
+        groups.setdefault((dataset, draw), {}).setdefault(spec.rule, []).append(spec.name)
+    for (dataset, draw), rules in groups.items():
+        if len(rules) > 1:
+            told = "; ".join(f"{', '.join(names)}: {r.text}" for r, names in rules.items())
+            raise UserError(f"{dataset} draw {draw}: its studies would be tuned under different rules ({told}), so "
+                            "their choices would not rest on equal budgets. The bundle's studies were tuned before "
+                            "2026-12-06: resume them with the command that started them, and run new methods or "
+                            "draws in a new --out.")
+    return out
 
 
 MAX_WIDENINGS = 2  # at most this many re-tunings of one method; a choice still at an edge is then reported

@@ -56,6 +56,7 @@ from mtl_cog.experiments.halving import RUNG_KEY, HeartbeatRetry, RetryAwareHalv
 from mtl_cog.experiments.protocol import SAMPLER_SEED, TUNE_SEED, start_points
 from mtl_cog.experiments.study_storage import check_storage, shown
 from mtl_cog.experiments.trial_retries import BY_FIRST_ATTEMPTS, LOST_REASON, NUMBERING_ATTR, RETRY_OF
+from mtl_cog.experiments.tuning_rule import LEGACY_RULE, TuningRule, rule_columns
 
 STUDY_FILE = "optuna.db"
 HEARTBEAT_SECONDS = 20  # a live trial's worker writes its heartbeat this often (a thread, whatever the epoch length)
@@ -65,24 +66,6 @@ REDUCTION = 3  # successive halving keeps the best third at each rung
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial is ours to print
-
-
-@dataclass(frozen=True)
-class TuningRule:
-    """How a study spends its budget beyond its trial count: the pruning guard (``halving``) and a cap on the epochs
-    its trials train together (``epoch_budget``; None: trials alone). Recorded with every trial (trials.csv's
-    ``rule``) so that a study resumes under the rule it was tuned with, or is refused."""
-
-    min_trials_per_rung: int = 1
-    epoch_budget: int | None = None
-
-    @property
-    def text(self) -> str:
-        cap = "" if self.epoch_budget is None else f"; epoch budget {self.epoch_budget}"
-        return f"halving judged with >= {self.min_trials_per_rung} trials per rung{cap}"
-
-
-LEGACY_RULE = TuningRule()
 
 
 def storage_url(tuning_dir: Path) -> str:
@@ -103,13 +86,6 @@ def pruner(prune: bool, epochs: int, min_trials_per_rung: int = 1) -> optuna.pru
     if not prune:
         return optuna.pruners.NopPruner()
     return RetryAwareHalving(min_resource(epochs), REDUCTION, min_trials_per_rung)
-
-
-def min_trials_per_rung(budget: int, legacy: bool) -> int:
-    """Trials that must hold a value at a rung before successive halving judges one there: every start point
-    (``halving``'s module docstring); 1 (Optuna's rule, the first trial promoted unopposed) for studies tuned before
-    2026-12-06, which resume under the rule they were tuned with."""
-    return 1 if legacy else start_count(budget)
 
 
 def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob],
@@ -409,6 +385,7 @@ class StudySpec:
     sampler_seed: int = SAMPLER_SEED
     widening: int = 0  # re-tunings over widened ranges after a choice sat at a range edge (fair_tuning.widen)
     rotate: bool = False  # shift the start points at random (independent draws); False: the legacy rule
+    rule: TuningRule = LEGACY_RULE  # the pruning guard and epoch budget (study_rules.recorded_rules)
 
     @property
     def rotation(self) -> int | None:
@@ -438,6 +415,7 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
                      "epochs_trained": epochs_trained(trial, spec.epochs),
                      "rung_values": rung_values(trial),
                      "ranges": ranges_text(list(spec.knobs)),  # the study's search space: edges checkable
+                     **rule_columns(spec.rule),
                      # chosen only once the study holds its whole budget: before, the best so far is no choice
                      "chosen": "*" if outcome.best is not None and not outcome.unfinished
                      and trial.number == outcome.best.number else ""})
