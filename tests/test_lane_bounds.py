@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_lane import git, repo, run_lane  # noqa: F401 (repo: the fixture)
@@ -62,3 +63,10 @@ def test_a_malformed_marker_in_a_page_leaves_the_bundle_to_go_alone_not_the_camp
     (repo / "docs" / "r.md").write_text("<!-- bundle-table: results/camp/bundle summary -->\nnever closed\n")
     assert lane.regenerate_pages(repo, "results/camp/bundle", "camp") == []
     assert "docs tables not regenerated" in capsys.readouterr().err
+
+
+def test_a_lane_commit_says_what_finished(tmp_path):
+    """The message counts finished trials and finals from the bundle; one that cannot be read says no more."""
+    committed = Path(__file__).parents[1] / "results" / "overconfident_paper_fashion_mnist" / "bundle"
+    assert lane.commit_message(committed, "c") == "results: c 48/48 trials, 50/50 finals (lane)"
+    assert lane.commit_message(tmp_path / "missing", "c") == "results: c bundle as runs finish (lane)"

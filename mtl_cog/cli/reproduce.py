@@ -277,7 +277,7 @@ def study_specs(args: argparse.Namespace) -> fair_tuning.Studies:
 
 
 def command_rule(args: argparse.Namespace) -> TuningRule:
-    """This command's tuning rule for new studies: halving judges a rung once every start point reached it."""
+    """This command's tuning rule for new studies: halving judges a trial against every start point."""
     return TuningRule(tuning.start_count(args.budget), args.epoch_budget)
 
 

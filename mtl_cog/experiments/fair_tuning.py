@@ -317,8 +317,8 @@ def parse_worker_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="shift the start points at random, one shift per draw and re-tuning (independent draws)")
     parser.add_argument("--knobs", default=None, help="JSON [[key, low, high, log], ...]: the study's ranges "
                         "(default: the protocol's search space; a widened study passes its own)")
-    parser.add_argument("--min-trials-per-rung", type=int, default=1,
-                        help="successive halving judges a trial at a rung once this many hold a value there")
+    parser.add_argument("--min-trials-per-rung", type=int, default=0,
+                        help="successive halving judges a trial at a rung against at least this many others")
     parser.add_argument("--epoch-budget", type=int, default=None, help="epochs the study's trials train together")
     parser.add_argument("overrides", nargs="*", help="the protocol's overrides (after --)")
     return parser.parse_args(argv)

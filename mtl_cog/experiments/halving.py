@@ -22,9 +22,10 @@ With both, an interrupted tuning prunes as an uninterrupted one would.
 rung against the trials that reached it before; the first trial to reach a rung is alone there and always promoted.
 With one worker the first start point therefore ran all its epochs, and every later trial was pruned against it: in
 6 of the 10 fair Fashion-MNIST studies of the overconfident campaign only trial 0 finished, and in one draw all five
-methods "chose" it. So a trial is pruned at a rung only once at least ``min_trials_per_rung`` trials (itself
-included) hold a value there; the tuning sets it to the number of start points, so all of them reach each rung
-before any is judged there. It is the rule of Optuna's median and percentile pruners' ``n_min_trials`` ("minimum
+methods "chose" it. So a trial is judged at a rung only against at least ``min_trials_per_rung`` other trials
+holding a value there (fewer: promoted); the tuning sets it to the number of start points, so with one worker no
+start point is pruned (each runs its whole length, all four compete on full runs) and every later trial is judged
+against all of them. It is the rule of Optuna's median and percentile pruners' ``n_min_trials`` ("minimum
 number of reported trial results at a step to judge whether to prune"), which ``SuccessiveHalvingPruner`` lacks; its
 ``bootstrap_count`` does the opposite (it *prunes* every trial until that many completed the rung).
 
@@ -87,9 +88,9 @@ class _Competitors:
 
 class RetryAwareHalving(optuna.pruners.SuccessiveHalvingPruner):
     """Optuna's asynchronous successive halving, with an interrupted attempt and its retry counted once, and no
-    trial judged at a rung that fewer than ``min_trials_per_rung`` trials have reached (1: Optuna's own rule)."""
+    trial judged at a rung against fewer than ``min_trials_per_rung`` others (0: Optuna's own rule)."""
 
-    def __init__(self, min_resource: int, reduction_factor: int, min_trials_per_rung: int = 1):
+    def __init__(self, min_resource: int, reduction_factor: int, min_trials_per_rung: int = 0):
         super().__init__(min_resource=min_resource, reduction_factor=reduction_factor)
         self.min_trials_per_rung = min_trials_per_rung
 
@@ -97,13 +98,13 @@ class RetryAwareHalving(optuna.pruners.SuccessiveHalvingPruner):
         competitors = _Competitors(study)
         if not super().prune(competitors, trial):  # type: ignore[arg-type]
             return False
-        if self.min_trials_per_rung <= 1 or math.isnan(trial.intermediate_values[trial.last_step]):
+        if self.min_trials_per_rung <= 0 or math.isnan(trial.intermediate_values[trial.last_step]):
             return True
         # Optuna recorded the trial's value at the rung it judged it on: the last one the trial now holds
         held = rung_attrs_of(study._storage.get_trial(trial._trial_id))
         key = RUNG_KEY.format(len(held) - 1)
         reached = sum(key in t.system_attrs for t in competitors.get_trials(deepcopy=False))
-        return reached >= self.min_trials_per_rung  # fewer: promoted, its value stays at the rung for later ones
+        return reached - 1 >= self.min_trials_per_rung  # fewer others: promoted, its value stays for later ones
 
 
 class HeartbeatRetry(RetryHeartbeatStaleTrialCallback):

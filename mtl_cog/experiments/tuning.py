@@ -82,7 +82,7 @@ def min_resource(epochs: int) -> int:
     return max(1, epochs // REDUCTION ** 2)
 
 
-def pruner(prune: bool, epochs: int, min_trials_per_rung: int = 1) -> optuna.pruners.BasePruner:
+def pruner(prune: bool, epochs: int, min_trials_per_rung: int = 0) -> optuna.pruners.BasePruner:
     if not prune:
         return optuna.pruners.NopPruner()
     return RetryAwareHalving(min_resource(epochs), REDUCTION, min_trials_per_rung)

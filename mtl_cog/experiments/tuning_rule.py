@@ -4,9 +4,10 @@ Counted trials alone are no equal budget: under asynchronous successive halving 
 all its epochs unopposed and later ones were pruned against it, so two studies of 8 trials trained 159 and 84 epochs
 (the overconfident campaign, docs/results/overconfident.md). A rule fixes two things:
 
-- ``min_trials_per_rung``: successive halving judges a trial at a rung only once that many trials hold a value
-  there (``halving.RetryAwareHalving``); set to the study's start-point count, every start point reaches each rung
-  before any is judged there;
+- ``min_trials_per_rung``: successive halving judges a trial at a rung only against at least that many other
+  trials holding a value there (``halving.RetryAwareHalving``); set to the study's start-point count, no start point
+  is pruned by an earlier one (with one worker each runs its whole length) and every later trial is judged against
+  all of them;
 - ``epoch_budget``: the epochs the study's counted trials may train together; once spent no trial is asked and a
   running one is stopped (``fair_tuning.pruning_hook``), so every study of a comparison costs at most the same.
 
@@ -22,13 +23,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TuningRule:
-    min_trials_per_rung: int = 1  # 1: Optuna's own rule, the first trial at a rung promoted unopposed
+    min_trials_per_rung: int = 0  # other trials at a rung before one is judged there; 0: Optuna's own rule
     epoch_budget: int | None = None  # None: the trial count alone bounds the study
 
     @property
     def text(self) -> str:
         cap = "no epoch budget" if self.epoch_budget is None else f"epoch budget {self.epoch_budget}"
-        return f"halving judged with >= {self.min_trials_per_rung} trials per rung; {cap}"
+        return f"halving judges a trial against >= {self.min_trials_per_rung} others per rung; {cap}"
 
 
 LEGACY_RULE = TuningRule()
@@ -50,4 +51,4 @@ def rule_of_row(row: dict) -> TuningRule:
         if value is None or value == "" or isinstance(value, float) and math.isnan(value):
             return None
         return int(float(value))
-    return TuningRule(number("min_trials_per_rung") or 1, number("epoch_budget"))
+    return TuningRule(number("min_trials_per_rung") or 0, number("epoch_budget"))
