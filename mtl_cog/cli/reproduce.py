@@ -18,24 +18,22 @@ this script). Three protocols: ``paper`` (the COG paper's: ``mtl_cog/experiments
   OUT/report/chosen_settings.{csv,md}, every trial to OUT/tuning/<dataset>-<method>/trials.csv.
 - ``configs``: each config as shipped, not an equal-budget comparison (the report says so).
 
-A scale is a folder of config files, ``configs/scales/<NAME>/<data set>.yaml`` (and
-``methods/<method>.yaml`` where a method needs its own), merged on top of each run's config:
-``cpu`` (default; ``digits`` and ``synthetic`` with a tiny CNN at 16 px, ``--jobs`` runs at once),
-``full`` (real images at full size on CPUs) and ``paper`` (the configs' own backbone, image size and
-epochs: CelebA, SVHN, CIFAR-10/100 from ``data.root``; meant for ``--launcher slurm``). A user adds a
-scale by adding files; ``--data`` defaults to the data sets the scale has files for (``cpu``: digits
-and synthetic).
+A scale is a folder of config files, ``configs/scales/<NAME>/<data set>.yaml`` (and ``methods/<method>.yaml`` where a
+method needs its own), merged on top of each run's config: ``cpu`` (default; ``digits`` and ``synthetic`` with a tiny
+CNN at 16 px, ``--jobs`` runs at once), ``full`` (real images at full size on CPUs) and ``paper`` (the configs' own
+backbone, image size and epochs: CelebA, SVHN, CIFAR-10/100 from ``data.root``; meant for ``--launcher slurm``). A
+user adds a scale by adding files; ``--data`` defaults to the data sets the scale has files for (``cpu``: digits and
+synthetic).
 
-The reproduction is a campaign (``mtl_cog/experiments/campaign.py``): every tuning trial and final
-run is recorded in ``OUT/bundle/`` as it finishes (commit that folder: ``mtl-cog report --bundle
-OUT/bundle`` regenerates the report from it alone), and the same command on a fresh clone that has
-only the bundle trains nothing that the bundle records.
+The reproduction is a campaign (``mtl_cog/experiments/campaign.py``): every tuning trial and final run is recorded in
+``OUT/bundle/`` as it finishes (commit that folder: ``mtl-cog report --bundle OUT/bundle`` regenerates the report from
+it alone), and the same command on a fresh clone that has only the bundle trains nothing that the bundle records.
 
-Runs start in your working directory (relative paths resolve there). A re-run of the same
-command reuses finished runs and continues unfinished ones from their last saved state; if any run
-fails, the report is still written from the others, the failures are listed and the exit code is 2.
-Post-hoc calibrators are fitted on the baseline runs (``--posthoc-on``) and appear as
-``baseline+<calibrator>``. The report is ``scripts/compare.py OUT/runs --out OUT/report``.
+Runs start in your working directory (relative paths resolve there). A re-run of the same command reuses finished runs
+and continues unfinished ones from their last saved state; if any run fails, the report is still written from the
+others, the failures are listed and the exit code is 2. Post-hoc calibrators are fitted on the baseline runs
+(``--posthoc-on``) and appear as ``baseline+<calibrator>``. The report is ``scripts/compare.py OUT/runs --out
+OUT/report``.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ from mtl_cog.cli.protocol_note import HEAD_LEADER_LRS, write_protocol_note
 from mtl_cog.config import load_config
 from mtl_cog.config.arguments import Parser, add_deprecated_alias, distinct, whole_number
 from mtl_cog.config.compose import scale_datasets, scale_files, scale_names
-from mtl_cog.config.schema import MAX_SEED, check_seed
+from mtl_cog.config.schema import MAX_SEED
 from mtl_cog.constants import DEFAULT_BINS, SUMMARY_BINS
 from mtl_cog.data.task_api import TASKS
 from mtl_cog.errors import ConfigError, UserError, run_cli
@@ -60,6 +58,7 @@ from mtl_cog.experiments import (
     estimates,
     fair_tuning,
     gpu_time,
+    pinning,
     preregistration,
     protocol,
     study_rules,
@@ -129,6 +128,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="fair/paper: epochs a study's trials may train together (every study the same; default: "
                              "the trial count alone); at least the start points' epochs (mtl_cog/experiments/"
                              "tuning_rule.py)")
+    parser.add_argument("--pin-to", type=Path, default=None, metavar="DIR",
+                        help="fair: pin each COG variant's shared knobs to its counterpart's choice in the same draw "
+                             "of the fair campaign in DIR, tune its leader alone (mtl_cog/experiments/pinning.py)")
+    parser.add_argument("--only-draw", type=whole_number(1, 10, "a tuning draw"), default=None, metavar="K",
+                        help="fair/paper: run tuning draw K of --draws alone (its seeds, studies and finals)")
     parser.add_argument("--paper-schedule", choices=protocol.PAPER_SCHEDULES, default="scaled_period",
                         help="paper: the COG variants' rate schedule (default scaled_period, the paper's period "
                              "scaled by its epoch share; constant and late_steps keep its long live phase: "
@@ -153,6 +157,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.paper_schedule != "scaled_period" and args.protocol != "paper":
         raise UserError(f"--paper-schedule {args.paper_schedule} sets the paper protocol's COG schedule; use it with "
                         "--protocol paper, or leave it out.")
+    if args.pin_to is not None and args.protocol != "fair" or args.only_draw and args.only_draw > args.draws:
+        raise UserError("--pin-to pins to a fair campaign's choices: use it with --protocol fair" if args.pin_to else
+                        f"--only-draw {args.only_draw} is not one of --draws {args.draws}'s draws 1-{args.draws}.")
     if args.epoch_budget is not None and args.protocol not in TUNED:
         raise UserError(f"--epoch-budget caps tuning studies, which --protocol {args.protocol} has none of; leave it "
                         "out.")
@@ -234,7 +241,7 @@ def final_specs(args: argparse.Namespace, chosen: pd.DataFrame | None) -> list[c
                                           for r in chosen.itertuples()}
     posthoc = tuple(n for n in posthoc_method_names() if n != "stability")  # stability needs the network's images
     specs = []
-    for draw in range(1, (args.draws if args.protocol in TUNED else 1) + 1):
+    for draw in draws(args):
         for dataset in args.data:
             for config in method_configs(dataset, args.method):
                 method = config.stem
@@ -255,7 +262,7 @@ def study_specs(args: argparse.Namespace) -> fair_tuning.Studies:
     bundle's recorded rule replaces it for a study the bundle records: ``study_rules.recorded_rules``)."""
     rule = command_rule(args)
     studies = {}
-    for draw in range(1, args.draws + 1):
+    for draw in draws(args):
         seeds = fair_tuning.draw_seeds(args.tuning_seeds, draw)
         for dataset in args.data:
             base_rate = dataset_follower_lr(dataset, args)
@@ -272,7 +279,7 @@ def study_specs(args: argparse.Namespace) -> fair_tuning.Studies:
                 studies[(dataset, config.stem, str(draw))] = tuning.StudySpec(
                     dataset, config.stem, files, overrides, base_rate, tuple(knobs), cfg.train.epochs, folder, seeds,
                     str(draw), protocol.sampler_seed(draw), rotate=not args.legacy_tuning, rule=rule)
-                check_epoch_budget(rule, args.budget, cfg.train.epochs)
+                study_rules.check_epoch_budget(rule, args.budget, cfg.train.epochs)
     return studies
 
 
@@ -281,14 +288,17 @@ def command_rule(args: argparse.Namespace) -> TuningRule:
     return TuningRule(tuning.start_count(args.budget), args.epoch_budget)
 
 
-def check_epoch_budget(rule: TuningRule, budget: int, epochs: int) -> None:
-    """An epoch budget that takes effect: every start point can finish (else halving's guard is void), and the
-    trials cannot all finish within it (else it caps nothing)."""
-    least, most = tuning.start_count(budget) * epochs, budget * epochs
-    if rule.epoch_budget is not None and not least <= rule.epoch_budget < most:
-        raise UserError(f"--epoch-budget {rule.epoch_budget}: with --budget {budget} trials of {epochs} epochs it must "
-                        f"be at least {least} (the {tuning.start_count(budget)} start points' epochs) and below "
-                        f"{most} (every trial's: it would cap nothing).")
+def draws(args: argparse.Namespace) -> list[int]:
+    """The tuning draws this command runs: 1..--draws, or --only-draw's alone (none but 1 without tuning)."""
+    if args.protocol not in TUNED:
+        return [1]
+    return [args.only_draw] if args.only_draw else list(range(1, args.draws + 1))
+
+
+def draws_text(args: argparse.Namespace) -> str:
+    if args.only_draw:
+        return f" in draw {args.only_draw} of {args.draws} alone"
+    return f" in each of {args.draws} draws" if args.draws > 1 else ""
 
 
 def dataset_follower_lr(dataset: str, args: argparse.Namespace) -> float:
@@ -305,37 +315,10 @@ def counterparts(args: argparse.Namespace) -> dict[str, str]:
     return counterpart_pairs(configs)
 
 
-def check_seeds(args: argparse.Namespace) -> None:
-    draws = range(1, (args.draws if args.protocol in TUNED else 1) + 1)
-    finals = sorted({s for d in draws for s in final_seeds(args, d)})
-    for seed in finals:  # refused now, not by every one of the training runs
-        check_seed(seed, "--seeds" if seed in args.seeds else f"--seeds shifted for draw {args.draws} (draw d runs "
-                   "--seeds + (d - 1) x their span; give smaller --seeds or fewer --draws)")
-    draws = [set(fair_tuning.draw_seeds(args.tuning_seeds, d)) for d in range(1, args.draws + 1)]
-    every_tuning_seed = set().union(*draws)
-    if args.protocol in TUNED and sum(map(len, draws)) != len(every_tuning_seed):
-        raise UserError(f"--tuning-seeds {' '.join(map(str, args.tuning_seeds))} with --draws {args.draws}: draw d "
-                        f"trains with the tuning seeds + {fair_tuning.DRAW_SEED_STEP} (d - 1), so two draws would "
-                        f"share a seed and not be independent. Give tuning seeds less than "
-                        f"{fair_tuning.DRAW_SEED_STEP} apart from each other's shifts (e.g. one seed).")
-    too_large = sorted(s for s in every_tuning_seed if s > MAX_SEED)
-    if args.protocol in TUNED and too_large:
-        raise UserError(f"--tuning-seeds with --draws {args.draws}: draw seeds up to {too_large[-1]} exceed the "
-                        f"largest seed {MAX_SEED}; give smaller --tuning-seeds or fewer --draws.")
-    shared = sorted(every_tuning_seed & set(finals))
-    if args.protocol in TUNED and shared:
-        raise UserError(f"--tuning-seeds and --seeds share {' '.join(map(str, shared))} (draw d trains with the "
-                        f"tuning seeds + {fair_tuning.DRAW_SEED_STEP} (d - 1)): the chosen setting would be "
-                        "evaluated on a seed it was chosen on. Use tuning seeds outside --seeds.")
-    if args.protocol in TUNED and args.prune and len(args.tuning_seeds) > 1:
-        raise UserError(f"--prune with {len(args.tuning_seeds)} --tuning-seeds: successive halving stops a trial on "
-                        "one run's epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
-
-
 def main(argv: list[str] | None = None, executor=None) -> Path:
     """``executor``: a submitit executor to use instead of Slurm's (the tests pass the local one)."""
     args = parse_args(argv)
-    check_seeds(args)
+    study_rules.check_seeds(args, final_seeds, TUNED)
     check_writable(args.out, "--out", folder=True)
     if args.protocol in TUNED:  # a bad storage URL is refused before anything is written
         tuning.check_storage(fair_tuning.study_url(args))
@@ -349,6 +332,8 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
                         f"--out; {bundle_dir(args.out)} records no tuning. Leave --legacy-tuning out for a new one.")
     study_rules.check_start_rule(studies, recorded, args.budget)  # dry runs too
     studies = study_rules.recorded_rules(studies, recorded, command_rule(args), args.epoch_budget is not None)
+    if args.pin_to is not None:
+        studies = pinning.pinned_studies(studies, args.pin_to, counterparts(args), args.scale)
     plan = preregistration.plan_record(args.plan, campaign.code_commit()) if args.plan else None
     if plan is not None:
         preregistration.check_plan(recorded, plan)
@@ -360,8 +345,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
                               budget=args.budget if args.protocol in TUNED else None)
     print(f"protocol {args.protocol}, scale {args.scale}: {', '.join(args.data)} × "
           f"{len({s.labels.method for s in draft.specs})} methods × {len(args.seeds)} seeds"
-          + (f", after {args.budget} tuning trials per method" + (f" in each of {args.draws} draws" if args.draws > 1
-                                                                   else "") if studies else "")
+          + (f", after {args.budget} tuning trials per method" + draws_text(args) if studies else "")
           + f"; post-hoc calibrators on {', '.join(args.posthoc_on)}")
     if args.dry_run:
         check_launcher(args, executor)  # what the real command would refuse, a dry run refuses too
@@ -397,9 +381,9 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     write_bundle_report(bundle, report_dir)
     # the figures and reliability diagrams of the run folders: one draw (no two settings of one method mixed), and
     # only when every final run's folder is here (a fresh clone has the bundle alone: its tables are complete)
-    if args.draws == 1 and all((p.spec.run_dir / rundir.DONE).is_file() for p in planned):
+    if len(draws(args)) == 1 and all((p.spec.run_dir / rundir.DONE).is_file() for p in planned):
         write_comparison([args.out / "runs"], report_dir / "figures", list(DEFAULT_BINS), SUMMARY_BINS)
-    write_protocol_note(report_dir, args, chosen, [final_seeds(args, d) for d in range(1, args.draws + 1)])
+    write_protocol_note(report_dir, args, chosen, [final_seeds(args, d) for d in draws(args)])
     if failed:
         raise UserError(f"{len(failed)} run(s) failed, so the report lacks them: "
                         + ", ".join(str(p.spec.run_dir) for p in failed) + ". Run the same command again to continue "
@@ -422,7 +406,7 @@ def print_plan(args: argparse.Namespace, studies: fair_tuning.Studies, final: ca
         sizes = "" if estimate.sizes is None else \
             " train/val/test " + "/".join(f"{n:,}" for n in estimate.sizes.values())
         print(f"  {dataset}: {len({p.spec.labels.method for p in mine})} methods × {len(args.seeds)} seeds"
-              + (f" × {args.draws} draws" if args.draws > 1 else "")
+              + (f" × {len(draws(args))} draws" if len(draws(args)) > 1 else "")
               + f", {cfg.model.backbone} @ {cfg.data.image_size} px, {cfg.train.epochs} epochs,{sizes}; "
               f"~{gpu_time.format_duration(estimate.seconds)} per run")
         cog = next((p.config for p in mine if p.config.method.leader), None)

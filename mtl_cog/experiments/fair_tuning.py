@@ -64,7 +64,7 @@ def study_url(args: argparse.Namespace) -> str:
 
 def open_spec(spec: tuning.StudySpec, url: str, budget: int, prune: bool) -> optuna.Study:
     return tuning.open_study(url, spec.name, spec.epochs, prune, budget, spec.knobs, spec.trial_seeds,
-                             spec.sampler_seed, spec.rule)
+                             spec.sampler_seed, spec.rule, dict(spec.pinned))
 
 
 # ------------------------------------------------------------------------------------------ driver side
@@ -108,6 +108,7 @@ def worker_args(spec: tuning.StudySpec, url: str, args: argparse.Namespace, camp
             "--bundle-out", str(args.out), "--widening", str(spec.widening), *(["--rotate"] if spec.rotate else []),
             "--knobs", json.dumps([[k.key, k.low, k.high, k.log] for k in spec.knobs]),
             "--min-trials-per-rung", str(spec.rule.min_trials_per_rung),
+            *(["--pinned", json.dumps(dict(spec.pinned))] if spec.pinned else []),
             *(["--epoch-budget", str(spec.rule.epoch_budget)] if spec.rule.epoch_budget else []), "--", *spec.overrides]
 
 
@@ -186,14 +187,16 @@ def print_plan(studies: Studies, args: argparse.Namespace, measured) -> tuple[tu
         estimate = gpu_time.estimate_run(load_config(list(spec.config), list(spec.overrides)), measured)
         trials += todo
         full[estimate.on_cpu] += todo * estimate.seconds * len(spec.trial_seeds)  # a trial trains once per seed
-        pruned[estimate.on_cpu] += todo * estimate.seconds * tuning.expected_epoch_share(args.budget, spec.epochs)
+        pruned[estimate.on_cpu] += todo * estimate.seconds * tuning.expected_epoch_share(args.budget, spec.epochs,
+                                                                                        spec.rule)
     with_prune = (f"~{gpu_time.format_duration(sum(pruned))} with --prune (successive halving, synchronous "
                   f"estimate; {'on' if args.prune else 'off'})") if len(args.tuning_seeds) == 1 else \
         f"{len(args.tuning_seeds)} runs per trial (--tuning-seeds; --prune needs one)"
     print(f"tuning: {len(studies)} studies × {args.budget} trials, {trials} still to run: "
           f"~{gpu_time.format_duration(sum(full))} of device time without pruning, {with_prune}")
     for spec in studies.values():
-        ranges = ", ".join(f"{k.key} [{k.low:g}, {k.high:g}]" for k in spec.knobs)
+        ranges = ", ".join([f"{k.key} [{k.low:g}, {k.high:g}]" for k in spec.knobs]
+                           + [f"{key} pinned at {value:g}" for key, value in spec.pinned])
         print(f"  tune {spec.dataset}/{spec.method}" + ("" if spec.draw == "1" else f" (draw {spec.draw})")
               + f": {args.budget} trials of {ranges}")
     used = pruned if args.prune and len(args.tuning_seeds) == 1 else full
@@ -320,6 +323,7 @@ def parse_worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-trials-per-rung", type=int, default=0,
                         help="successive halving judges a trial at a rung against at least this many others")
     parser.add_argument("--epoch-budget", type=int, default=None, help="epochs the study's trials train together")
+    parser.add_argument("--pinned", default=None, help="JSON {key: value}: settings every trial holds (--pin-to)")
     parser.add_argument("overrides", nargs="*", help="the protocol's overrides (after --)")
     return parser.parse_args(argv)
 
@@ -336,11 +340,12 @@ def work(argv: list[str] | None = None) -> int:
         raise UserError(f"--prune with {len(seeds)} tuning seeds: successive halving stops a trial on one run's "
                         "epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
     rule = TuningRule(args.min_trials_per_rung, args.epoch_budget)
+    pinned = {key: float(value) for key, value in json.loads(args.pinned).items()} if args.pinned else {}
     study = tuning.open_study(args.storage, args.study, base.train.epochs, args.prune, args.budget, knobs, seeds,
-                              args.sampler_seed, rule)
+                              args.sampler_seed, rule, pinned)
     spec = tuning.StudySpec(args.data, args.method, tuple(args.config), tuple(args.overrides), args.base_follower_lr,
                             tuple(knobs), base.train.epochs, folder, tuple(seeds), args.draw, args.sampler_seed,
-                            args.widening, args.rotate, rule)
+                            args.widening, args.rotate, rule, tuple(sorted(pinned.items())))
     tuning.enqueue_start(study, knobs, args.budget, args.sampler_seed, spec.rotation)
 
     def trial_specs(trial: optuna.Trial, setting: dict[str, float]) -> list[tuple[campaign.RunSpec, Config]]:
@@ -370,7 +375,7 @@ def work(argv: list[str] | None = None) -> int:
         return tuning.budget_spent(study, args.budget, rule, base.train.epochs)
 
     def objective(trial: optuna.Trial) -> float:
-        setting = protocol.resolve(tuning.suggest(trial, knobs))
+        setting = protocol.resolve({**pinned, **tuning.suggest(trial, knobs)})
         specs = trial_specs(trial, setting)
         trial.set_user_attr("overrides", " ".join(protocol.as_overrides(setting)))
         trial.set_user_attr("run", " ".join(s.run_dir.name for s, _ in specs))

@@ -15,8 +15,9 @@ import math
 
 import pandas as pd
 
+from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.errors import UserError
-from mtl_cog.experiments import protocol, tuning
+from mtl_cog.experiments import fair_tuning, protocol, tuning
 from mtl_cog.experiments.tuning_rule import TuningRule, rule_of_row
 from mtl_cog.reporting import bundle as bundles
 
@@ -71,6 +72,45 @@ def recorded_rules(studies: Studies, recorded: bundles.Bundle | None, rule: Tuni
                             "2026-12-06: resume them with the command that started them, and run new methods or "
                             "draws in a new --out.")
     return out
+
+
+def check_epoch_budget(rule: TuningRule, budget: int, epochs: int) -> None:
+    """An epoch budget that takes effect: every start point can finish (else halving's guard is void), and the
+    trials cannot all finish within it (else it caps nothing)."""
+    least, most = tuning.start_count(budget) * epochs, budget * epochs
+    if rule.epoch_budget is not None and not least <= rule.epoch_budget < most:
+        raise UserError(f"--epoch-budget {rule.epoch_budget}: with --budget {budget} trials of {epochs} epochs it must "
+                        f"be at least {least} (the {tuning.start_count(budget)} start points' epochs) and below "
+                        f"{most} (every trial's: it would cap nothing).")
+
+
+def check_seeds(args, final_seeds, tuned: tuple[str, ...]) -> None:
+    """Refuse, before anything runs, seeds a campaign's draws would share or that exceed the largest seed: the
+    final seeds of every draw (``final_seeds(args, draw)``), the tuning seeds of every draw, and the two sets."""
+    draws = range(1, (args.draws if args.protocol in tuned else 1) + 1)
+    finals = sorted({s for d in draws for s in final_seeds(args, d)})
+    for seed in finals:  # refused now, not by every one of the training runs
+        check_seed(seed, "--seeds" if seed in args.seeds else f"--seeds shifted for draw {args.draws} (draw d runs "
+                   "--seeds + (d - 1) x their span; give smaller --seeds or fewer --draws)")
+    draws = [set(fair_tuning.draw_seeds(args.tuning_seeds, d)) for d in range(1, args.draws + 1)]
+    every_tuning_seed = set().union(*draws)
+    if args.protocol in tuned and sum(map(len, draws)) != len(every_tuning_seed):
+        raise UserError(f"--tuning-seeds {' '.join(map(str, args.tuning_seeds))} with --draws {args.draws}: draw d "
+                        f"trains with the tuning seeds + {fair_tuning.DRAW_SEED_STEP} (d - 1), so two draws would "
+                        f"share a seed and not be independent. Give tuning seeds less than "
+                        f"{fair_tuning.DRAW_SEED_STEP} apart from each other's shifts (e.g. one seed).")
+    too_large = sorted(s for s in every_tuning_seed if s > MAX_SEED)
+    if args.protocol in tuned and too_large:
+        raise UserError(f"--tuning-seeds with --draws {args.draws}: draw seeds up to {too_large[-1]} exceed the "
+                        f"largest seed {MAX_SEED}; give smaller --tuning-seeds or fewer --draws.")
+    shared = sorted(every_tuning_seed & set(finals))
+    if args.protocol in tuned and shared:
+        raise UserError(f"--tuning-seeds and --seeds share {' '.join(map(str, shared))} (draw d trains with the "
+                        f"tuning seeds + {fair_tuning.DRAW_SEED_STEP} (d - 1)): the chosen setting would be "
+                        "evaluated on a seed it was chosen on. Use tuning seeds outside --seeds.")
+    if args.protocol in tuned and args.prune and len(args.tuning_seeds) > 1:
+        raise UserError(f"--prune with {len(args.tuning_seeds)} --tuning-seeds: successive halving stops a trial on "
+                        "one run's epochs, while its value is the mean over seeds. Use one tuning seed, or no --prune.")
 
 
 MAX_WIDENINGS = 2  # at most this many re-tunings of one method; a choice still at an edge is then reported

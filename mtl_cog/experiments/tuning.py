@@ -89,7 +89,8 @@ def pruner(prune: bool, epochs: int, min_trials_per_rung: int = 0) -> optuna.pru
 
 
 def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs: Sequence[Knob],
-               trial_seeds: Sequence[int], seed: int = SAMPLER_SEED, rule: TuningRule | None = None) -> optuna.Study:
+               trial_seeds: Sequence[int], seed: int = SAMPLER_SEED, rule: TuningRule | None = None,
+               pinned: dict[str, float] | None = None) -> optuna.Study:
     """The study ``name`` in ``url`` (created if new), with this protocol's sampler and pruner; every trial
     trains once per seed of ``trial_seeds`` (``--tuning-seeds``), the sampler draws with ``seed``; ``rule``: the
     pruning guard and epoch budget (None: the legacy rule, Optuna's halving and no epoch budget).
@@ -113,7 +114,7 @@ def open_study(url: str, name: str, epochs: int, prune: bool, budget: int, knobs
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"study storage {shown(url)} cannot be opened ({cause[:300]}). Check that the database "
                         "is reachable and writable, or use another --study-storage.") from None
-    check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds, rule))
+    check_same_search(study, url, search_record(knobs, epochs, prune, trial_seeds, rule, pinned))
     return study
 
 
@@ -146,13 +147,15 @@ PRUNING_REPORTS = "the kept checkpoint's validation NLL"
 
 
 def search_record(knobs: Sequence[Knob], epochs: int, prune: bool, trial_seeds: Sequence[int],
-                  rule: TuningRule | None = None) -> dict:
+                  rule: TuningRule | None = None, pinned: dict[str, float] | None = None) -> dict:
     """What makes two trials comparable: the knobs and their ranges, the epochs per trial, pruning off or what it
     ranks by, the seeds every trial trains with (its value is their mean), and the tuning rule where it is not the
-    legacy one (a study recorded before the rule existed reads as the legacy rule)."""
+    legacy one (a study recorded before the rule existed reads as the legacy rule), and the values pinned for every
+    trial (``pinning``) where there are any."""
     record = {"knobs": [[k.key, k.low, k.high, k.log] for k in knobs], "epochs": epochs,
               "prune": PRUNING_REPORTS if prune else False, "trial_seeds": [int(s) for s in trial_seeds]}
-    return record | ({} if rule is None or rule == LEGACY_RULE else {"rule": rule.text})
+    record |= {} if rule is None or rule == LEGACY_RULE else {"rule": rule.text}
+    return record | ({"pinned": {k: float(v) for k, v in sorted(pinned.items())}} if pinned else {})
 
 
 def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
@@ -339,8 +342,9 @@ def rung_attrs(text: object) -> dict[str, float]:
     return {RUNG_KEY.format(k): float(v) for k, v in enumerate(text.split())}
 
 
-def expected_epoch_share(budget: int, epochs: int) -> float:
-    """Share of ``budget x epochs`` that successive halving trains, in its synchronous idealisation.
+def expected_epoch_share(budget: int, epochs: int, rule: TuningRule = LEGACY_RULE) -> float:
+    """Share of ``budget x epochs`` that successive halving trains, in its synchronous idealisation; under a
+    ``rule`` that judges trials against every start point those run whole first, and an epoch budget caps it.
 
     Rungs at r, 3r, 9r, ... (``min_resource``); a third of the trials reaching a rung go on to the
     next. The asynchronous variant Optuna runs promotes the first trials at each rung
@@ -359,7 +363,11 @@ def expected_epoch_share(budget: int, epochs: int) -> float:
         trained = rung
         alive = max(1.0, alive / REDUCTION)
     total += alive * (epochs - trained)
-    return total / (budget * epochs)
+    share = total / (budget * epochs)
+    if rule.min_trials_per_rung >= start_count(budget):  # the start points unpruned, the rest halved
+        starts = start_count(budget) / budget
+        share = starts + (1 - starts) * share
+    return share if rule.epoch_budget is None else min(share, rule.epoch_budget / (budget * epochs))
 
 
 def check_processes(processes: int) -> None:
@@ -386,6 +394,7 @@ class StudySpec:
     widening: int = 0  # re-tunings over widened ranges after a choice sat at a range edge (fair_tuning.widen)
     rotate: bool = False  # shift the start points at random (independent draws); False: the legacy rule
     rule: TuningRule = LEGACY_RULE  # the pruning guard and epoch budget (study_rules.recorded_rules)
+    pinned: tuple[tuple[str, float], ...] = ()  # settings every trial holds, not tuned (pinning, --pin-to)
 
     @property
     def rotation(self) -> int | None:

@@ -1,0 +1,48 @@
+"""The pinned controls (mtl_cog/experiments/pinning.py): a COG variant's shared knobs fixed at its counterpart's
+choice in the same draw of a committed fair campaign, only the leader tuned."""
+
+from pathlib import Path
+
+import pytest
+from test_tuning import KNOBS
+
+from mtl_cog.errors import UserError
+from mtl_cog.experiments import pinning, protocol, tuning
+
+FAIR = Path(__file__).parents[1] / "results" / "overconfident_fair_fashion_mnist"
+SMOOTHING = protocol.Knob("method.label_smoothing", 0.02, 0.2, log=False)
+
+
+def _spec(method, draw="1", knobs=(*KNOBS, SMOOTHING)):
+    return tuning.StudySpec("fashion_mnist", method, (), (), 1e-3, tuple(knobs), 30, Path("x"), (1000,), draw)
+
+
+def test_cog_ls_is_pinned_to_what_ls_chose_in_the_same_draw():
+    studies = {("fashion_mnist", "cog_ls", d): _spec("cog_ls", d) for d in ("1", "2")}
+    pinned = pinning.pinned_studies(studies, FAIR, {"cog_ls": "ls"}, "overconfident")
+    first, second = pinned[("fashion_mnist", "cog_ls", "1")], pinned[("fashion_mnist", "cog_ls", "2")]
+    # LS's chosen trials: draw 1 follower 0.0026 and smoothing 0.065, draw 2 0.00018 and 0.067 (trials.csv)
+    assert dict(first.pinned) == {"optim.follower_lr": 0.0026, "method.label_smoothing": 0.065}
+    assert dict(second.pinned) == {"optim.follower_lr": 0.00018, "method.label_smoothing": 0.067}
+    assert [k.key for k in first.knobs] == ["leader_ratio"]  # the leader alone is tuned
+    setting = protocol.resolve({**dict(first.pinned), "leader_ratio": 0.1})
+    assert setting["optim.leader_lr"] == pytest.approx(0.00026) and setting["method.label_smoothing"] == 0.065
+
+
+def test_cog_fc_is_pinned_to_the_baselines_rate():
+    pinned = pinning.pinned_studies({("fashion_mnist", "cog_fc", "1"): _spec("cog_fc", knobs=KNOBS)}, FAIR / "bundle",
+                                    {"cog_fc": "baseline"}, "overconfident")
+    assert dict(pinned[("fashion_mnist", "cog_fc", "1")].pinned) == {"optim.follower_lr": 0.000825938}
+
+
+@pytest.mark.parametrize("where, counterparts, scale, message", [
+    ("nowhere", {"cog_ls": "ls"}, "overconfident", "no results bundle"),
+    ("results/overconfident_paper_fashion_mnist", {"cog_ls": "ls"}, "overconfident", "did not run the fair"),
+    (str(FAIR), {}, "overconfident", "has no counterpart"),
+    (str(FAIR), {"cog_ls": "ls"}, "cpu", "--scale overconfident"),
+    (str(FAIR), {"cog_ls": "focal"}, "overconfident", "0 chosen trials"),
+])
+def test_what_cannot_be_pinned_is_refused(tmp_path, where, counterparts, scale, message):
+    folder = Path(__file__).parents[1] / where if not where.startswith("/") else Path(where)
+    with pytest.raises(UserError, match=message):
+        pinning.pinned_studies({("fashion_mnist", "cog_ls", "1"): _spec("cog_ls")}, folder, counterparts, scale)
