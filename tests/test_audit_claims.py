@@ -60,9 +60,15 @@ def test_the_committed_page_audits_clean():
     assert "asymmetry" not in rest[0] and "claims" not in rest[0]
 
 
+def with_appendix(tmp_path: Path) -> None:
+    """The page's appendix beside its copy: the numbers of its "In short" are checked against the tables of both."""
+    (tmp_path / "page_appendix.md").write_text((REPO / PAGE).with_name("overconfident_appendix.md").read_text())
+
+
 def test_a_changed_number_is_caught(tmp_path):
     text, new = with_claims_cell_changed("fair difference", shifted)
     (tmp_path / "page.md").write_text(text)
+    with_appendix(tmp_path)
     done = audit(tmp_path / "page.md", "--root", REPO)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 mismatch(es)" in done.stdout
@@ -81,6 +87,7 @@ def test_a_changed_asymmetry_number_is_caught(tmp_path):
     """The paper's tuning asymmetry pairs two bundles (fair COG against the paper's untuned baseline): audited too."""
     text, new = with_claims_cell_changed("difference", shifted, "<!-- bundle-protocols: asymmetry ")
     (tmp_path / "page.md").write_text(text)
+    with_appendix(tmp_path)
     done = audit(tmp_path / "page.md", "--root", REPO)
     assert done.returncode == 1 and "1 mismatch(es)" in done.stdout, done.stdout + done.stderr
     assert f"asymmetry: fashion_mnist, COG-FC improves on the baseline, nll: difference: page {new}" in done.stdout

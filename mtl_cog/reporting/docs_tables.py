@@ -26,9 +26,10 @@ cells empty and is named under the table)::
     <!-- /bundle-protocols -->
 
 A marker is data: the bundle must lie under the repository's ``results/``, the filter is the tiny grammar of
-``marker_filter`` (``column == 'x'``, ``!=``, ``in [...]``, joined by ``and``), never evaluated; a marker
-line (one starting ``<!-- bundle-`` or ``<!-- /bundle-``) that opens no known block or is never closed is an
-error, so no block goes unchecked.
+``marker_filter`` (``column == 'x'``, ``!=``, ``in [...]``, joined by ``and``), never evaluated. Where a block starts
+and ends is read by ``docs_markers``, the reading ``scripts/audit_claims.py`` shares: a line that looks like a
+marker (any indentation, byte-order mark, spacing or case) and opens or closes no block is an error naming page and
+line, so no block goes unchecked by one reader and read by the other.
 
 The SVG is text written by ``svg_charts`` (no timestamp, no matplotlib version in it), so the same bundle makes
 the same bytes and a stale figure is found like a stale table.
@@ -39,7 +40,6 @@ every commit, and ``tests/test_results_docs.py`` fails when a page disagrees wit
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -50,6 +50,7 @@ from mtl_cog.io import atomic_write_text
 from mtl_cog.reporting.bundle import read_bundle
 from mtl_cog.reporting.bundle_progress import protocol_progress
 from mtl_cog.reporting.bundle_report import TABLE_NAMES, bundle_tables, markdown_of
+from mtl_cog.reporting.docs_markers import Block, read_blocks, read_page
 from mtl_cog.reporting.leader_curve import curve_charts
 from mtl_cog.reporting.marker_filter import apply_where
 from mtl_cog.reporting.plots import method_colors
@@ -61,17 +62,8 @@ from mtl_cog.reporting.svg_charts import line_chart_svg
 # summary before any final run, a curve before its lane ran): it reads PENDING until they exist, so a page can be
 # laid out before its campaign ends and the lanes fill it in. A name no bundle can have is an error.
 PENDING = "*Not in the bundle yet: the runs this table is made of have not finished.*"
-# A marker starts its line (a marker quoted inside a sentence or a code span is prose); its head is one line.
-MARKER = re.compile(r"^<!-- bundle-table: (?P<bundle>\S+) (?P<table>\w+)(?: where (?P<query>[^\n]+?))? -->\n"
-                    r"(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-table -->", re.MULTILINE)
-FIGURE = re.compile(r"^<!-- bundle-figure: (?P<bundle>\S+) (?P<table>\w+) (?P<file>\S+)(?: where (?P<query>[^\n]+?))? "
-                    r"-->\n(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-figure -->", re.MULTILINE)
-PROTOCOLS = re.compile(r"^<!-- bundle-protocols: (?P<table>\w+) (?P<named>\w+=\S+(?: \w+=\S+)*)"
-                       r"(?: where (?P<query>[^\n]+?))? -->\n"
-                       r"(?P<body>(?:(?!^<!-- /?bundle-).*\n)*?)<!-- /bundle-protocols -->", re.MULTILINE)
 PROTOCOL_TABLES = {"claims": protocol_claims, "power": protocol_power, "secondary": protocol_secondary,
                    "asymmetry": protocol_asymmetry, "progress": protocol_progress}
-MARKER_LINE = re.compile(r"^<!-- /?bundle-.*$", re.MULTILINE)  # every line that opens or closes a block
 FIGURE_TABLES = ("curve",)  # the tables a figure can be drawn of
 PENDING_FIGURE = "*Not in the bundle yet: the runs this figure is drawn from have not finished.*"
 
@@ -80,19 +72,20 @@ def _docs_pages(root: Path) -> list[Path]:
     return [p for p in sorted([*(root / "docs").rglob("*.md"), root / "README.md"]) if p.is_file()]
 
 
-def _blocks(text: str, page: Path | None = None):
-    """The table and figure blocks of a page; with ``page``, a marker line no block consumes (unclosed, a
-    closer without its opener, an unknown kind, a malformed head) is refused with one line naming it."""
-    blocks = [*MARKER.finditer(text), *FIGURE.finditer(text), *PROTOCOLS.finditer(text)]
-    if page is not None:
-        covered = {m.start() for m in blocks} | {m.end() - len(m.group(0).rsplit("\n", 1)[-1]) for m in blocks}
-        for line in MARKER_LINE.finditer(text):
-            if line.start() not in covered:
-                number = text.count("\n", 0, line.start()) + 1
-                raise UserError(f"{page}:{number}: {line.group(0)[:80]!r} is no complete bundle-table, "
-                                "bundle-figure or bundle-protocols block (unclosed, unknown or malformed marker); "
-                                "close it with its <!-- /bundle-... --> line, or fix its head.")
-    return blocks
+class Marker:
+    """One block of a page as the generator reads it: its head's fields (``Block.fields``) by name, ``body``."""
+
+    def __init__(self, block: Block, page: Path) -> None:
+        self.block, self.kind, self.fields = block, block.kind, block.fields(page)
+
+    def __getitem__(self, key: str) -> str | None:
+        return self.block.body if key == "body" else self.fields.get(key)
+
+
+def _blocks(text: str, page: Path) -> list[Marker]:
+    """The blocks of a page (``docs_markers.read_blocks``: the audit's reading too); a line that looks like a marker
+    and opens or closes no block, or a head outside its kind's grammar, is refused with one line naming it."""
+    return [Marker(block, page) for block in read_blocks(text, page)]
 
 
 def bundle_path(root: Path, page: Path, bundle: str) -> Path:
@@ -108,7 +101,7 @@ def bundle_path(root: Path, page: Path, bundle: str) -> Path:
 PROTOCOL_NAMES = ("paper", "fair")  # the protocols a bundle-protocols block sets side by side
 
 
-def protocol_bundles(match: re.Match) -> dict[str, list[str]]:
+def protocol_bundles(match: Marker) -> dict[str, list[str]]:
     """A bundle-protocols block's bundles per protocol, as the marker names them; a protocol other than
     ``PROTOCOL_NAMES``, one named twice, or a bundle under two protocols is refused (one would silently win)."""
     named: dict[str, list[str]] = {}
@@ -124,26 +117,27 @@ def protocol_bundles(match: re.Match) -> dict[str, list[str]]:
     return named
 
 
-def bundles_of(match: re.Match) -> list[str]:
+def bundles_of(match: Marker) -> list[str]:
     """The bundles a block is made of (as its marker names them)."""
-    if "named" in match.re.groupindex:
+    if match.kind == "bundle-protocols":
         return [b for names in protocol_bundles(match).values() for b in names]
     return [match["bundle"]]
 
 
 def bundles_on(pages: list[Path]) -> set[str]:
     """Every bundle the blocks of ``pages`` are made of (as markers name them)."""
-    return {b for page in pages for m in _blocks(page.read_text(), page) for b in bundles_of(m)}
+    return {b for page in pages for m in _blocks(read_page(page), page) for b in bundles_of(m)}
 
 
 def pages_naming(root: Path, bundle: str) -> list[Path]:
     """The docs pages (and README) with a block made of ``bundle`` (as markers name it)."""
-    return [p for p in _docs_pages(root) if any(bundle in bundles_of(m) for m in _blocks(p.read_text(), p))]
+    return [p for p in _docs_pages(root) if any(bundle in bundles_of(m) for m in _blocks(read_page(p), p))]
 
 
 def figures_on(root: Path, pages: list[Path]) -> list[Path]:
     """The SVG files the figure blocks of ``pages`` draw, whichever bundle they are of."""
-    return [figure_path(root, page, m["file"]) for page in pages for m in FIGURE.finditer(page.read_text())]
+    return [figure_path(root, page, m["file"]) for page in pages for m in _blocks(read_page(page), page)
+            if m.kind == "bundle-figure"]
 
 
 def figure_path(root: Path, page: Path, name: str) -> Path:
@@ -185,7 +179,7 @@ def not_written_line(bundle: str) -> str:
     return f"*Not written yet: {bundle} (its lane has not committed a run).*\n"
 
 
-def protocols_body(root: Path, page: Path, match: re.Match, cache: dict) -> str:
+def protocols_body(root: Path, page: Path, match: Marker, cache: dict) -> str:
     """A bundle-protocols block's table of the bundles that exist, and a line naming those not written yet."""
     if match["table"] not in PROTOCOL_TABLES:
         raise UserError(f"{page}: bundle-protocols names no table {match['table']!r} "
@@ -222,7 +216,7 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None,
     pages: dict[Path, str] = {}
     figures: dict[Path, tuple[str, str | None]] = {}  # file -> (the block that draws it, its SVG or None: removed)
 
-    def frame_of(match: re.Match, page: Path, names: tuple[str, ...]) -> pd.DataFrame:
+    def frame_of(match: Marker, page: Path, names: tuple[str, ...]) -> pd.DataFrame:
         path, block = bundle_path(root, page, match["bundle"]), "bundle-table" if names == TABLE_NAMES else \
             "bundle-figure"
         if match["table"] not in names:
@@ -246,47 +240,49 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None,
                             f"name: {', '.join(sorted(named)) or 'none'}).")
 
     for page in _docs_pages(root) if pages_of is None else pages_naming(root, pages_of):
-        text = page.read_text()
+        text = read_page(page)
 
-        def table_for(match: re.Match, page: Path = page) -> str:
+        def table_for(match: Marker, page: Path = page) -> str:
             if only is not None and match["bundle"] != only:
-                return match.group(0)
+                return match["body"]
             frame = frame_of(match, page, TABLE_NAMES)
             body = not_written_line(match["bundle"]) if frame is None else \
                 PENDING + "\n" if frame.empty else markdown_of(frame) + "\n"
             if body != match["body"]:
                 stale.append(f"{page.relative_to(root)}: {match['table']} of {match['bundle']}")
-            head = match.group(0)[: match.start("body") - match.start(0)]
-            return f"{head}{body}<!-- /bundle-table -->"
+            return body
 
-        def figure_for(match: re.Match, page: Path = page) -> str:
+        def figure_for(match: Marker, page: Path = page) -> str:
             if only is not None and match["bundle"] != only:
-                return match.group(0)
+                return match["body"]
             path, frame = figure_path(root, page, match["file"]), frame_of(match, page, FIGURE_TABLES)
             svg = None if frame is None or frame.empty else figure_svg(frame, page, match["table"])
             body = not_written_line(match["bundle"]) if frame is None else PENDING_FIGURE + "\n" if svg is None else (
                 f"![{match['table']} of {match['bundle']}"
                 + (f" where {match['query']}" if match["query"] else "") + f"]({match['file']})\n")
-            head = match.group(0)[: match.start("body") - match.start(0)]
-            if path in figures and figures[path][0] != head:
+            if path in figures and figures[path][0] != match.block.head:
                 raise UserError(f"{page}: bundle-figure file {match['file']!r} is drawn by two blocks; give each "
                                 "its own file.")
-            figures[path] = (head, svg)
+            figures[path] = (match.block.head, svg)
             on_disk = path.read_text() if path.is_file() else None
             if body != match["body"] or on_disk != svg:
                 stale.append(f"{page.relative_to(root)}: figure {match['file']} of {match['bundle']}")
-            return f"{head}{body}<!-- /bundle-figure -->"
+            return body
 
-        def protocols_for(match: re.Match, page: Path = page) -> str:
+        def protocols_for(match: Marker, page: Path = page) -> str:
             if only is not None and only not in bundles_of(match):
-                return match.group(0)
+                return match["body"]
             body = protocols_body(root, page, match, cache)
             if body != match["body"]:
                 stale.append(f"{page.relative_to(root)}: {match['table']} of the protocols {match['named']}")
-            head = match.group(0)[: match.start("body") - match.start(0)]
-            return f"{head}{body}<!-- /bundle-protocols -->"
+            return body
 
-        new = PROTOCOLS.sub(protocols_for, FIGURE.sub(figure_for, MARKER.sub(table_for, text)))
+        bodies = {"bundle-table": table_for, "bundle-figure": figure_for, "bundle-protocols": protocols_for}
+        parts, at = [], 0
+        for match in _blocks(text, page):  # each block's body replaced, every other byte of the page kept
+            parts += [text[at:match.block.body_start], bodies[match.kind](match)]
+            at = match.block.body_end
+        new = "".join(parts) + text[at:]
         if new != text:
             pages[page] = new
     if not check:

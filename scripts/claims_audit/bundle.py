@@ -44,14 +44,41 @@ def verify_manifest(path: Path) -> None:
     manifest) is read as it is, as the project reads it."""
     if not (path / "manifest.json").is_file():
         return
-    files = read_bundle_file(path / "manifest.json", lambda p: json.loads(p.read_text()))["files"]
+    manifest = read_bundle_file(path / "manifest.json", lambda p: json.loads(p.read_text(encoding="utf-8")))
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise AuditError(f"{path / 'manifest.json'}: not a bundle's seal (a mapping whose 'files' maps each file to "
+                         "its sha256); restore the committed bundle (git checkout) before auditing")
     for name, entry in files.items():
-        if Path(name).name != name:
+        if Path(name).name != name or name in ("", ".", ".."):
             raise AuditError(f"{path / 'manifest.json'}: names {name!r}, not a file of the bundle's own folder")
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise AuditError(f"{path / 'manifest.json'}: the entry of {name} has no sha256 text; restore the "
+                             "committed bundle (git checkout) before auditing")
         digest = read_bundle_file(path / name, lambda p: hashlib.sha256(p.read_bytes()).hexdigest())
         if digest != entry["sha256"]:
             raise AuditError(f"{path / name}: not the file manifest.json sealed (its SHA-256 differs); restore the "
                              "committed bundle (git checkout) before auditing")
+
+
+LABELS = ("data", "method", "role", "draw", "trial", "ratio", "seed")
+
+
+def labelled_specs(specs: dict, runs: pd.DataFrame) -> dict:
+    """campaign.json's specs, each with its ``labels`` and ``overrides``: a spec recorded before campaign.json kept
+    labels (a digest, its configs) takes them from its runs.csv row, as the project's loader does; one without a row
+    names no run this audit could place, and is left out."""
+    rows = {row["run"]: row for row in runs.to_dict("records")} if "run" in runs else {}
+    out = {}
+    for run, spec in specs.items():
+        spec = spec if isinstance(spec, dict) else {"digest": spec}
+        labels = spec.get("labels")
+        if not isinstance(labels, dict):
+            if run not in rows:
+                continue
+            labels = {k: ("" if pd.isna(rows[run].get(k)) else rows[run].get(k)) for k in LABELS}
+        out[run] = {**spec, "labels": labels, "overrides": list(spec.get("overrides", []))}
+    return out
 
 
 class Bundle:
@@ -65,7 +92,10 @@ class Bundle:
         if not np.isfinite(values).all():  # the project's own loader refuses such a bundle: so does this audit
             raise AuditError(f"{path / 'results.csv.gz'}: {int((~np.isfinite(values)).sum())} value(s) not finite")
         campaign = read_bundle_file(path / "campaign.json", lambda p: json.loads(p.read_text()))
-        self.specs, self.counterparts = campaign.get("specs", {}), campaign.get("counterparts", {})
+        if not isinstance(campaign, dict) or not isinstance(campaign.get("specs", {}), dict):
+            raise AuditError(f"{path / 'campaign.json'}: not a campaign record (a mapping with a 'specs' mapping)")
+        self.specs = labelled_specs(campaign.get("specs", {}), runs)
+        self.counterparts = campaign.get("counterparts", {})
         bins = path / "reliability.csv.gz"  # a sweep's bundle keeps none
         self.reliability = read_bundle_file(bins, pd.read_csv) if bins.is_file() else None
         runs["draw"] = pd.to_numeric(runs["draw"], errors="coerce")

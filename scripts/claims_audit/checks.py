@@ -239,6 +239,7 @@ def audit_page(audit: Audit, path: Path) -> int:
     """Audit every block this script knows on one page; the number of blocks audited."""
     audited = 0
     for head, header, rows in tables(path):
+        audit.cells += [cell for row in rows for cell in row.values()]
         if header is None:
             audit.text(f"{path.name}: marker {head!r}", "unreadable (no newline after it)", "a block")
             continue

@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from claims_audit.bundle import AuditError, Bundle
+from mtl_cog.reporting.docs_markers import MarkerError, read_blocks, read_page
 
-MARKER = re.compile(r"<!-- (bundle-(?:protocols|table): [^>]*?) -->[ \t]*\n(.*?)<!-- /bundle-", re.S)
-ANY_MARKER = re.compile(r"<!-- (bundle-(?:protocols|table|figure): [^>]*?) -->")
 # a marker's 'where' clause, read as data as the generator reads it: 'column == literal', 'column != literal' or
 # 'column in [literal, ...]' joined by 'and'; a literal is a quoted string or a number
 LITERAL = r"'[^'\n]*'|\"[^\"\n]*\"|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -34,6 +33,7 @@ class Audit:
         self.root, self.bundles, self.mismatches = root, {}, []
         self.numbers = self.readings = 0
         self.skipped: list[str] = []  # generated blocks no check here reads: reported, never passed silently
+        self.cells: list[str] = []  # every cell of the generated tables read, which prose numbers are checked against
 
     def bundle(self, rel: str) -> Bundle | None:
         """The bundle at ``rel``; None where its campaign folder does not exist yet (its lane has not committed a
@@ -90,22 +90,24 @@ class Audit:
 
 
 def tables(path: Path) -> list[tuple[str, list[str], list[dict]]]:
-    """Each generated block's marker (without ``<!-- -->``), its Markdown table's header and rows."""
+    """Each generated block's marker (without ``<!-- -->``), its Markdown table's header and rows. Where a block
+    starts and ends is the generator's own reading (``mtl_cog.reporting.docs_markers``, the one thing this audit
+    shares with it): a line that looks like a marker and is none is bad input naming page and line, never skipped."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise AuditError(f"cannot read {path}: {err}") from None
-    blocks = []
-    parsed = {m.start() for m in MARKER.finditer(text)}
-    for match in ANY_MARKER.finditer(text):  # a marker the block pattern cannot read: never skipped in silence
-        if match.start() not in parsed:  # a figure (an SVG the generator draws, no table here) is named as such
-            blocks.append((match.group(1), [] if match.group(1).startswith("bundle-figure") else None, []))
-    for match in MARKER.finditer(text):
-        lines = [line for line in match.group(2).splitlines() if line.startswith("|")]
+        blocks = read_blocks(read_page(path), path)
+    except MarkerError as err:
+        raise AuditError(str(err)) from None
+    found = []
+    for block in blocks:
+        head = f"{block.kind}: {block.head}"
+        if block.kind == "bundle-figure":  # an SVG the generator draws, no table here: named as such
+            found.append((head, [], []))
+            continue
+        lines = [line for line in block.body.splitlines() if line.startswith("|")]
         header = [c.strip() for c in lines[0].strip("|").split("|")] if lines else []
         rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
-        blocks.append((match.group(1), header, rows))
-    return blocks
+        found.append((head, header, rows))
+    return found
 
 
 def protocol_bundles(audit: Audit, head: str) -> dict[tuple[str, str], Bundle]:
