@@ -21,6 +21,7 @@ first wait line says so. The probe is a parameter, so the scheduling is tested w
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 from collections.abc import Callable
@@ -47,10 +48,14 @@ def nvidia_smi_probe(device: str) -> DeviceMemory | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits",
                               "-i", device], capture_output=True, text=True, timeout=20)
-        free, total = (int(float(v)) * 2**20 for v in out.stdout.strip().splitlines()[0].split(","))
+        values = [float(v) for v in out.stdout.strip().splitlines()[0].split(",")]
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
-    return DeviceMemory(free, total) if out.returncode == 0 else None
+    # a reading nvidia-smi cannot give (inf, nan, a negative or absurd size) is no reading, not a crash
+    if out.returncode != 0 or len(values) != 2 or not all(math.isfinite(v) and 0 <= v < 2**40 for v in values):
+        return None
+    free, total = (int(v) * 2**20 for v in values)
+    return DeviceMemory(free, total)
 
 
 @dataclass

@@ -151,25 +151,57 @@ def read_gpu_check(path: Path) -> Throughput | None:
 
 def read_device_check(path: Path, name: str | None = None) -> list[Throughput]:
     """The priced rates of a ``scripts/gpu_check.sh`` JSON (``mtl_cog.benchmarks.device_check``): one per case run
-    with the paper's settings (``baseline``), K runs side by side included; [] for another format."""
+    with the paper's settings (``baseline``), K runs side by side included; [] for another format. A file in this
+    format whose shape is damaged (``cases`` not a list, a case lacking a key, a number written as text, an image
+    size of 0) is refused in one line naming the file: a dry run would otherwise price runs from it, or stop."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return []
     if not isinstance(data, dict) or data.get("format") != DEVICE_CHECK_FORMAT or data.get("tiny"):
         return []
+    cases = data.get("cases", [])
+    if not isinstance(cases, list):
+        raise _damaged(path, f"'cases' is {type(cases).__name__}, not a list")
     found = []
-    for case in data.get("cases", []):
-        rate = case.get("images_per_s") if isinstance(case, dict) else None
-        if (case.get("kind") != "throughput" or not case.get("baseline") or "error" in case
-                or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0):
+    for number, case in enumerate(cases):
+        if not isinstance(case, dict):
+            raise _damaged(path, f"case {number} is {type(case).__name__}, not a mapping")
+        if case.get("kind") != "throughput" or not case.get("baseline") or "error" in case:
             continue
-        k = int(case.get("runs_per_device", 1))
-        found.append(Throughput(float(rate), case["backbone"], int(case["image_size"]),
+        problem = _case_problem(case)
+        if problem:
+            raise _damaged(path, f"case {number} ({case.get('name', '?')}): {problem}")
+        rate, k = float(case["images_per_s"]), case.get("runs_per_device", 1)
+        found.append(Throughput(rate, case["backbone"], case["image_size"],
                                 f"measured in {name or path} ({data.get('device', '?')}, {case['precision']}, "
                                 f"{k} run{'s' if k > 1 else ''} per device)",
-                                case["precision"] if case.get("precision") in PRECISION_SPEED else "bf16", k))
+                                case["precision"] if case["precision"] in PRECISION_SPEED else "bf16", k))
     return found
+
+
+def _number(value, whole: bool = False) -> bool:
+    """A JSON number (not a bool, not text), finite and positive; ``whole``: an integer."""
+    return (isinstance(value, int) if whole else isinstance(value, (int, float))) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0
+
+
+def _case_problem(case: dict) -> str:
+    """What makes a priced case of a device check unusable, "" when nothing."""
+    for key, whole in (("images_per_s", False), ("image_size", True), ("runs_per_device", True)):
+        if key not in case and key != "runs_per_device":
+            return f"no {key}"
+        if key in case and not _number(case[key], whole):
+            return f"{key} is {case[key]!r}, not a positive {'whole ' if whole else ''}number"
+    for key in ("backbone", "precision"):
+        if not isinstance(case.get(key), str) or not case[key]:
+            return f"{key} is {case.get(key)!r}, not a name"
+    return ""
+
+
+def _damaged(path: Path, problem: str) -> UserError:
+    return UserError(f"{path}: a damaged device check ({problem}). Restore it from git, or measure anew: bash "
+                     "scripts/gpu_check.sh")
 
 
 def committed_rates(clone: Path) -> list[tuple[float, Throughput]]:
