@@ -149,12 +149,24 @@ def test_a_committed_campaign_tuned_under_the_legacy_rule_is_refused_without_the
 
 
 def test_the_plan_is_recorded_once_and_a_changed_plan_is_refused(tmp_path, monkeypatch):
+    import subprocess
+
     from mtl_cog.experiments import preregistration
     from mtl_cog.reporting.bundle import Bundle
 
+    def commit(*paths: str) -> None:  # a plan is evidence only when git holds it (tests/test_round6_plan.py)
+        subprocess.run(["git", "add", *paths], check=True)
+        subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-qm", "plan"],
+                       check=True)
+
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MTL_COG_CODE_COMMIT", raising=False)
+    subprocess.run(["git", "init", "-q"], check=True)
     plan = tmp_path / "plan.md"
     plan.write_text("H1: COG-FC beats the baseline\n")
+    with pytest.raises(UserError, match="not committed"):  # in a checkout, an uncommitted plan is refused
+        preregistration.plan_record(type(plan)("plan.md"), "abc")
+    commit("plan.md")
     record = preregistration.plan_record(type(plan)("plan.md"), "abc123")
     assert record["path"] == "plan.md" and record["code_commit"] == "abc123" and len(record["sha256"]) == 64
     bundle = Bundle({"campaign": "c"})
@@ -163,6 +175,7 @@ def test_the_plan_is_recorded_once_and_a_changed_plan_is_refused(tmp_path, monke
     preregistration.keep_first(bundle, {**record, "code_commit": "later"})  # the first record stays
     assert bundle.campaign["plan"]["code_commit"] == "abc123"
     plan.write_text("H1: COG-FC beats the baseline, or else\n")  # edited after the campaign started
+    commit("plan.md")
     with pytest.raises(UserError, match="has changed since the campaign started"):
         preregistration.check_plan(bundle, preregistration.plan_record(type(plan)("plan.md"), "def"))
     with pytest.raises(UserError, match="one campaign has one plan"):
@@ -172,13 +185,10 @@ def test_the_plan_is_recorded_once_and_a_changed_plan_is_refused(tmp_path, monke
             preregistration.plan_record(type(plan)(bad), "abc")
     (tmp_path / "empty.md").write_text("\n")
     (tmp_path / "link.md").symlink_to(plan)
+    commit("empty.md", "link.md")
     for bad, message in (("empty.md", "is empty"), ("link.md", "not a link")):
         with pytest.raises(UserError, match=message):
             preregistration.plan_record(type(plan)(bad), "abc")
-    import subprocess
-    subprocess.run(["git", "init", "-q"], check=True)  # in a checkout, an uncommitted plan is refused
-    with pytest.raises(UserError, match="not committed"):
-        preregistration.plan_record(type(plan)("plan.md"), "abc")
     late = Bundle({"campaign": "c"})
     late.runs = late.runs.reindex(range(3))  # a bundle that already holds three runs
     preregistration.keep_first(late, record)

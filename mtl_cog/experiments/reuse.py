@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from mtl_cog.errors import RunFolderError, UserError
+from mtl_cog.experiments import preregistration
 from mtl_cog.reporting import bundle as bundles
 from mtl_cog.reporting.bundle_rows import results_rows
 from mtl_cog.runs import rundir
@@ -61,7 +62,10 @@ def check_run_folder(bundle: bundles.Bundle, run: str, run_dir: Path) -> None:
 
 def recorded_threads(out: Path) -> int | None:
     """The thread count campaign ``out``'s bundle recorded (None: none recorded)."""
-    bundle = bundles.read_bundle(bundles.bundle_dir(out))
+    return _threads_of(bundles.read_bundle(bundles.bundle_dir(out)))
+
+
+def _threads_of(bundle: bundles.Bundle | None) -> int | None:
     value = None if bundle is None else bundle.campaign.get(THREADS)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -81,9 +85,12 @@ def threads_record(threads: int | None, old: dict | None) -> dict:
 
 def with_threads(campaign, env: tuple[tuple[str, str], ...]):
     """``campaign`` with the thread count of ``env`` (the runs' OMP_NUM_THREADS) to record; a bundle that
-    recorded another count refuses it: the resumed runs would give other numbers than the uninterrupted ones."""
+    recorded another count refuses it: the resumed runs would give other numbers than the uninterrupted ones. The
+    plan the bundle recorded binds too, whether or not this command names it (``preregistration``)."""
     mine = env_threads(env)
-    recorded = recorded_threads(campaign.out)
+    bundle = bundles.read_bundle(bundles.bundle_dir(campaign.out))
+    preregistration.check_recorded_plan(bundle)
+    recorded = _threads_of(bundle)
     if recorded is not None and mine != recorded:
         raise UserError(f"{bundles.bundle_dir(campaign.out) / bundles.CAMPAIGN}: this campaign's runs trained on "
                         f"{recorded} thread(s) per run, and this command would train on "
