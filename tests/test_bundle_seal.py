@@ -4,6 +4,7 @@ runs.csv's labels those campaign.json planned; a mismatch is one error line nami
 from __future__ import annotations
 
 import gzip
+import json
 import subprocess
 import sys
 import warnings
@@ -98,20 +99,26 @@ def test_a_sealed_file_inflated_with_well_formed_rows_is_refused_before_it_is_re
         read(tmp_path)
 
 
-def test_an_unsealed_bundle_is_read_with_a_warning_and_sealed_by_its_next_write_or_seal(tmp_path):
+def test_an_unsealed_bundle_is_read_with_a_notice_and_sealed_by_its_next_write_or_seal(tmp_path, capsys):
     write_labelled_bundle(tmp_path / "b")
-    (tmp_path / "b" / MANIFEST).unlink()  # a bundle of the code before seals (or a writer killed before its seal)
-    with pytest.warns(UserWarning, match="unsealed results bundle"):
-        bundle = bundles.read_bundle(tmp_path / "b")
+    (tmp_path / "b" / MANIFEST).unlink()  # the manifest lost: campaign.json still records the seal
+    bundles.read_bundle(tmp_path / "b")
+    assert "its manifest.json is missing" in capsys.readouterr().err
     before = {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir()}
     assert bundles.seal_bundle(tmp_path / "b") and not bundles.seal_bundle(tmp_path / "b")
     assert {p.name: p.read_bytes() for p in (tmp_path / "b").iterdir() if p.name != MANIFEST} == before
     edit_csv(tmp_path / "b" / bundles.RESULTS, "val,mean,nll,0.5", "val,mean,nll,0.4")
     with pytest.raises(UserError, match="results.csv.gz is not the file the campaign sealed"):
         read(tmp_path / "b")
-    (tmp_path / "b" / MANIFEST).unlink()
-    bundles.write_bundle(tmp_path / "c", bundle)
-    assert (tmp_path / "c" / MANIFEST).is_file()
+    write_labelled_bundle(tmp_path / "old")
+    (tmp_path / "old" / MANIFEST).unlink()  # a bundle of the code before seals: no record of one either
+    campaign = json.loads((tmp_path / "old" / bundles.CAMPAIGN).read_text())
+    (tmp_path / "old" / bundles.CAMPAIGN).write_text(json.dumps({k: v for k, v in campaign.items() if k != "seal"}))
+    old = bundles.read_bundle(tmp_path / "old")
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and err.count("\n") == 1 and "unsealed results bundle" in err
+    bundles.write_bundle(tmp_path / "c", old)
+    assert (tmp_path / "c" / MANIFEST).is_file() and bundles.read_bundle(tmp_path / "c") is not None
 
 
 @pytest.mark.parametrize("file, old, new, said", [

@@ -43,7 +43,9 @@ def edit_results(out: Path, run: str, split: str, metric: str, value: float) -> 
     assert len(hits) == 1
     lines[hits[0]] = f"{run},{split},mean,{metric},{value}\n"
     path.write_bytes(gzip.compress("".join(lines).encode()))
-    (out / "bundle" / "manifest.json").unlink()  # unsealed: the run folder is what must catch it
+    (out / "bundle" / "manifest.json").unlink()  # unsealed, as an old bundle: the run folder is what must catch it
+    campaign = json.loads((out / "bundle" / "campaign.json").read_text())
+    (out / "bundle" / "campaign.json").write_text(json.dumps({k: v for k, v in campaign.items() if k != "seal"}))
 
 
 def test_a_resume_over_an_untouched_bundle_reuses_every_run(copy):

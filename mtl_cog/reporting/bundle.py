@@ -27,7 +27,8 @@ writes ``<out>/bundle/`` as its runs finish, small enough to commit (a 40-task r
 
 The files are written one at a time, ``runs.csv`` last: a run's rows count only once its
 ``runs.csv`` row exists, so a bundle interrupted between two files holds no half-recorded run. Then
-``manifest.json`` seals them (``bundle_manifest``: every file's SHA-256 and row count), and every read
+``campaign.json`` records the seal and ``manifest.json`` seals them (``bundle_manifest``: every file's SHA-256 and
+row count; a seal once written cannot be removed and re-applied over an edit), and every read
 checks the seal, then every column against one schema (``bundle_schema``), then that ``runs.csv``'s
 labels are those ``campaign.json`` planned: an edited number, label or role is refused, naming the file. The
 CSV files are written deterministically (sorted rows, gzip without a timestamp, 8 significant
@@ -39,7 +40,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,7 +131,10 @@ def write_bundle(folder: Path, bundle: Bundle) -> None:
     the caller holds the campaign's collection lock)."""
     folder.mkdir(parents=True, exist_ok=True)
     manifest.unseal(folder)
-    atomic_write_text(folder / CAMPAIGN, json.dumps(bundle.campaign, indent=1, sort_keys=True) + "\n")
+    # no record of a seal while the tables change: a writer killed midway leaves an unsealed bundle, never a
+    # recorded seal its files contradict (which every read would refuse)
+    campaign = {k: v for k, v in bundle.campaign.items() if k != manifest.SEAL_KEY}
+    atomic_write_text(folder / CAMPAIGN, _campaign_text(campaign))
     results = bundle.results.astype({"value": float})  # object columns (after a concat) ignore float_format
     curves = bundle.curves.astype({"value": float, "epoch": int})
     atomic_write_bytes(folder / RESULTS, _csv_bytes(results, ["run", "split", "task", "metric"], gz=True))
@@ -142,26 +145,45 @@ def write_bundle(folder: Path, bundle: Bundle) -> None:
         atomic_write_bytes(folder / TRIALS, _csv_bytes(_whole_numbers(bundle.trials, TRIAL_WHOLE_NUMBERS),
                                                        ["study", "trial"], gz=False))
     atomic_write_bytes(folder / RUNS, _csv_bytes(bundle.runs, ["run"], gz=False))
-    manifest.write_manifest(folder, {RUNS: len(bundle.runs), RESULTS: len(results), CURVES: len(curves),
-                                     **({TRIALS: len(bundle.trials)} if len(bundle.trials) else {}),
-                                     **({RELIABILITY: len(bundle.reliability)} if len(bundle.reliability) else {})})
+    _seal(folder, campaign, {RUNS: len(bundle.runs), RESULTS: len(results), CURVES: len(curves),
+                             **({TRIALS: len(bundle.trials)} if len(bundle.trials) else {}),
+                             **({RELIABILITY: len(bundle.reliability)} if len(bundle.reliability) else {})})
+    bundle.campaign = json.loads((folder / CAMPAIGN).read_text())
+
+
+def _campaign_text(campaign: dict) -> str:
+    return json.dumps(campaign, indent=1, sort_keys=True) + "\n"
+
+
+def _seal(folder: Path, campaign: dict, rows: dict[str, int]) -> None:
+    """Record the seal of the tables in campaign.json, then write the manifest of every file."""
+    record = manifest.seal_record(manifest.entries(folder, rows, manifest.table_names(folder)))
+    if campaign.get(manifest.SEAL_KEY) != record:
+        atomic_write_text(folder / CAMPAIGN, _campaign_text({**campaign, manifest.SEAL_KEY: record}))
+    manifest.write_manifest(folder, rows)
 
 
 def seal_bundle(folder: Path) -> bool:
-    """Seal a bundle written before bundles were sealed, after every check a read makes -> whether it was
-    unsealed (a sealed one is verified and left as it is). Its files are not rewritten: the seal vouches for
-    exactly the bytes that were committed."""
+    """Seal a bundle without a manifest, after every check a read makes -> whether it had none (a sealed one is
+    verified and left as it is). A bundle whose campaign.json records its seal gets that manifest back (its files are
+    the sealed ones, or the read refused them); an older one is sealed only where git shows it never sealed and holds
+    every file as it is (``bundle_manifest.check_never_sealed``). Its tables are not rewritten: the seal vouches for
+    exactly the bytes that were committed (campaign.json gains the record of the seal)."""
     folder = Path(folder)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "unsealed": what this is about to change
-        if read_bundle(folder) is None:
-            raise UserError(f"{folder}: no results bundle there (no {CAMPAIGN}).")
+    bundle = read_bundle(folder)
+    if bundle is None:
+        raise UserError(f"{folder}: no results bundle there (no {CAMPAIGN}).")
     if (folder / manifest.MANIFEST).exists():
         return False
-    rows = {name: len(_read_csv(folder / name, None, manifest.UNSEALED_MAX_ROWS, dtype=str))
-            for name in manifest.bundle_files(folder) if name in SCHEMAS}
-    manifest.write_manifest(folder, rows)
+    if manifest.SEAL_KEY not in bundle.campaign:
+        manifest.check_never_sealed(folder)
+    _seal(folder, bundle.campaign, _table_rows(folder))
     return True
+
+
+def _table_rows(folder: Path) -> dict[str, int]:
+    return {name: len(_read_csv(folder / name, None, manifest.UNSEALED_MAX_ROWS, dtype=str))
+            for name in manifest.bundle_files(folder) if name in SCHEMAS}
 
 
 def _whole_numbers(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -222,8 +244,10 @@ def read_bundle(folder: Path) -> Bundle | None:
     except (OSError, ValueError, UnicodeDecodeError) as err:
         raise UserError(f"{folder / CAMPAIGN}: not a results bundle's campaign record ({err}). Restore it from "
                         "git, or delete the bundle folder to collect it anew.") from None
-    bounds = manifest.verify(folder)  # before any table is parsed: a refused file is never read
+    bounds = manifest.verify(folder, campaign)  # before any table is parsed: a refused file is never read
     if not (folder / RUNS).exists():
+        if bounds is None:
+            manifest.check_unsealed(folder, campaign, _table_rows(folder))
         return Bundle(campaign)
     # every runs.csv column as text: a hex digest such as 1234e567... would otherwise be read as a float
     runs = _read_table(folder, RUNS, RUN_COLUMNS, bounds, dtype=str)
@@ -237,6 +261,8 @@ def read_bundle(folder: Path) -> Bundle | None:
                     curves[curves["run"].isin(known)].reset_index(drop=True), trials,
                     reliability[reliability["run"].isin(known)].reset_index(drop=True))
     check_bundle(folder, bundle)
+    if bounds is None:  # judged once its tables passed the schema: a damaged file is named as such first
+        manifest.check_unsealed(folder, campaign, _table_rows(folder))
     return bundle
 
 
