@@ -60,7 +60,7 @@ def test_the_power_table_and_a_bad_table_name(tmp_path, monkeypatch):
     write(tmp_path, FAIR, {("cog_fc", d): 0.005 for d in ("1", "2")}, monkeypatch)
     path = page(tmp_path, "power")
     regenerate_docs(tmp_path)
-    assert "| fair | d | nll | 0.0040 | 0.0000 |  | 0.0000 | H1 H3 |" in path.read_text()
+    assert "| fair | d | nll | 0.0040 | 1.0000 |  | 1.0000 |  |" in path.read_text()  # zero spread: always read
     page(tmp_path, "verdicts")
     with pytest.raises(UserError, match="bundle-protocols names no table 'verdicts'"):
         regenerate_docs(tmp_path, check=True)

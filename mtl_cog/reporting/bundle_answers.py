@@ -17,7 +17,13 @@
   marked per metric *supported* / *contradicted* / *inconclusive at this scale* when every draw agrees, **depends
   on the tuning draw** when they do not, *not tested at this budget* where a learned calibrator stayed at the
   identity, *incomplete* while a side lacks planned draws or seeds; a draw with one shared seed reads *no interval
-  (one seed)* (``interval_reading``), in the verdicts too.
+  (one seed)* (``interval_reading``), in the verdicts too;
+- both: **does not test COG (schedule)** where the variant's rate schedule annealed before it could learn: every
+  final run of the draw held its follower rate at >= 1/10 of the first epoch's for fewer than ``MIN_LIVE_SHARE``
+  of its epochs (``curves.csv.gz``'s ``lr``). The paper's own schedule keeps that live phase for about 3,100
+  (CIFAR-10) to 3,800 (CelebA) steps, longer than its networks need to reach their best validation NLL; scaled by
+  its epoch share to 30 epochs it keeps 2 of them (40-80 steps), and a claim read there measures the schedule.
+  The draw's reading stays beside it, with its numbers.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from mtl_cog.evaluation.posthoc import POSTHOC
 from mtl_cog.reporting.bundle import Bundle, wide_scores
 from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
 from mtl_cog.reporting.paired import COUNTERPART, INCONCLUSIVE, PAIRED_METRICS, VARIANT, paired_differences
+from mtl_cog.reporting.trajectories import live_epoch_count
 
 SUMMARY_METRICS = ("accuracy", "nll", "brier", "ece@15")
 SETTLED, DEPENDS = "settled", "depends on the tuning draw"
@@ -183,7 +190,7 @@ def draw_gap(planned: pd.DataFrame, data: str, variant: str, counterpart: str, d
 
 
 def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
-             calibrator_table: pd.DataFrame | None = None) -> pd.DataFrame:
+             calibrator_table: pd.DataFrame | None = None, bundle: Bundle | None = None) -> pd.DataFrame:
     """One row per (data set, variant, counterpart, metric): each planned draw's verdict and whether they agree.
 
     ``answer`` is a draw's verdict when every planned draw gives the same (``status`` settled), **depends on the
@@ -193,6 +200,7 @@ def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
         return pd.DataFrame()
     planned = pd.DataFrame(columns=["data", "method", "draw", "seed"]) if planned is None else planned
     calibrator_table = pd.DataFrame() if calibrator_table is None else calibrator_table
+    annealed = {} if bundle is None else annealed_early(bundle)
     rows = []
     keys = ["dataset", "variant", "counterpart", "metric"]
     for key, group in paired_table.groupby(keys, sort=True):
@@ -208,6 +216,8 @@ def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
             cell = "" if found is None else interval_reading(found)
             if found is not None and _idle(calibrator_table, data, variant, draw):
                 cell = f"{NOT_TESTED} ({cell})"
+            if found is not None and variant in annealed.get((data, draw), ()):
+                cell = f"{SCHEDULE_BLIND} ({cell})"
             if gap and found is not None:
                 cell = f"{cell} ({gap})"
             row[f"draw {draw}" if draw else "verdict"] = cell
@@ -225,6 +235,8 @@ def _answer(readings: list[str], gaps: list[str]) -> tuple[str, str]:
     depends on the tuning draw. The one rule of verdicts and claims."""
     if gaps:
         return f"incomplete ({', '.join(gaps)})", "incomplete"
+    if any(r.startswith(SCHEDULE_BLIND) for r in readings):  # a calibrator idle under it: the schedule's doing
+        return SCHEDULE_BLIND, SCHEDULE_BLIND
     if any(r.startswith(NOT_TESTED) for r in readings):
         return NOT_TESTED, NOT_TESTED
     if len(set(readings)) == 1:
@@ -270,6 +282,8 @@ PAPER_CLAIMS = (
 CLAIM_METRICS = ("nll", "ece@15", "accuracy")
 SUPPORTED, CONTRADICTED, NOT_DECIDED = "supported", "contradicted", "inconclusive at this scale"
 NOT_TESTED = "not tested at this budget"
+SCHEDULE_BLIND = "does not test COG (schedule)"
+MIN_LIVE_SHARE = 0.5  # a schedule whose rate is live for less of the run than this has annealed before COG learns
 NO_INTERVAL = "no interval (one seed)"  # one shared seed: a difference, but nothing to read it against
 
 
@@ -285,6 +299,22 @@ def _side(better: str, expected: str) -> str:
     if better == INCONCLUSIVE:
         return NOT_DECIDED
     return SUPPORTED if better == expected else CONTRADICTED
+
+
+def annealed_early(bundle: Bundle) -> dict[tuple[str, str], set[str]]:
+    """(data, draw) -> the methods with a leader whose every final run there was live (``live_epoch_count``) for
+    fewer than ``MIN_LIVE_SHARE`` of its epochs; runs whose rate the bundle does not record are not judged."""
+    runs = bundle.done()
+    finals = runs[(runs["role"] == "final") & runs["method"].astype(str).str.startswith("cog")]
+    rates = bundle.curves[(bundle.curves["split"] == "train") & (bundle.curves["metric"] == "lr")]
+    shares = {run: live_epoch_count(g.sort_values("epoch")["value"].to_numpy()) / len(g)
+              for run, g in rates[rates["run"].isin(set(finals["run"]))].groupby("run") if len(g)}
+    out: dict[tuple[str, str], set[str]] = {}
+    for (data, method, draw), group in finals.groupby(["data", "method", finals["draw"].fillna("").astype(str)]):
+        known = [shares[r] for r in group["run"] if r in shares]
+        if known and len(known) == len(group) and max(known) < MIN_LIVE_SHARE:
+            out.setdefault((str(data), draw), set()).add(str(method))
+    return out
 
 
 def _idle(table: pd.DataFrame, data: str, method: str, draw: str) -> bool:
@@ -305,6 +335,7 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
     table = calibrators(bundle) if calibrator_table is None else calibrator_table
     planned = planned_finals(bundle) if planned is None else planned
     pairs = {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}  # one counterpart per variant
+    annealed = annealed_early(bundle)
     rows = []
     for data in sorted(scores["data"].unique()):
         draws = sorted(set(planned_draws(planned, data)) | set(scores.loc[scores["data"] == data, "draw"]))
@@ -329,6 +360,8 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
                             text = f"{side} ({r.mean_difference:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}])"
                         if _idle(table, data, variant, draw):  # its calibrator never left the identity
                             side, text = NOT_TESTED, f"{NOT_TESTED} ({text})"
+                        if variant in annealed.get((data, draw), ()):  # its schedule annealed before it learnt
+                            side, text = SCHEDULE_BLIND, f"{SCHEDULE_BLIND} ({text})"
                     if gap:
                         gaps.append(gap)
                         text = f"{text} ({gap})" if text else ""

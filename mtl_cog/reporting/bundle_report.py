@@ -78,7 +78,23 @@ def chosen(bundle: Bundle) -> pd.DataFrame:
     # attempts stopped mid-run (a lane stopped) and run again: a later trial of the study names them in ``retry_of``
     # (the retry is the one counted); shown, so the stop stays visible. A failed extra trial is no retried one.
     counts["retried"] = _retried(trials).reindex(counts.index, fill_value=0).astype(int)
+    if "epochs_trained" in counted:  # what the study cost: counted trials are no equal budget (tuning_rule.py)
+        counts["epochs"] = pd.to_numeric(counted["epochs_trained"], errors="coerce").groupby(counted["study"]).sum()
+    counts["unopposed"] = _unopposed(counted, picked).reindex(counts.index, fill_value=False)
     return table.merge(counts, left_on="study", right_index=True, how="left").sort_values("study")
+
+
+def _unopposed(counted: pd.DataFrame, picked: pd.DataFrame) -> pd.Series:
+    """Per study, whether its choice is its first counted trial and no other counted trial finished: a choice
+    nothing competed with (the legacy halving rule promoted the first trial at every rung, ``halving.py``)."""
+    out = {}
+    for study, group in counted.groupby("study"):
+        trials = pd.to_numeric(group["trial"], errors="coerce")
+        choice = picked.loc[picked["study"] == study, "trial"]
+        first = trials.min()
+        others = group[trials != first]
+        out[study] = bool(len(choice)) and int(choice.iloc[0]) == first and not (others["state"] == "complete").any()
+    return pd.Series(out, dtype=bool)
 
 
 def _retried(trials: pd.DataFrame) -> pd.Series:
@@ -268,7 +284,7 @@ def bundle_tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     curve, curve_pair = curves(bundle)
     chosen_table = chosen(bundle)
     tables = {"summary": summary_cells(table) if not table.empty else table, "summary_values": table,
-              "paired": pair, "verdicts": verdicts(pair, planned, calibrator_table),
+              "paired": pair, "verdicts": verdicts(pair, planned, calibrator_table, bundle),
               "claims": claims(bundle, calibrator_table, planned),
               "chosen": chosen_table, "draw_choices": draw_choices(chosen_table),
               "convergence": convergence_counts(conv), "convergence_runs": conv, "scope": scope(bundle, conv),

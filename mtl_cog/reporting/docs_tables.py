@@ -62,6 +62,7 @@ from mtl_cog.reporting.svg_charts import line_chart_svg
 # summary before any final run, a curve before its lane ran): it reads PENDING until they exist, so a page can be
 # laid out before its campaign ends and the lanes fill it in. A name no bundle can have is an error.
 PENDING = "*Not in the bundle yet: the runs this table is made of have not finished.*"
+NO_MATCH = "*No row of the table matches `where {query}`.*"  # a filter that leaves nothing: no pending runs
 PROTOCOL_TABLES = {"claims": protocol_claims, "power": protocol_power, "secondary": protocol_secondary,
                    "asymmetry": protocol_asymmetry, "progress": protocol_progress}
 FIGURE_TABLES = ("curve",)  # the tables a figure can be drawn of
@@ -230,8 +231,12 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None,
                 raise UserError(f"{page}: {block} names {match['bundle']}, which holds no results bundle.")
             cache[path] = bundle_tables(bundle)
         frame = cache[path].get(match["table"], pd.DataFrame())
-        return apply_where(frame, match["query"], f"{page}: {block} of {match['bundle']}") if match["query"] \
-            else frame
+        if not match["query"]:
+            return frame
+        kept = apply_where(frame, match["query"], f"{page}: {block} of {match['bundle']}")
+        if kept.empty and not frame.empty:
+            kept.attrs["no_match"] = True  # the table is there; nothing in it matches
+        return kept
 
     named = bundles_on(_docs_pages(root))
     for flag, bundle in (("--only", only), ("--pages-of", pages_of)):
@@ -246,8 +251,9 @@ def regenerate_docs(root: Path, check: bool = False, only: str | None = None,
             if only is not None and match["bundle"] != only:
                 return match["body"]
             frame = frame_of(match, page, TABLE_NAMES)
-            body = not_written_line(match["bundle"]) if frame is None else \
-                PENDING + "\n" if frame.empty else markdown_of(frame) + "\n"
+            body = not_written_line(match["bundle"]) if frame is None else markdown_of(frame) + "\n" \
+                if not frame.empty else (NO_MATCH.format(query=match["query"]) if frame.attrs.get("no_match")
+                                         else PENDING) + "\n"
             if body != match["body"]:
                 stale.append(f"{page.relative_to(root)}: {match['table']} of {match['bundle']}")
             return body

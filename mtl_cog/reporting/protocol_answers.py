@@ -16,13 +16,17 @@ at 0.1 (``reproduce --protocol paper``); the fair protocol tunes every method wi
   interval: read it with the two half-widths beside it.
 
 A protocol may hold several bundles (one per data set: a campaign's lane writes one); a data set appears in one of
-them only. ``protocol_power`` says, per protocol, data set and primary metric, whether the claims' intervals were
-narrow enough to see a gain the size of post-hoc TS's on the baseline (the calibration the regime leaves to fix):
-``could detect`` names the claims (H1-H3, in ``PAPER_CLAIMS``'s order) whose widest half-width over the draws is
-smaller than that gain (``none`` if no claim's is). The gain is measured on the protocol's own final runs
-(``baseline − baseline+ts``, task-mean test metric, mean over seeds, then over draws): the same runs, checkpoint
-and seeds as the claims (under the paper protocol, its untuned baseline). While a claim of the data set is still
-incomplete the reading is provisional and says so (``H1 H2, so far (claims incomplete)``)."""
+them only. ``protocol_power`` gives, per protocol, data set and primary metric, the **power of the decision rule**
+for each claim H1-H3: the probability that it reads *supported* (both draws' 95 % intervals excluding 0 on the
+claimed side) if the true paired difference were a gain the size of post-hoc TS's on the baseline (the
+calibration the regime leaves to fix), simulated (``POWER_SIMULATIONS`` draws of each draw's seeds, normal
+differences with the draw's measured spread of paired differences, read with the page's own interval). The gain
+is measured on the protocol's own final runs (``baseline − baseline+ts``, task-mean test metric, mean over seeds,
+then over draws): the same runs, checkpoint and seeds as the claims (under the paper protocol, its untuned
+baseline). A half-width smaller than the gain is no such guarantee: at 5 seeds a draw whose half-width equals the
+gain reads supported about half the time, and the rule needs both draws. Blank where a claim lacks a draw with an
+interval; ``power note`` says so while a claim of the data set is incomplete or TS's gain rests on part of the
+planned runs."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from mtl_cog.errors import UserError
 from mtl_cog.reporting.bundle import Bundle, wide_scores
@@ -45,7 +50,7 @@ from mtl_cog.reporting.bundle_answers import (
     planned_finals,
     reversed_predictions,
 )
-from mtl_cog.reporting.paired import VARIANT, paired_differences
+from mtl_cog.reporting.paired import CONFIDENCE, VARIANT, paired_differences, seed_t_interval
 
 PAPER, FAIR = "paper", "fair"
 POWER_METRICS = ("nll", "ece@15")  # the primary metrics of the plan
@@ -175,23 +180,35 @@ GAIN_CLAIMS = tuple((f"H{i}", claim, variant) for i, (claim, variant, _, _) in e
                     if variant != "baseline+ms")  # H4 is about MS's harm, not a calibration gain
 
 
-def _could_detect(ts_gain: float, halves: dict[str, float], complete: bool, gain_gaps: list[str]) -> str:
-    """The claims (``H1``...) whose half-width is below TS's gain, ``none``, or ``no claim interval yet`` while no
-    claim has one (too few shared seeds); ``so far`` while some claim of the data set lacks planned runs (its
-    half-width will change) or TS's gain is measured on part of the planned baseline runs (``gain_gaps``)."""
-    known = {h: w for h, w in halves.items() if np.isfinite(w)}
-    gain_note = f"ts gain incomplete ({', '.join(gain_gaps)})" if gain_gaps else ""
-    if not known:
-        return "; ".join(["no claim interval yet", *([gain_note] if gain_note else [])])
-    reading = " ".join(h for h, w in known.items() if ts_gain > 0 and w < ts_gain) or "none"
-    missing = [*([] if complete else ["claims incomplete"]), *([gain_note] if gain_note else [])]
-    return f"{reading}, so far ({'; '.join(missing)})" if missing else reading
+POWER_SIMULATIONS, POWER_SEED = 20_000, 0  # Monte Carlo error of a probability: at most 0.0035 (one s.e.)
+
+
+def supported_probability(effect: float, spreads: list[tuple[float, int]], sign: int) -> float:
+    """P(the decision rule reads *supported*) when the true paired difference is ``sign * effect`` (``effect`` > 0;
+    ``sign`` the claimed side) and draw k's seeds give normal differences of spread ``spreads[k] = (sd, seeds)``:
+    each draw's 95 % t interval (``paired.seed_t_interval``) must exclude 0 on the claimed side. Seeded: the
+    same bundles give the same probabilities."""
+    if not effect > 0 or not spreads or any(not np.isfinite(sd) or n < 2 for sd, n in spreads):
+        return np.nan
+    rng = np.random.default_rng(POWER_SEED)
+    every = np.ones(POWER_SIMULATIONS, dtype=bool)
+    for sd, n in spreads:
+        diffs = rng.normal(sign * effect, sd, size=(POWER_SIMULATIONS, n, 1))
+        _, low, high = seed_t_interval(diffs)
+        every &= (high < 0) if sign < 0 else (low > 0)
+    return float(every.mean())
+
+
+def _spread(row) -> float:
+    """A draw's standard deviation of per-seed paired differences, from its interval's half-width."""
+    n = int(row["n_seeds"])
+    return float(row["half_width"]) * np.sqrt(n) / stats.t.ppf((1 + CONFIDENCE) / 2, n - 1) if n >= 2 else np.nan
 
 
 def protocol_power(bundles: Bundles) -> pd.DataFrame:
-    """Per protocol, data set and primary metric: post-hoc TS's gain on the baseline (mean over draws), each claim's
-    widest half-width over the draws (H1-H3; a claim the campaign does not run is left empty), and which claims'
-    intervals could have detected a gain of TS's size."""
+    """Per protocol, data set and primary metric: post-hoc TS's gain on the baseline (mean over draws) and each
+    claim's probability of reading *supported* for a gain that size (H1-H3; a claim the campaign does not run is
+    left empty; module docstring)."""
     gains = _per_protocol(bundles, lambda b: with_planned_draws(b, claim_differences(b, TS_PAIR)))
     widths = _per_protocol(bundles, claim_differences)
     answers = _per_protocol(bundles, claims)
@@ -203,21 +220,20 @@ def protocol_power(bundles: Bundles) -> pd.DataFrame:
         for (data, metric), group in gain[gain["metric"].isin(POWER_METRICS)].groupby(["data", "metric"]):
             ts_gain = -float(group["mean_difference"].mean())  # > 0: TS lowers the metric
             row = {"protocol": protocol, "data": data, "metric": metric, "ts gain": ts_gain}
-            halves, measured = {}, []
+            measured = []
             for label, claim, variant in GAIN_CLAIMS:
-                found = width.loc[(width["data"] == data) & (width["metric"] == metric) & (width["variant"] == variant),
-                                  "half_width"]
-                if found.empty:  # not run by this campaign
-                    row[f"{label} ± (95 %)"] = np.nan
-                    continue
-                measured.append(claim)
-                halves[label] = found.max() if found.notna().all() else np.nan  # a draw without an interval: not yet
-                row[f"{label} ± (95 %)"] = halves[label]
+                draws = width[(width["data"] == data) & (width["metric"] == metric) & (width["variant"] == variant)]
+                if not draws.empty:  # else not run by this campaign
+                    measured.append(claim)
+                sign = -1 if claim in CLAIMED_GAINS else 1  # H1, H2: the variant lower; H3: the variant higher
+                spreads = [(_spread(r), int(r["n_seeds"])) for _, r in draws.iterrows()]
+                row[f"{label} P(supported)"] = supported_probability(ts_gain, spreads, sign)
             pending = answer[(answer["data"] == data) & (answer["metric"] == metric)
                              & answer["claim"].isin(measured)]["answer"]
             gaps = [g for g in group["gap"] if g]  # the TS gain itself made of part of the planned runs
-            row["could detect"] = _could_detect(ts_gain, halves,
-                                                not pending.astype(str).str.startswith("incomplete").any(), gaps)
+            notes = [*(["claims incomplete"] if pending.astype(str).str.startswith("incomplete").any() else []),
+                     *([f"ts gain incomplete ({', '.join(gaps)})"] if gaps else [])]
+            row["power note"] = "; ".join(notes)
             rows.append(row)
     return pd.DataFrame(rows)
 

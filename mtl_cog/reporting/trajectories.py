@@ -46,6 +46,15 @@ CALIBRATOR_FLOOR = 0.01  # a calibrator whose whole move is below 1 % of its siz
 LIVE_RATE_SHARE = 0.1  # an epoch whose follower rate is at least this share of the first epoch's can still learn
 
 
+def live_epoch_count(rate: np.ndarray) -> int:
+    """The epochs before the follower rate (one value per epoch) first fell below ``LIVE_RATE_SHARE`` of the highest
+    rate before it: a rate that rose (a warm-up, a resume at a higher rate) sets the scale, and a rate exactly at
+    the share (0.1 after one step of 1/10) is live."""
+    rate = np.asarray(rate, dtype=float)
+    live = rate >= LIVE_RATE_SHARE * np.maximum.accumulate(rate) * (1 - 1e-9)
+    return int(np.argmin(live)) if not live.all() else len(live)
+
+
 def read_metrics_lines(run_dir: Path) -> tuple[list[dict], dict]:
     """(stage one's epoch lines, the final line) of a run's metrics.jsonl; empty when there is none."""
     lines = read_jsonl(Path(run_dir) / rundir.METRICS)
@@ -255,9 +264,7 @@ def convergence_of_curves(curves: pd.DataFrame) -> Convergence | None:
     rate = _series(curves, "train", "lr")
     live_epochs, gain_live = None, 0.0
     if len(rate) == len(nll) and rate.max() > 0:
-        peak = np.maximum.accumulate(rate)  # a rate that rose (a warm-up, a resume at a higher rate) sets the scale
-        live = rate >= LIVE_RATE_SHARE * peak * (1 - 1e-9)  # a rate exactly at the share (0.1 after 1/10) is live
-        live_epochs = int(np.argmin(live)) if not live.all() else len(live)  # the epochs before the rate fell
+        live_epochs = live_epoch_count(rate)
         gain_live = _nll_gain_last(nll[:live_epochs]) if live_epochs >= 2 else 0.0
     return Convergence(len(nll), _nll_gain_last(nll), move,
                        _nll_gain_last(stage_two) if len(stage_two) >= 5 else None, total, live_epochs, gain_live)

@@ -16,6 +16,8 @@ from claims_audit.rule import (
     GATE_ECE,
     GATE_SEEDS,
     IDENTITY,
+    LIVE_SHARE,
+    MIN_LIVE_SHARE,
     RULES,
     Draw,
     answer,
@@ -96,6 +98,13 @@ class Bundle:
             raise AuditError(f"{path / 'campaign.json'}: not a campaign record (a mapping with a 'specs' mapping)")
         self.specs = labelled_specs(campaign.get("specs", {}), runs)
         self.counterparts = campaign.get("counterparts", {})
+        curves = read_bundle_file(path / "curves.csv.gz", pd.read_csv) if (path / "curves.csv.gz").is_file() else \
+            pd.DataFrame(columns=["run", "epoch", "split", "metric", "value"])  # no rates recorded: none judged
+        rates = curves[(curves["split"] == "train") & (curves["metric"] == "lr")].sort_values(["run", "epoch"])
+        rates = rates.assign(value=pd.to_numeric(rates["value"], errors="coerce"))
+        # per run, the share of its epochs before the rate first fell below 1/10 of the highest rate so far
+        live = rates["value"] >= LIVE_SHARE * rates.groupby("run")["value"].cummax() * (1 - 1e-9)
+        self.live_share = live.groupby(rates["run"]).agg(lambda s: (s.cumprod().sum()) / len(s))
         bins = path / "reliability.csv.gz"  # a sweep's bundle keeps none
         self.reliability = read_bundle_file(bins, pd.read_csv) if bins.is_file() else None
         runs["draw"] = pd.to_numeric(runs["draw"], errors="coerce")
@@ -143,6 +152,13 @@ class Bundle:
         found = self.temperatures[self.temperatures["run"].isin(runs)]["value"]
         return bool(len(found)) and bool(((found - 1).abs() < IDENTITY).all())
 
+    def annealed(self, variant: str, draw: int) -> bool:
+        """Whether every final run of a COG variant in a draw held its rate live for under half its epochs."""
+        runs = self.finals[(self.finals["method"] == variant) & (self.finals["draw"] == draw)]["run"]
+        shares = self.live_share.reindex(runs)
+        known = bool(len(runs)) and shares.notna().all()
+        return variant.startswith("cog") and known and bool((shares < MIN_LIVE_SHARE).all())
+
     def pair(self, variant: str, counterpart: str, metric: str, draw: int, side: int, base: str = "test",
              against: "Bundle | None" = None) -> Draw:
         """One draw's paired difference variant − counterpart over the seeds both sides finished, and its reading;
@@ -154,7 +170,8 @@ class Bundle:
         planned = planned & against.planned.get((counterpart.partition("+")[0], draw), set())
         mean, low, high, half = t_interval(diffs)
         untested = variant == "cog_ts" and self.untested(draw)
-        return Draw(len(diffs), len(planned), mean, low, high, half, reading(low, high, side, len(diffs)), untested)
+        return Draw(len(diffs), len(planned), mean, low, high, half, reading(low, high, side, len(diffs)), untested,
+                    self.annealed(variant, draw))
 
 
 def claim(bundle: Bundle, text: str, metric: str, against: Bundle | None = None, scored: bool | None = None

@@ -18,8 +18,9 @@ CONDITION = re.compile(rf"\s*([A-Za-z_][A-Za-z0-9_@.+-]*)\s*(?:(==|!=)\s*({LITER
 DECIMALS = 4  # the generator prints every audited number to 4 decimals: a coarser one hides a change
 # a per-draw claims cell: 'reading (difference [low, high])', wrapped in 'not tested at this budget (...)' where
 # COG-TS's temperature stayed at identity, then '(draw d: n of p seeds)' while the draw is short of seeds
-CELL = re.compile(r"^(?:(not tested at this budget) \()?(supported|contradicted|inconclusive at this scale|"
-                  r"no interval \(one seed\)) \(([+-][0-9.]+)(?: \[([+-][0-9.]+), ([+-][0-9.]+)\])?\)\)?"
+CELL = re.compile(r"^(?:(does not test COG \(schedule\)) \()?(?:(not tested at this budget) \()?"
+                  r"(supported|contradicted|inconclusive at this scale|no interval \(one seed\)) "
+                  r"\(([+-][0-9.]+)(?: \[([+-][0-9.]+), ([+-][0-9.]+)\])?\)\)?\)?"
                   r"(?: \(draw \d+: (\d+) of (\d+) seeds\))?$")
 # the whole of one draw's segment: what follows the seeds is ', incomplete' or a '; ...' note (not audited), then ')'
 SECONDARY_SEGMENT = re.compile(r"^(\d+: (?:variant|counterpart|inconclusive|no interval \(one seed\)) \((?:\d+ of )?"
@@ -47,14 +48,15 @@ class Audit:
                 raise AuditError(f"{self.root / rel}: a bundle file lacks or misstates {err}") from None
         return self.bundles[rel]
 
-    def number(self, what: str, cell: str, ours: float) -> None:
+    def number(self, what: str, cell: str, ours: float, slack: float = 0.0) -> None:
         """A printed number matches ours within half a unit of its last printed digit (0.0043: ± 0.00005, float
-        slack aside); a blank cell stands for no value."""
+        slack aside), or within ``slack`` where the page's number is an estimate (a simulation); a blank cell
+        stands for no value."""
         self.numbers += 1
         cell = str(cell).strip()
         try:  # never looser than the generator's 4 decimals: '0' or '0E+5' must not pass for -0.0043
             exponent = Decimal(cell).as_tuple().exponent if cell else 0
-            tolerance = 0.5 * 10.0 ** min(exponent, -DECIMALS) + 1e-12
+            tolerance = max(0.5 * 10.0 ** min(exponent, -DECIMALS) + 1e-12, slack)
             ok = abs(float(cell) - ours) <= tolerance if cell else not np.isfinite(ours)
         except (InvalidOperation, TypeError, ValueError):  # not a number where the page should print one
             ok = False

@@ -17,6 +17,9 @@ CLAIM_OF_ID = {ident: text for text, (ident, *_) in CLAIMS.items()}
 GAINS = ("H1", "H2")  # the claimed gains: the only claims a surviving share is a share of
 DRAWS = (1, 2)
 IDENTITY = 0.01  # a learned temperature within 1 % of 1 leaves the predictions as they were
+# a schedule whose follower rate stays >= 1/10 of its first epoch's for less than half a run annealed before COG learnt
+LIVE_SHARE, MIN_LIVE_SHARE = 0.1, 0.5
+SCHEDULE = "does not test COG (schedule)"
 GATE_ECE, GATE_CHANGE, GATE_SEEDS = 0.03, -0.05, 3  # the regime gate's thresholds and fewest seeds
 RULES = {"best validation Brier": "", "last epoch": "@last"}  # checkpoint rule -> its results splits' suffix
 SECONDARY_BASE = {"last epoch": "test@last", "Guo's TS recipe": "test"}
@@ -35,6 +38,7 @@ class Draw(NamedTuple):
     half: float
     reading: str
     untested: bool  # COG-TS's temperature stayed at identity in this draw
+    annealed: bool = False  # the variant's every final run of the draw annealed its rate early (SCHEDULE)
 
 
 def t_interval(x) -> tuple[float, float, float, float]:
@@ -57,6 +61,20 @@ def reading(low: float, high: float, side: int, n: int) -> str:
 
 
 
+def supported_power(effect: float, draws: list[Draw]) -> float:
+    """P(every draw's 95 % t interval excludes 0 on the claimed side) when the true difference is ``effect`` (> 0)
+    there: per draw 1 − F(t₀.₉₇₅) of the noncentral t with n − 1 degrees of freedom and noncentrality
+    effect / (sd / √n), sd the draw's own spread of paired differences; the draws independent."""
+    if not effect > 0 or not draws or any(r.n < 2 or not np.isfinite(r.half) for r in draws):
+        return np.nan
+    power = 1.0
+    for r in draws:
+        critical = stats.t.ppf(0.975, r.n - 1)
+        sd = r.half * np.sqrt(r.n) / critical
+        power *= float(stats.nct.sf(critical, r.n - 1, effect / (sd / np.sqrt(r.n)))) if sd > 0 else 1.0
+    return power
+
+
 def summarise(draws: dict[int, Draw]) -> tuple[float, float]:
     """The mean of the draws' mean differences and the widest draw's half-width (draws that ran)."""
     ran = [r for r in draws.values() if r.n]
@@ -73,6 +91,8 @@ def answer(draws: dict[int, Draw], scored: bool = True) -> str:
             for d, r in draws.items() if r.n == 0 or r.n < r.planned]
     if gaps:
         return f"incomplete ({', '.join(gaps)})"
+    if any(r.annealed for r in draws.values()):
+        return SCHEDULE
     if any(r.untested for r in draws.values()):
         return "not tested at this budget"
     readings = {r.reading for r in draws.values()}
