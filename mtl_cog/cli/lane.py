@@ -56,6 +56,8 @@ from filelock import FileLock
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
+from mtl_cog.reporting.bundle import read_bundle
+from mtl_cog.reporting.bundle_progress import progress
 from mtl_cog.reporting.docs_tables import bundles_on, figures_on, pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart
@@ -231,9 +233,6 @@ def commit_bundle(repo: Path, published: Path, name: str) -> str:
 def commit_message(published: Path, name: str) -> str:
     """What finished, from the bundle: "results: NAME 23/50 finals, 80/80 trials (lane)" (a bundle that cannot
     be read, or has no planned parts yet: "results: NAME bundle as runs finish (lane)")."""
-    from mtl_cog.reporting.bundle import read_bundle  # pandas: only when a lane commits
-    from mtl_cog.reporting.bundle_progress import progress
-
     try:
         rows = progress(read_bundle(published))
     except Exception:  # noqa: BLE001  (the message only: the bundle's own checks run where it is read)

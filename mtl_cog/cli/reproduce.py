@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     studies = study_rules.recorded_rules(studies, recorded, command_rule(args), args.epoch_budget is not None)
     if args.pin_to is not None:
         studies = pinning.pinned_studies(studies, args.pin_to, counterparts(args), args.scale)
-    plan = preregistration.plan_record(args.plan, campaign.code_commit()) if args.plan else None
+    plan = preregistration.campaign_plan(args.plan, recorded, campaign.code_commit())
     if plan is not None:
         preregistration.check_plan(recorded, plan)
     if studies:

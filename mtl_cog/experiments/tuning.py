@@ -421,7 +421,7 @@ def trials_table(spec: StudySpec, outcome: StudyResult) -> list[dict]:
                          LOST_REASON if trial in outcome.uncounted
                          else ""),
                      "val_nll": trial.value if trial.state == TrialState.COMPLETE else math.nan,
-                     "epochs_trained": epochs_trained(trial, spec.epochs),
+                     "epochs_trained": epochs_so_far(trial, spec.epochs),  # a waiting trial: none yet
                      "rung_values": rung_values(trial),
                      "ranges": ranges_text(list(spec.knobs)),  # the study's search space: edges checkable
                      **rule_columns(spec.rule),
