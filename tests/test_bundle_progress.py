@@ -82,3 +82,22 @@ def test_the_protocols_progress_block_fills_in_and_names_a_bundle_not_written(tm
     assert "| fair | d | final | 18 | 18 | 0 | complete |" in text
     assert "*Not written yet: paper (results/paper_d/bundle).*" in text
     assert protocol_progress({"paper": [], "fair": []}).empty
+
+
+def test_a_study_that_spent_its_epoch_budget_is_complete_with_fewer_trials():
+    """Under an epoch budget (``tuning_rule.py``) a study stops asking once its counted trials trained that many
+    epochs: six trials of a budget of eight, 160 epochs spent, is a finished study (its choice is read), while one
+    with epochs left and a trial still running is not. The legacy count alone would read it running forever."""
+    from mtl_cog.reporting.tuning_choices import chosen
+
+    spent = _trials("d-cog_fc", ["complete"] * 5 + ["pruned"]).assign(
+        epochs_trained=[30] * 5 + [10], epoch_budget=160, chosen=["", "", "*", "", "", ""], overrides="x=1")
+    running = _trials("d-cog_ts", ["complete", "running"]).assign(epochs_trained=[30, 0], epoch_budget=160,
+                                                                   chosen=["*", ""], overrides="x=1")
+    bundle = _with_tuning(built.make_bundle(), {"d-cog_fc": spent, "d-cog_ts": running}, budget=8)
+    tuning = progress(bundle).set_index("part").loc["tuning (2 studies begun, 8 trials or 160 epochs each)"]
+    assert (tuning["planned"], tuning["done"], tuning["status"]) == (6 + 8, 6 + 1, "running")
+    assert list(chosen(bundle)["study"]) == ["d-cog_fc"]
+    whole = _with_tuning(built.make_bundle(), {"d-cog_fc": spent}, budget=8)
+    assert progress(whole).set_index("part").loc["tuning (1 studies begun, 8 trials or 160 epochs each)",
+                                                  "status"] == "complete"

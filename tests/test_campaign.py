@@ -348,7 +348,7 @@ def test_the_papers_claims_are_read_from_both_draws_and_an_idle_calibrator_is_no
 
 def test_draw_choices_read_numeric_knobs_only():
     """A leader ratio near 1 brings the flag optim.allow_leader_lr_geq_follower=true into the overrides."""
-    from mtl_cog.reporting.bundle_report import draw_choices
+    from mtl_cog.reporting.tuning_choices import draw_choices
 
     chosen = pd.DataFrame({"study": ["d-a", "d-a-d2"],
                            "overrides": ["optim.follower_lr=0.03 optim.leader_lr=0.03 "
@@ -359,7 +359,7 @@ def test_draw_choices_read_numeric_knobs_only():
 
 def test_draw_choices_set_each_draws_final_choice_side_by_side():
     """The widened re-tuning's choice replaces the one at an edge; a knob more than 2x apart is a change."""
-    from mtl_cog.reporting.bundle_report import draw_choices
+    from mtl_cog.reporting.tuning_choices import draw_choices
 
     chosen = pd.DataFrame({"study": ["d-a", "d-a-w1", "d-a-d2", "d-b", "d-b-d2", "d-c"],
                            "overrides": ["optim.follower_lr=0.03", "optim.follower_lr=0.05", "optim.follower_lr=0.02",

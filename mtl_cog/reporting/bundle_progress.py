@@ -43,6 +43,21 @@ def finished_counted_trials(trials: pd.DataFrame) -> pd.Series:
     return counted[counted["state"].isin(["complete", "pruned", "fail"])].groupby("study")["trial"].size()
 
 
+def spent_studies(trials: pd.DataFrame, budget: int) -> pd.Series:
+    """Per study, whether it spent its budget: ``budget`` finished counted trials, or, under an epoch budget
+    (``tuning_rule.py``, recorded per trial in ``epoch_budget``), that many epochs trained by its counted trials with
+    none still running: such a study asks no further trial, so it ends with fewer trials than the count."""
+    counted = trials[trials["counted"].astype(str) == "True"] if "counted" in trials else trials
+    finished = finished_counted_trials(trials)
+    out = {}
+    for study, group in counted.groupby("study"):
+        cap = pd.to_numeric(group.get("epoch_budget", pd.Series(dtype=float)), errors="coerce").dropna()
+        epochs = pd.to_numeric(group.get("epochs_trained", pd.Series(dtype=float)), errors="coerce").sum()
+        idle = not group["state"].isin(["running", "waiting"]).any()
+        out[study] = int(finished.get(study, 0)) >= budget or (len(cap) > 0 and idle and epochs >= cap.min())
+    return pd.Series(out, dtype=bool)
+
+
 def _planned_labels(bundle: Bundle) -> pd.DataFrame:
     labels = planned_labels(bundle)
     return pd.DataFrame(labels, columns=["data", "role"]) if labels else pd.DataFrame(columns=["data", "role"])
@@ -62,7 +77,7 @@ def _tuning_rows(bundle: Bundle, finals_planned: set[str]) -> list[dict]:
     trials, budget = bundle.trials, tuning_budget(bundle)
     if trials.empty or "study" not in trials or budget is None:
         return []
-    finished = finished_counted_trials(trials)
+    finished, spent = finished_counted_trials(trials), spent_studies(trials, budget)
     known = set(bundle.runs["data"].dropna().astype(str)) | set(_planned_labels(bundle)["data"].dropna())
     data_of = pd.Series({study: _data_of(study, known) for study in trials["study"].unique()})
     counted = trials[trials["counted"].astype(str) == "True"] if "counted" in trials else trials
@@ -70,11 +85,15 @@ def _tuning_rows(bundle: Bundle, finals_planned: set[str]) -> list[dict]:
     for data, studies in data_of.groupby(data_of):
         # a study's finished counted trials beyond its budget (an older widening) are shown as they are
         done = sum(int(finished.get(study, 0)) for study in studies.index)
-        planned = budget * len(studies)
+        # a study that spent its epoch budget first planned the trials it ran (spent_studies)
+        planned = sum(int(finished.get(study, 0)) if spent.get(study, False) else budget for study in studies.index)
         failed = int((counted["study"].isin(studies.index) & (counted["state"] == "fail")).sum())
-        at_budget = all(int(finished.get(study, 0)) >= budget for study in studies.index)
+        at_budget = all(spent.get(study, False) for study in studies.index)
         status = "running" if not at_budget else "complete" if data in finals_planned else "begun studies at budget"
-        rows.append({"data": data, "part": f"tuning ({len(studies)} studies begun, {budget} trials each)",
+        mine = counted[counted["study"].isin(studies.index)]
+        caps = pd.to_numeric(mine["epoch_budget"], errors="coerce").dropna() if "epoch_budget" in mine else ()
+        each = f"{budget} trials" + (f" or {int(min(caps))} epochs" if len(caps) else "")
+        rows.append({"data": data, "part": f"tuning ({len(studies)} studies begun, {each} each)",
                      "planned": planned, "done": done, "failed": failed, "status": status})
     return rows
 

@@ -56,6 +56,7 @@ from mtl_cog.reporting.marker_filter import apply_where
 from mtl_cog.reporting.plots import method_colors
 from mtl_cog.reporting.protocol_answers import protocol_claims, protocol_power, protocol_secondary
 from mtl_cog.reporting.protocol_asymmetry import protocol_asymmetry
+from mtl_cog.reporting.protocol_controls import protocol_controls
 from mtl_cog.reporting.svg_charts import line_chart_svg
 
 # A block may name a table its bundle does not have *yet* (one of TABLE_NAMES whose runs have not finished: the
@@ -64,7 +65,7 @@ from mtl_cog.reporting.svg_charts import line_chart_svg
 PENDING = "*Not in the bundle yet: the runs this table is made of have not finished.*"
 NO_MATCH = "*No row of the table matches `where {query}`.*"  # a filter that leaves nothing: no pending runs
 PROTOCOL_TABLES = {"claims": protocol_claims, "power": protocol_power, "secondary": protocol_secondary,
-                   "asymmetry": protocol_asymmetry, "progress": protocol_progress}
+                   "asymmetry": protocol_asymmetry, "progress": protocol_progress, "controls": protocol_controls}
 FIGURE_TABLES = ("curve",)  # the tables a figure can be drawn of
 PENDING_FIGURE = "*Not in the bundle yet: the runs this figure is drawn from have not finished.*"
 
@@ -99,7 +100,7 @@ def bundle_path(root: Path, page: Path, bundle: str) -> Path:
     return path
 
 
-PROTOCOL_NAMES = ("paper", "fair")  # the protocols a bundle-protocols block sets side by side
+PROTOCOL_NAMES = ("paper", "fair", "pinned")  # the campaigns a bundle-protocols block sets side by side
 
 
 def protocol_bundles(match: Marker) -> dict[str, list[str]]:

@@ -57,7 +57,7 @@ def _data_sets(bundle: Bundle) -> set[str]:
     return set(bundle.runs["data"].astype(str))
 
 
-def _runs(bundle: Bundle, data: str, role: str, methods: tuple[str, ...]) -> pd.DataFrame:
+def runs_of(bundle: Bundle, data: str, role: str, methods: tuple[str, ...]) -> pd.DataFrame:
     runs = bundle.done()
     return runs[(runs["data"] == data) & (runs["role"] == role) & runs["method"].isin(methods)]
 
@@ -85,7 +85,7 @@ def _check_same_study(paper: Bundle, fair: Bundle, data: str) -> None:
     if None not in designs and designs[0] != designs[1]:
         raise UserError(f"{where}: the two campaigns' commands differ beyond the protocol ({' '.join(designs[0])} "
                         f"against {' '.join(designs[1])}); they are not the same study.")
-    sizes = pd.concat([_runs(paper, data, "final", (UNTUNED,)), _runs(fair, data, "final", SHARED_STUDIES)])
+    sizes = pd.concat([runs_of(paper, data, "final", (UNTUNED,)), runs_of(fair, data, "final", SHARED_STUDIES)])
     sizes = sizes[SIZES].drop_duplicates()
     if len(sizes) > 1:
         raise UserError(f"{where}: the paper's baseline and the fair COG runs have different split sizes "
@@ -98,7 +98,7 @@ def _check_same_study(paper: Bundle, fair: Bundle, data: str) -> None:
         if any(s != some[0] for s in some):
             raise UserError(f"{where}: draw {draw} plans different final seeds on the two sides "
                             f"({[sorted(s) for s in seeds]}); the runs cannot be paired by seed.")
-    trial_seeds = [_runs(b, data, "trial", SHARED_STUDIES).groupby(["method", "draw"])["seed"].agg(set)
+    trial_seeds = [runs_of(b, data, "trial", SHARED_STUDIES).groupby(["method", "draw"])["seed"].agg(set)
                    for b in (paper, fair)]
     for key in trial_seeds[0].index.intersection(trial_seeds[1].index):
         if trial_seeds[0][key] != trial_seeds[1][key]:
@@ -131,16 +131,27 @@ def mixed_bundle(paper: Bundle, fair: Bundle, data: str) -> Bundle:
     """The paper bundle's untuned baseline final runs of ``data`` (with their post-hoc splits) and the fair bundle's
     COG-FC and COG-TS final runs, as one bundle the answer tables read; refused where they are not comparable."""
     _check_same_study(paper, fair, data)
-    sides = [(paper, _runs(paper, data, "final", (UNTUNED,))), (fair, _runs(fair, data, "final", SHARED_STUDIES))]
-    names = [set(runs["run"]) for _, runs in sides]
-    if names[0] & names[1]:
-        raise UserError(f"the asymmetry reading of {data}: run {sorted(names[0] & names[1])[0]} is in both bundles.")
+    return combined_bundle([(paper, (UNTUNED,)), (fair, SHARED_STUDIES)], data,
+                           {variant: counterpart for _, variant, counterpart, _ in CLAIMS_READ},
+                           f"{paper.name} + {fair.name}")
+
+
+def combined_bundle(parts: list[tuple[Bundle, tuple[str, ...]]], data: str, counterparts: dict[str, str],
+                    name: str) -> Bundle:
+    """One bundle of ``data``'s final runs of each part's methods (with their post-hoc splits), which the answer
+    tables read as one campaign; a run in two parts is refused."""
+    sides = [(bundle, runs_of(bundle, data, "final", methods)) for bundle, methods in parts]
+    seen: set[str] = set()
+    for _, runs in sides:
+        twice = seen & set(runs["run"])
+        if twice:
+            raise UserError(f"{name}: run {sorted(twice)[0]} of {data} is in two of its bundles.")
+        seen |= set(runs["run"])
     # every *planned* final run of the chosen methods (finished or not), so that a missing draw reads incomplete
-    specs = {run: spec for (b, runs), methods in zip(sides, ((UNTUNED,), SHARED_STUDIES))
+    specs = {run: spec for (b, runs), (_, methods) in zip(sides, parts)
              for run, spec in b.campaign.get("specs", {}).items()
              if run in set(runs["run"]) or _planned_final(spec, data, methods)}
-    campaign = {"format": FORMAT, "campaign": f"{paper.name} + {fair.name}", "specs": specs,
-                "counterparts": {variant: counterpart for _, variant, counterpart, _ in CLAIMS_READ}}
+    campaign = {"format": FORMAT, "campaign": name, "specs": specs, "counterparts": counterparts}
 
     def rows(attribute: str) -> pd.DataFrame:
         frames = [getattr(b, attribute)[getattr(b, attribute)["run"].isin(set(runs["run"]))] for b, runs in sides]
@@ -150,7 +161,7 @@ def mixed_bundle(paper: Bundle, fair: Bundle, data: str) -> Bundle:
                   curves=rows("curves"), reliability=rows("reliability"))
 
 
-def _by_data(given) -> dict[str, Bundle]:
+def by_data(given) -> dict[str, Bundle]:
     found: dict[str, Bundle] = {}
     for bundle in [given] if isinstance(given, Bundle) else given:
         for data in _data_sets(bundle):
@@ -158,11 +169,32 @@ def _by_data(given) -> dict[str, Bundle]:
     return found
 
 
-def _difference(summed: pd.DataFrame, data: str, variant: str, metric: str) -> tuple[float, float]:
+def pair_difference(summed: pd.DataFrame, data: str, variant: str, metric: str) -> tuple[float, float]:
     """(mean over draws, widest half-width) of a claim pair's difference (``over_draws``); NaN where not measured."""
     key = (data, variant, metric)
     return tuple(float(v) for v in summed.loc[key, ["difference", "half_width"]]) if key in summed.index \
         else (np.nan, np.nan)
+
+
+def rows_against_fair(mixed: Bundle, fair: Bundle, data: str, claims_read) -> list[dict]:
+    """Per claim of ``claims_read`` (as ``PAPER_CLAIMS``) and metric that ``mixed`` (one campaign's variant against
+    another's counterpart, ``combined_bundle``) answers: its answer, difference (mean over draws) and widest
+    half-width, with the fair bundle's own answer and difference beside it."""
+    answers = claims(mixed)
+    if answers.empty:
+        return []
+    fair_answers = claims(fair).set_index(["claim", "metric"])["answer"]
+    mixed_diffs, fair_diffs = (over_draws(d) if not d.empty else d
+                               for d in (claim_differences(mixed), claim_differences(fair)))
+    rows = []
+    for claim, variant, _, _ in claims_read:
+        for answer in answers[answers["claim"] == claim].itertuples():
+            difference, half_width = pair_difference(mixed_diffs, data, variant, answer.metric)
+            rows.append({"data": data, "claim": claim, "metric": answer.metric, "answer": answer.answer,
+                         "difference": difference, "± (95 %)": half_width,
+                         "fair": fair_answers.get((claim, answer.metric), ""),
+                         "fair difference": pair_difference(fair_diffs, data, variant, answer.metric)[0]})
+    return rows
 
 
 def protocol_asymmetry(bundles: Bundles) -> pd.DataFrame:
@@ -172,25 +204,12 @@ def protocol_asymmetry(bundles: Bundles) -> pd.DataFrame:
     complete (a share of a partial fair reading would mix draws); a ratio of two noisy means, without an interval."""
     if PAPER not in bundles or FAIR not in bundles:
         raise UserError(f"the asymmetry table pairs two protocols: name both {PAPER}= and {FAIR}= bundles.")
-    papers, fairs = _by_data(bundles[PAPER]), _by_data(bundles[FAIR])
+    papers, fairs = by_data(bundles[PAPER]), by_data(bundles[FAIR])
     rows = []
     for data in sorted(set(papers) & set(fairs)):
         mixed = mixed_bundle(papers[data], fairs[data], data)
-        answers = claims(mixed)
-        if answers.empty:
-            continue
-        fair_answers = claims(fairs[data]).set_index(["claim", "metric"])["answer"]
-        mixed_diffs, fair_diffs = (over_draws(d) if not d.empty else d
-                                   for d in (claim_differences(mixed), claim_differences(fairs[data])))
-        for claim, variant, _, _ in CLAIMS_READ:
-            for answer in answers[answers["claim"] == claim].itertuples():
-                difference, half_width = _difference(mixed_diffs, data, variant, answer.metric)
-                fair = fair_answers.get((claim, answer.metric), "")
-                fair_difference = _difference(fair_diffs, data, variant, answer.metric)[0]
-                shared = (claim in CLAIMED_GAINS and answer.answer == SUPPORTED and difference != 0
-                          and not fair.startswith("incomplete") and np.isfinite(fair_difference))
-                rows.append({"data": data, "claim": claim, "metric": answer.metric, "answer": answer.answer,
-                             "difference": difference, "± (95 %)": half_width, "fair": fair,
-                             "fair difference": fair_difference,
-                             "surviving share": fair_difference / difference if shared else np.nan})
+        for row in rows_against_fair(mixed, fairs[data], data, CLAIMS_READ):
+            shared = (row["claim"] in CLAIMED_GAINS and row["answer"] == SUPPORTED and row["difference"] != 0
+                      and not row["fair"].startswith("incomplete") and np.isfinite(row["fair difference"]))
+            rows.append(row | {"surviving share": row["fair difference"] / row["difference"] if shared else np.nan})
     return pd.DataFrame(rows)

@@ -174,6 +174,14 @@ class Bundle:
                     self.annealed(variant, draw))
 
 
+def planned_draws(bundle: Bundle, against: Bundle | None = None) -> list[int]:
+    """The draws a claim is read over: those the bundle (and ``against``) planned final runs in, as the generator
+    reads them (a campaign of one draw, ``reproduce --only-draw``, is complete without the other); both draws where
+    nothing records a plan."""
+    draws = {d for _, d in bundle.planned} | ({d for _, d in against.planned} if against is not None else set())
+    return sorted(draws) or list(DRAWS)
+
+
 def claim(bundle: Bundle, text: str, metric: str, against: Bundle | None = None, scored: bool | None = None
           ) -> tuple[dict[int, Draw], float, float, str]:
     """A claim on one metric: its draws, the page's difference (mean of the draws' means), the widest draw's
@@ -181,7 +189,8 @@ def claim(bundle: Bundle, text: str, metric: str, against: Bundle | None = None,
     holds any finished final run (default: ``bundle`` does)."""
     _, variant, counterpart, side = CLAIMS[text]
     side = -side if metric == "accuracy" else side  # a higher accuracy is the better one
-    draws = {d: bundle.pair(variant, counterpart, metric, d, side, against=against) for d in DRAWS}
+    draws = {d: bundle.pair(variant, counterpart, metric, d, side, against=against)
+             for d in planned_draws(bundle, against)}
     return draws, *summarise(draws), answer(draws, bool(len(bundle.finals)) if scored is None else scored)
 
 

@@ -70,15 +70,43 @@ def audit_asymmetry(audit: Audit, where: str, bundles: dict, rows: list[dict], h
     for row in rows:
         label = f"{where}: {row['data']}, {row['claim']}, {row['metric']}"
         fair, paper = bundles[("fair", row["data"])], bundles[("paper", row["data"])]
-        _, difference, half, ans = claim(fair, row["claim"], row["metric"], against=paper, scored=scored[row["data"]])
-        _, fair_difference, _, fair_ans = claim(fair, row["claim"], row["metric"])
-        audit.text(f"{label}: answer", row["answer"], ans)
-        audit.number(f"{label}: difference", row["difference"], difference)
-        audit.number(f"{label}: ± (95 %)", row["± (95 %)"], half)
-        audit.text(f"{label}: fair", row["fair"], fair_ans)
-        audit.number(f"{label}: fair difference", row["fair difference"], fair_difference)
+        ans, difference, fair_ans, fair_difference = _against_fair(
+            audit, label, row, claim(fair, row["claim"], row["metric"], against=paper, scored=scored[row["data"]]),
+            fair)
         audit.number(f"{label}: surviving share", row["surviving share"],
                      surviving_share(row["claim"], ans, difference, fair_ans, fair_difference))
+
+
+CONTROL_CLAIMS = ("H1", "H2")  # the pinned campaign's COG-FC and COG+LS against the fair campaign's counterparts
+
+
+def audit_controls(audit: Audit, where: str, bundles: dict, rows: list[dict], header: list[str], head: str) -> None:
+    """The hierarchy isolated: the pinned bundle's COG-FC / COG+LS finals against the fair bundle's baseline / LS
+    finals, paired by draw and seed; the fair protocol's own answer and difference beside it."""
+    known = {"data", "claim", "metric", "answer", "difference", "± (95 %)", "fair", "fair difference"}
+    audit.columns(where, header, known, known)
+    both = {d for p, d in bundles if p == "pinned"} & {d for p, d in bundles if p == "fair"}
+    ran = {d: {m for m, _ in bundles[("pinned", d)].planned} for d in both}
+    audit.coverage(where, keys(rows, CLAIM_KEY), kept(head, CLAIM_KEY, [
+        (d, CLAIM_OF_ID[i], m) for d in both for i in CONTROL_CLAIMS if CLAIMS[CLAIM_OF_ID[i]][1] in ran[d]
+        for m in ALL_METRICS]))
+    for row in rows:
+        label = f"{where}: {row['data']}, {row['claim']}, {row['metric']}"
+        pinned, fair = bundles[("pinned", row["data"])], bundles[("fair", row["data"])]
+        _against_fair(audit, label, row, claim(pinned, row["claim"], row["metric"], against=fair), fair)
+
+
+def _against_fair(audit: Audit, label: str, row: dict, mixed: tuple, fair: Bundle) -> tuple[str, float, str, float]:
+    """Check a row of one campaign's variant against another's counterpart (``mixed``: ``claim(..., against=)``)
+    and the fair bundle's own reading beside it; returns (answer, difference, fair answer, fair difference)."""
+    _, difference, half, ans = mixed
+    _, fair_difference, _, fair_ans = claim(fair, row["claim"], row["metric"])
+    audit.text(f"{label}: answer", row["answer"], ans)
+    audit.number(f"{label}: difference", row["difference"], difference)
+    audit.number(f"{label}: ± (95 %)", row["± (95 %)"], half)
+    audit.text(f"{label}: fair", row["fair"], fair_ans)
+    audit.number(f"{label}: fair difference", row["fair difference"], fair_difference)
+    return ans, difference, fair_ans, fair_difference
 
 
 def audit_per_draw(audit: Audit, where: str, bundle: Bundle, rows: list[dict], header: list[str], head: str) -> None:
@@ -230,7 +258,7 @@ def audit_gate(audit: Audit, where: str, bundle: Bundle, rows: list[dict], heade
 
 
 PROTOCOL_BLOCKS = {"claims": audit_claims, "power": audit_power, "secondary": audit_secondary,
-                   "asymmetry": audit_asymmetry}
+                   "asymmetry": audit_asymmetry, "controls": audit_controls}
 TABLE_BLOCKS = {"claims": audit_per_draw, "regime_gate": audit_gate, "curve": audit_curve,
                 "curve_paired": audit_curve_paired}
 # the generator's other tables: named in the output as not audited; a kind outside both lists is a mismatch
