@@ -56,6 +56,10 @@ class NonFiniteOutputError(UserError, RuntimeError):
     """A network produced NaN or infinite logits, or a calibrator NaN or infinite outputs; the message says where."""
 
 
+class CogError(UserError, ValueError):
+    """A wrong use of ``mtl_cog.cog`` (a leader the model lacks, logits of the wrong shape); the message names it."""
+
+
 class ConfigError(UserError, ValueError):
     """A user error in a config file or override; the message names key and value."""
 

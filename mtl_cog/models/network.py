@@ -15,6 +15,7 @@ from torch import nn
 
 import mtl_cog.models.backbones  # noqa: F401  (registers our small CNNs with timm)
 import mtl_cog.models.lipschitz  # noqa: F401  (registers the Lipschitz CNNs, head and LiST scales)
+from mtl_cog.cog import apply_calibrator, make_calibrator
 from mtl_cog.config import MethodConfig, ModelConfig
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import ConfigError
@@ -149,6 +150,9 @@ def _apply_cifar_stem(backbone: nn.Module, name: str) -> None:
 class Network(nn.Module):
     """``calibrator(heads(backbone(x)))``; returns flat calibrated logits (B, L).
 
+    The calibrator is applied by ``mtl_cog.cog.apply_calibrator``, the public API's own wiring, so a
+    run and a user's loop on ``mtl_cog.cog`` compute the same thing (``tests/test_cog_equivalence.py``).
+
     ``with_features=True`` returns ``(features, logits)`` with the backbone's pooled features
     (B, D), for losses that need them (``needs_features``). It is a keyword of ``forward`` rather
     than a second method so that it runs through a DDP wrapper's forward (gradient sync).
@@ -168,7 +172,7 @@ class Network(nn.Module):
             # which nothing downstream uses; made float32 here, they are returned as they are. (float() of
             # float32 features is the tensor itself; autocast still runs the heads in half precision.)
             features = features.float()
-        logits = self.calibrator(self.heads(features))
+        logits = apply_calibrator(self.calibrator, self.heads(features))
         return (features, logits) if with_features else logits
 
     def forward_with_features(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,11 +180,11 @@ class Network(nn.Module):
 
 
 def build_calibrator(method_cfg: MethodConfig, layout: LogitLayout) -> nn.Module:
-    """``method.calibrator`` for ``layout``; a calibrator with settings of its own (LiST's scale) reads
-    them from the method config through its ``from_method`` constructor."""
-    cls = CALIBRATORS.get(method_cfg.calibrator)
-    from_method = getattr(cls, "from_method", None)
-    return from_method(layout, method_cfg) if from_method is not None else cls(layout)
+    """``method.calibrator`` for ``layout`` (``mtl_cog.cog.make_calibrator``); a calibrator with settings of its
+    own (LiST's scale) reads them from the method config through its ``from_method`` constructor."""
+    from_method = getattr(CALIBRATORS.get(method_cfg.calibrator), "from_method", None)
+    return from_method(layout, method_cfg) if from_method is not None else make_calibrator(method_cfg.calibrator,
+                                                                                           layout)
 
 
 def build_network(model_cfg: ModelConfig, method_cfg: MethodConfig, layout: LogitLayout) -> Network:

@@ -3,7 +3,9 @@
 COG (paper Sec. 3) updates both groups from the same gradient of the same loss, in the same
 step; the only difference is the learning rate: theta_f -= lr_f * grad_f, theta_c -= lr_c * grad_c
 with lr_c < lr_f. Ownership is by module name (``method.leader``): every trainable parameter
-lands in exactly one group, which ``tests/test_optim.py`` checks for every method.
+lands in exactly one group, which ``tests/test_optim.py`` checks for every method. The groups are
+the public API's (``mtl_cog.cog.parameter_groups``), so ``fit`` trains what a user's own loop on
+``mtl_cog.cog`` trains.
 
 A loss with parameters of its own (FedLAS's over/under-confidence gate) gets a third group,
 ``objective``, at the *follower* rate: the gate decides how much each training target is
@@ -18,21 +20,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mtl_cog import cog
 from mtl_cog.config import OptimConfig
 
 
 def split_parameters(network: nn.Module, leader_modules: list[str]) -> dict[str, list[nn.Parameter]]:
-    """{"follower": [...], "leader": [...]}: every trainable parameter exactly once."""
-    for name in leader_modules:
-        if not hasattr(network, name):
-            raise ValueError(f"method.leader names {name!r}, which the network does not have.")
-    groups: dict[str, list[nn.Parameter]] = {"follower": [], "leader": []}
-    for name, param in network.named_parameters():
-        if not param.requires_grad:
-            continue
-        owner = "leader" if name.split(".", 1)[0] in leader_modules else "follower"
-        groups[owner].append(param)
-    return groups
+    """{"follower": [...], "leader": [...]}: every trainable parameter exactly once (``cog.split_parameters``)."""
+    return cog.split_parameters(network, leader_modules)
 
 
 OBJECTIVE_GROUP = "objective"
@@ -40,11 +34,12 @@ OBJECTIVE_GROUP = "objective"
 
 def build_optimizer(network: nn.Module, leader_modules: list[str], cfg: OptimConfig,
                     objective: nn.Module | None = None) -> torch.optim.Optimizer:
-    """Adam with named groups; an empty leader or objective group is left out (standard training)."""
-    groups = split_parameters(network, leader_modules)
-    param_groups = [{"name": "follower", "params": groups["follower"], "lr": cfg.follower_lr}]
-    if groups["leader"]:
-        param_groups.append({"name": "leader", "params": groups["leader"], "lr": cfg.leader_lr})
+    """Adam on ``cog.parameter_groups``; an empty leader or objective group is left out (standard training).
+
+    ``optim.allow_leader_lr_geq_follower`` (checked by the config) is passed on, so an ablation that asked for a
+    fast leader is not warned about it again."""
+    param_groups = cog.parameter_groups(network, cfg.follower_lr, leader=leader_modules, leader_lr=cfg.leader_lr,
+                                        allow_fast_leader=cfg.allow_leader_lr_geq_follower)
     own = [p for p in objective.parameters() if p.requires_grad] if objective is not None else []
     if own:
         param_groups.append({"name": OBJECTIVE_GROUP, "params": own, "lr": cfg.follower_lr})
