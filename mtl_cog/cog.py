@@ -128,9 +128,9 @@ def _join(logits: Mapping[str, torch.Tensor], layout: LogitLayout, names: Sequen
             shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
             expected = "(batch,) or (batch, 1): a binary task has one logit" if width == 1 else f"(batch, {width})"
             raise CogError(f"logits of task {name!r} have shape {shape}; the calibrator expects {expected}.")
-        blocks.append(z.reshape(len(z), width))
-    if len({len(b) for b in blocks}) > 1:
-        raise CogError(f"the tasks' logits have different batch sizes: {[len(b) for b in blocks]}.")
+        blocks.append(z.reshape(-1, width))
+    if any(b.shape[0] != blocks[0].shape[0] for b in blocks):
+        raise CogError(f"the tasks' logits have different batch sizes: {[b.shape[0] for b in blocks]}.")
     return torch.cat(blocks, dim=1)
 
 
@@ -325,7 +325,7 @@ class Probabilities(nn.Module):
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         out = self.model(*args, **kwargs)
         per_task = [out[n] for n in self.names] if isinstance(out, Mapping) else self.layout.split(out)
-        return {name: torch.sigmoid(z.double().reshape(len(z))) if width == 1 else torch.softmax(z.double(), dim=1)
+        return {name: torch.sigmoid(z.double().reshape(-1)) if width == 1 else torch.softmax(z.double(), dim=1)
                 for name, z, width in zip(self.names, per_task, self.layout.widths)}
 
 
@@ -339,7 +339,10 @@ def export(model: nn.Module, path: str | Path, example_inputs: torch.Tensor | tu
     """
     model = _unwrap(model)
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    dims = tuple({0: torch.export.Dim.AUTO} if isinstance(x, torch.Tensor) else None for x in inputs)
+    dims = torch.export.ShapesCollection()  # by tensor, so any forward signature (``*args`` too) fits
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            dims[x] = {0: torch.export.Dim.DYNAMIC}  # refused at export when the model fixes it
     was_training = model.training
     model.eval()
     try:

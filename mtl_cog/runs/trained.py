@@ -4,6 +4,7 @@
     run = load_run("runs/synthetic-cog_fc-seed0-...")   # config + best (or stage-two) network
     probs = run.predict_proba(images)                    # {task: (N,) or (N, K)}, calibrator applied
     run.calibrator_parameters()                          # e.g. {"temperature": {task: T}}
+    run.export("model.pt2")                              # one file: torch.export.load(...).module()(images)
 
 Needs neither the data set nor an ``Accelerator``: the run folder holds the config, the task
 spec (``task_spec.json``: task names, classes, normalisation) and the weights. Images are
@@ -25,7 +26,9 @@ import numpy as np
 import torch
 from PIL import Image
 from scipy.special import expit, softmax
+from torch import nn
 
+from mtl_cog import cog
 from mtl_cog.config import Config
 from mtl_cog.data.batches import BatchTransform
 from mtl_cog.data.images import resize_center_crop
@@ -70,6 +73,18 @@ def check_same_spec(saved: TaskSpec, current: TaskSpec, run_dir: Path) -> None:
             f"{current.task_names[:3]}..., {current.num_classes[:3]}..., {current.mean}, {current.std}). Its network "
             "was trained on the saved spec; point data.root at that data set."
         )
+
+
+class NormalisedImages(nn.Module):
+    """uint8 (N, 3, S, S) -> normalised float32, the same operations as ``BatchTransform(train=False)``."""
+
+    def __init__(self, transform: BatchTransform) -> None:
+        super().__init__()
+        self.register_buffer("mean", transform.mean.clone())
+        self.register_buffer("std", transform.std.clone())
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return (images.float() - self.mean) / self.std
 
 
 class TrainedRun:
@@ -127,6 +142,20 @@ class TrainedRun:
         per_task = self.spec.layout.split(self.predict_logits(images, batch_size).astype(np.float64))
         return {name: expit(z) if z.ndim == 1 else softmax(z, axis=1)
                 for name, z in zip(self.task_names, per_task)}
+
+    def export(self, path: str | Path) -> Path:
+        """The run's network as one ``torch.export`` file (``mtl_cog.cog.export``) that plain torch loads:
+        ``torch.export.load(path).module()(images)`` takes uint8 (N, 3, S, S) images (S: ``data.image_size``)
+        and returns ``predict_proba``'s {task: probabilities}, normalisation and calibrator inside.
+
+        ``torch.export`` rather than TorchScript (which torch now warns is deprecated) or safetensors plus a loader
+        (which would need this package or timm to rebuild the network): the file is the graph and its weights,
+        runs without mtl_cog or timm, and unpickles no code. PIL images are not taken: resize them first.
+        """
+        size = self.config.data.image_size
+        pipeline = nn.Sequential(NormalisedImages(self.transform), self.network)
+        example = torch.zeros((2, 3, size, size), dtype=torch.uint8, device=self.device)
+        return cog.export(cog.Probabilities(pipeline, self.spec.layout, self.task_names), path, example)
 
     def calibrator_parameters(self) -> dict[str, dict[str, object]]:
         """The learned calibrator per task, e.g. {"temperature": {task: T}}; {} for the identity."""
