@@ -96,7 +96,7 @@ def make_calibrator(name: str | None, tasks: Tasks, **settings: object) -> nn.Mo
                        "use Calibrated(model, 'tst', tasks=...) on a model that returns features, or tst_heads().")
     if registered not in CALIBRATORS:
         known = [*CALIBRATOR_NAMES, TST, *CALIBRATORS.names()]
-        close = difflib.get_close_matches(str(name), known, n=3)
+        close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)  # two-letter names
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise CogError(f"unknown calibrator {name!r}.{hint} Known: {', '.join(dict.fromkeys(known))}, or None.")
     return CALIBRATORS.get(registered)(logit_layout(tasks), **settings)
