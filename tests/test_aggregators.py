@@ -10,6 +10,7 @@ import torch
 from accelerate.utils import convert_outputs_to_fp32
 from torch import nn
 
+from mtl_cog.bundles.trajectories import task_weight_table
 from mtl_cog.config import MethodConfig, counterpart_identity, method_identity
 from mtl_cog.config.loader import config_from_dict
 from mtl_cog.constants import MISSING_LABEL
@@ -20,7 +21,6 @@ from mtl_cog.models.heads import LinearHeads
 from mtl_cog.models.network import Network
 from mtl_cog.objectives import build_objective
 from mtl_cog.objectives.aggregators import AGGREGATORS, build_aggregator
-from mtl_cog.reporting.trajectories import task_weight_table
 from mtl_cog.runs import rundir
 from mtl_cog.runs.metrics_log import wandb_row
 from mtl_cog.training.accelerator import create_accelerator

@@ -143,3 +143,29 @@ def test_the_module_list_is_complete_and_current():
     assert block.strip("\n").splitlines() == expected, (
         f"{ARCHITECTURE.relative_to(REPO)}'s module list is out of date; replace its block with:\n"
         + "\n".join(expected))
+
+
+MAX_PACKAGE_SHARE = 0.15  # no room of the package holds more than this share of its lines (issue 59)
+
+
+def package_lines() -> dict[str, int]:
+    """Lines per top-level folder of ``mtl_cog/`` (its modules at the root counted as ``mtl_cog``)."""
+    lines: dict[str, int] = {}
+    for path in (REPO / "mtl_cog").rglob("*.py"):
+        parts = path.relative_to(REPO / "mtl_cog").parts
+        room = parts[0] if len(parts) > 1 else "mtl_cog"
+        lines[room] = lines.get(room, 0) + len(path.read_text().splitlines())
+    return lines
+
+
+def test_no_room_holds_more_than_its_share_of_the_package():
+    lines = package_lines()
+    total = sum(lines.values())
+    over = {room: f"{n / total:.1%}" for room, n in lines.items() if n > MAX_PACKAGE_SHARE * total}
+    assert over == {}, f"rooms above {MAX_PACKAGE_SHARE:.0%} of mtl_cog's {total} lines: split them by job"
+
+
+def test_storage_answers_and_showing_are_floors_in_that_order():
+    """Results as stored (bundles/) sit below the questions asked of them (analysis/), which sit below what shows
+    them (reporting/): a table or a figure may read an answer, an answer never a figure."""
+    assert LAYERS["mtl_cog.runs"] < LAYERS["mtl_cog.bundles"] < LAYERS["mtl_cog.analysis"] < LAYERS["mtl_cog.reporting"]

@@ -6,10 +6,10 @@ trials.csv records; report.html shows the answers; a rerun into the same folder 
 import pandas as pd
 import pytest
 
+from mtl_cog.analysis.bundle_answers import DEPENDS, NOT_TESTED, SETTLED
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.config import search_ranges
 from mtl_cog.experiments import campaign
-from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.bundle_answers import DEPENDS, NOT_TESTED, SETTLED
 from mtl_cog.reporting.bundle_report import bundle_tables, write_bundle_report
 
 SEEDS = (0, 1, 2)
@@ -256,12 +256,12 @@ def test_scope_of_a_bundle_without_a_finished_run_and_of_a_resumed_run():
     table = bundle_tables(bundle)["scope"].iloc[0]
     assert (table["runs"], table["done"], table["pruned"], table["converged"], table["epoch_hours"]) == (
         2, 0, 2, "0 of 0", 0.0)
-    from mtl_cog.reporting.bundle_report import _values
+    from mtl_cog.analysis.bundle_scope import _values
     assert _values(pd.Series(["1", "1 2", "", None])) == "1-2"  # a run resumed under another thread count
 
 
 def test_a_reversal_in_another_data_set_is_not_this_ones():
-    from mtl_cog.reporting.bundle_answers import reversed_predictions
+    from mtl_cog.analysis.bundle_answers import reversed_predictions
 
     rows = [{"data": data, "draw": "1", "method": method, "seed": 0, "task": "a", "accuracy": accuracy}
             for data, flipped in (("d", False), ("e", True))

@@ -1,4 +1,4 @@
-"""What ran of what a campaign planned, read from its bundle alone (``mtl_cog/reporting/bundle_progress.py``): a
+"""What ran of what a campaign planned, read from its bundle alone (``mtl_cog/analysis/bundle_progress.py``): a
 study still tuning, final runs finished and failed, a whole campaign, two protocols side by side on a page."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import test_bundle_answers as built  # final runs of baseline, cog_fc, cog_ts in two draws, planned in campaign.json
 
-from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.bundle_progress import progress, protocol_progress
+from mtl_cog.analysis.bundle_progress import progress, protocol_progress
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.reporting.docs_tables import regenerate_docs
 
 
@@ -88,7 +88,7 @@ def test_a_study_that_spent_its_epoch_budget_is_complete_with_fewer_trials():
     """Under an epoch budget (``tuning_rule.py``) a study stops asking once its counted trials trained that many
     epochs: six trials of a budget of eight, 160 epochs spent, is a finished study (its choice is read), while one
     with epochs left and a trial still running is not. The legacy count alone would read it running forever."""
-    from mtl_cog.reporting.tuning_choices import chosen
+    from mtl_cog.analysis.tuning_choices import chosen
 
     spent = _trials("d-cog_fc", ["complete"] * 5 + ["pruned"]).assign(
         epochs_trained=[30] * 5 + [10], epoch_budget=160, chosen=["", "", "*", "", "", ""], overrides="x=1")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.errors import UserError
-from mtl_cog.reporting import bundle as bundles
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"

@@ -294,8 +294,8 @@ def test_empty_wrong_and_read_only_input():
 
 
 def test_test_metrics_csv_with_multitask_and_partial_columns_reads_back_and_damage_is_still_refused(tmp_path):
+    from mtl_cog.bundles.run_records import _read_metrics_csv
     from mtl_cog.errors import ReportError
-    from mtl_cog.reporting.run_records import _read_metrics_csv
 
     rng = np.random.default_rng(13)
     names = ["a", "b", "digit"]
@@ -328,6 +328,6 @@ def test_perfectly_calibrated_heads_of_a_copied_label_score_about_a_sixth_on_pai
 
 
 def test_ranks_never_use_the_joint_metrics():
-    from mtl_cog.reporting.tables import RANK_METRICS
+    from mtl_cog.analysis.paired import RANK_METRICS
 
     assert RANK_METRICS == ("accuracy", "nll", "brier")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import campaign
-from mtl_cog.reporting import bundle as bundles
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["tracking=none", "train.epochs=2", "train.batch_size=32", "train.eval_batch_size=64",
@@ -289,7 +289,7 @@ def test_a_rerun_that_would_pool_another_setting_into_an_arm_is_refused(tmp_path
 
 
 def test_a_missing_draw_is_incomplete_not_a_disagreement():
-    from mtl_cog.reporting.bundle_answers import verdicts
+    from mtl_cog.analysis.bundle_answers import verdicts
 
     paired = pd.DataFrame([{"dataset": "d", "draw": "1", "variant": "a", "counterpart": "b", "metric": "nll",
                             "better": "variant"},
@@ -312,7 +312,7 @@ def test_the_papers_claims_are_read_from_both_draws_and_an_idle_calibrator_is_no
     """claims: per draw, the paired verdict read against the paper's side; both draws alike -> that reading,
     unlike -> 'depends on the tuning draw'; a side without final runs -> incomplete; COG-TS whose temperature
     stayed at the identity -> 'not tested at this budget', whatever its interval says."""
-    from mtl_cog.reporting.bundle_answers import DEPENDS, NOT_TESTED, claims
+    from mtl_cog.analysis.bundle_answers import DEPENDS, NOT_TESTED, claims
 
     bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "c", "specs": {}})
     # draw 1: COG-FC's NLL lower than the baseline's by 0.01 on every seed (supported); draw 2: higher (contradicted)
@@ -348,7 +348,7 @@ def test_the_papers_claims_are_read_from_both_draws_and_an_idle_calibrator_is_no
 
 def test_draw_choices_read_numeric_knobs_only():
     """A leader ratio near 1 brings the flag optim.allow_leader_lr_geq_follower=true into the overrides."""
-    from mtl_cog.reporting.tuning_choices import draw_choices
+    from mtl_cog.analysis.tuning_choices import draw_choices
 
     chosen = pd.DataFrame({"study": ["d-a", "d-a-d2"],
                            "overrides": ["optim.follower_lr=0.03 optim.leader_lr=0.03 "
@@ -359,7 +359,7 @@ def test_draw_choices_read_numeric_knobs_only():
 
 def test_draw_choices_set_each_draws_final_choice_side_by_side():
     """The widened re-tuning's choice replaces the one at an edge; a knob more than 2x apart is a change."""
-    from mtl_cog.reporting.tuning_choices import draw_choices
+    from mtl_cog.analysis.tuning_choices import draw_choices
 
     chosen = pd.DataFrame({"study": ["d-a", "d-a-w1", "d-a-d2", "d-b", "d-b-d2", "d-c"],
                            "overrides": ["optim.follower_lr=0.03", "optim.follower_lr=0.05", "optim.follower_lr=0.02",

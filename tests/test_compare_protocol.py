@@ -9,8 +9,8 @@ import yaml
 from test_protocol import write_metrics
 from test_report import write_run
 
+from mtl_cog.bundles.run_records import load_runs
 from mtl_cog.cli import compare
-from mtl_cog.reporting.run_records import load_runs
 from mtl_cog.reporting.tables import summary_markdown, summary_table, worst_tasks_line
 
 REPO = Path(__file__).resolve().parents[1]

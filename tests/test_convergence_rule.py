@@ -1,4 +1,4 @@
-"""The convergence rule cannot be passed by a decayed learning rate alone (``mtl_cog/reporting/trajectories.py``):
+"""The convergence rule cannot be passed by a decayed learning rate alone (``mtl_cog/bundles/trajectories.py``):
 the NLL rule is applied again to the live epochs, those whose rate is at least 1/10 of the highest before them."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from test_protocol import write_metrics  # the metrics.jsonl writer of the protocol tests
 
-from mtl_cog.reporting.trajectories import convergence
+from mtl_cog.bundles.trajectories import convergence
 
 
 def with_rates(run: Path, rates: list[float]) -> Path:

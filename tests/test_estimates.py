@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.experiments.campaign import BUNDLED, Planned
 from mtl_cog.experiments.estimates import measured_pace
 from mtl_cog.experiments.sweep import NEW, UNFINISHED
-from mtl_cog.reporting import bundle as bundles
 
 
 def planned(run: str, state: str, data: str = "d") -> Planned:

@@ -74,8 +74,8 @@ def test_a_trial_whose_worker_asked_for_its_retry_gets_no_second_one_from_the_he
 def test_a_restored_failed_extra_stays_a_failure_and_only_a_lost_trial_is_superseded(tmp_path):
     import pandas as pd
 
+    from mtl_cog.bundles import bundle as bundles
     from mtl_cog.experiments import fair_tuning
-    from mtl_cog.reporting import bundle as bundles
 
     spec = tuning.StudySpec("ds", "cog_fc", (Path("c.yaml"),), (), 1e-3, tuple(KNOBS), 9, tmp_path / "ds-cog_fc",
                             (1000,))

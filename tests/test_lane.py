@@ -205,7 +205,7 @@ def test_a_campaign_run_from_a_lane_records_the_lanes_commit(monkeypatch):
 def change(bundle: Path) -> None:
     """A new version of the bundle (a later sync, written and sealed as a campaign writes it): its command grows by
     one word."""
-    from mtl_cog.reporting import bundle as bundles
+    from mtl_cog.bundles import bundle as bundles
 
     record = bundles.read_bundle(bundle)
     record.campaign["command"] = [*record.campaign.get("command", []), "x"]

@@ -86,7 +86,7 @@ def test_a_run_recorded_before_v2_still_loads_and_is_upgraded_by_the_next_writer
 
 
 def test_the_last_epochs_predictions_are_no_post_hoc_variant(tmp_path):
-    from mtl_cog.reporting.run_records import _posthoc_variants
+    from mtl_cog.bundles.run_records import _posthoc_variants
 
     run = tmp_path / "r"
     run.mkdir()

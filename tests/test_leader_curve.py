@@ -7,10 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mtl_cog.analysis.leader_curve import best_ratio, curve_table, paired_to_reference
 from mtl_cog.config import load_config
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import leader_curve as curve
-from mtl_cog.reporting.leader_curve import best_ratio, curve_figure, curve_table, paired_to_reference
+from mtl_cog.reporting.curve_figures import curve_figure
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,8 +72,8 @@ def test_a_protocol_folder_without_the_method_is_refused(tmp_path):
 
 def test_a_protocol_known_only_from_its_bundle_gives_the_tuned_settings(tmp_path):
     """A fresh clone: the protocol's run folders are gone, its committed bundle records each final run's spec."""
+    from mtl_cog.bundles import bundle as bundles
     from mtl_cog.experiments import campaign
-    from mtl_cog.reporting import bundle as bundles
 
     config = REPO / "configs" / "digits" / "cog_fc.yaml"
     spec = campaign.RunSpec("digits-cog_fc-seed0", (config,), ("seed=0", "optim.follower_lr=0.002", "tracking=none"),
@@ -209,8 +210,8 @@ def test_a_curve_after_the_protocol_records_its_reference_runs_instead_of_traini
     digest): recorded from the protocol's bundle with its numbers, labelled as the curve's, never trained again."""
     import json
 
+    from mtl_cog.bundles import bundle as bundles
     from mtl_cog.cli import leader_curve, reproduce
-    from mtl_cog.reporting import bundle as bundles
     from mtl_cog.reporting.bundle_report import bundle_tables
 
     monkeypatch.chdir(tmp_path)
@@ -254,9 +255,9 @@ def test_a_curve_after_the_protocol_records_its_reference_runs_instead_of_traini
 def _reference_plan(tmp_path, seed=0):
     """A planned (not started) baseline reference run of a digits curve, and a protocol bundle whose draw-1 final
     run is its twin (same settings and seed, 1 thread, this environment's versions)."""
+    from mtl_cog.bundles import bundle as bundles
+    from mtl_cog.bundles.bundle_rows import environment, versions_text
     from mtl_cog.experiments import campaign
-    from mtl_cog.reporting import bundle as bundles
-    from mtl_cog.reporting.bundle_rows import environment, versions_text
 
     config = REPO / "configs" / "digits" / "baseline.yaml"
     spec = campaign.RunSpec(f"baseline-seed{seed}", (config,), (f"seed={seed}", "tracking=none"),

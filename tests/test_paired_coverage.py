@@ -15,7 +15,7 @@ on the same designs to show why it was replaced (69-77 % on 3 seeds, 84 % on 5).
 import numpy as np
 import pytest
 
-from mtl_cog.reporting.paired import seed_t_interval
+from mtl_cog.analysis.paired import seed_t_interval
 
 REPLICATES = 4000
 DESIGNS = [(seeds, tasks, noise) for seeds in (3, 5) for tasks in (1, 40) for noise in ("seed", "task")]

@@ -151,8 +151,8 @@ def test_a_committed_campaign_tuned_under_the_legacy_rule_is_refused_without_the
 def test_the_plan_is_recorded_once_and_a_changed_plan_is_refused(tmp_path, monkeypatch):
     import subprocess
 
+    from mtl_cog.bundles.bundle import Bundle
     from mtl_cog.experiments import preregistration
-    from mtl_cog.reporting.bundle import Bundle
 
     def commit(*paths: str) -> None:  # a plan is evidence only when git holds it (tests/test_round6_plan.py)
         subprocess.run(["git", "add", *paths], check=True)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from mtl_cog.bundles.run_records import load_run_record
 from mtl_cog.config import Config, MethodConfig, OptimConfig, save_config
 from mtl_cog.data.task_api import LogitLayout
 from mtl_cog.errors import PosthocError, UserError
@@ -20,7 +21,6 @@ from mtl_cog.evaluation.predictions import Predictions, load_predictions, save_p
 from mtl_cog.models.calibrators import CALIBRATORS
 from mtl_cog.models.network import Network
 from mtl_cog.objectives import CrossEntropy
-from mtl_cog.reporting.run_records import load_run_record
 from mtl_cog.training.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]

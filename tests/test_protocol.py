@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mtl_cog.analysis.paired import counterpart_pairs, paired_differences, rank_spread, seed_t_interval, verdict
+from mtl_cog.bundles.trajectories import at_identity, calibrator_table, convergence
 from mtl_cog.config import load_config
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import gpu_time, protocol
 from mtl_cog.experiments.sweep import validation_scores
-from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread, seed_t_interval, verdict
-from mtl_cog.reporting.trajectories import at_identity, calibrator_table, convergence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -373,7 +373,7 @@ def test_train_dry_run_writes_nothing(capsys, tmp_path, monkeypatch):
 
 
 def test_per_class_and_matrix_calibrators_are_read_too(tmp_path):
-    from mtl_cog.reporting.trajectories import calibrator_trajectory
+    from mtl_cog.bundles.trajectories import calibrator_trajectory
 
     run = tmp_path / "ms"
     run.mkdir()

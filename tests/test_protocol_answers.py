@@ -1,5 +1,5 @@
 """The paper's claims under the paper protocol and the fair one side by side, with the share of the gain that
-survives the fair protocol (``mtl_cog/reporting/protocol_answers.py``)."""
+survives the fair protocol (``mtl_cog/analysis/protocol_answers.py``)."""
 
 import math
 
@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import test_bundle_answers as built  # the bundle builder of the answer tables' tests (baseline, cog_fc, cog_ts)
 
+from mtl_cog.analysis.protocol_answers import protocol_claims, protocol_power, protocol_secondary
 from mtl_cog.errors import UserError
-from mtl_cog.reporting.protocol_answers import protocol_claims, protocol_power, protocol_secondary
 
 
 def _bundle(monkeypatch, gains: dict):

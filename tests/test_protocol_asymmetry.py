@@ -1,6 +1,6 @@
 """The paper's tuning asymmetry alone: the fair bundle's COG runs against the paper bundle's untuned baseline,
 paired by seed, with the refusals that keep two different studies from being paired
-(``mtl_cog/reporting/protocol_asymmetry.py``)."""
+(``mtl_cog/analysis/protocol_asymmetry.py``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import test_bundle_answers as built  # final runs of baseline, cog_fc, cog_ts (draws 1, 2; seeds 0-2)
 from test_protocol_markers import FAIR, PAPER, page, write
 
+from mtl_cog.analysis.protocol_asymmetry import mixed_bundle, protocol_asymmetry
 from mtl_cog.errors import UserError
 from mtl_cog.reporting.docs_tables import regenerate_docs
-from mtl_cog.reporting.protocol_asymmetry import mixed_bundle, protocol_asymmetry
 
 # the paper's untuned baseline is 0.03 worse in NLL than the fair protocol's tuned one; the fair COG-FC gains 0.02
 # over the tuned baseline; the paper bundle's own COG runs (stepped to a halt) are 0.1 worse than anything

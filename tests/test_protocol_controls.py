@@ -1,11 +1,11 @@
-"""The pinned controls against their counterparts (mtl_cog/reporting/protocol_controls.py): COG-FC run at the
+"""The pinned controls against their counterparts (mtl_cog/analysis/protocol_controls.py): COG-FC run at the
 baseline's chosen follower rate, paired seed by seed with the fair campaign's baseline."""
 
 import pytest
 import test_bundle_answers as built  # the answer tables' bundle builder (baseline, cog_fc, cog_ts; 2 draws, 3 seeds)
 
+from mtl_cog.analysis.protocol_controls import protocol_controls
 from mtl_cog.errors import UserError
-from mtl_cog.reporting.protocol_controls import protocol_controls
 
 
 def _pinned(gain: float, monkeypatch):

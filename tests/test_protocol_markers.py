@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import test_bundle_answers as built  # final runs of baseline, cog_fc, cog_ts in two draws
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.errors import UserError
-from mtl_cog.reporting import bundle as bundles
 from mtl_cog.reporting.docs_tables import pages_naming, regenerate_docs
 
 PAPER, FAIR = "results/paper_d/bundle", "results/fair_d/bundle"

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from mtl_cog.reporting.bundle import RUN_COLUMNS, Bundle
-from mtl_cog.reporting.regime_gate import regime_gate
+from mtl_cog.analysis.regime_gate import regime_gate
+from mtl_cog.bundles.bundle import RUN_COLUMNS, Bundle
 
 
 def _bundle(settings: dict[str, list[tuple[float, float, float, float]]]) -> Bundle:
@@ -137,8 +137,8 @@ def test_confidence_minus_accuracy_is_recounted_from_the_bins_with_its_sign():
     """A binary task (bins of p) and a 3-class one (bins of the top label): the gap from the bins equals mean
     top-label confidence minus accuracy computed from the logits (the sums keep 6 digits); a binary task with every
     p >= 0.5 reads the same either way; a recorded accuracy the bins cannot reproduce gives NaN, not a guess."""
+    from mtl_cog.bundles.bundle_reliability import confidence_gaps, reliability_rows
     from mtl_cog.evaluation.predictions import Predictions
-    from mtl_cog.reporting.bundle_reliability import confidence_gaps, reliability_rows
 
     rng = np.random.default_rng(0)
     n = 4000
@@ -171,8 +171,8 @@ def test_a_task_keeps_one_bin_convention_across_runs():
     """Run r2 of a binary task has a prediction at exactly p = 0.5 (binned above, predicted negative), so its binary
     reading misses the accuracy while the multi-class one fits by coincidence (2 positives, 2 correct): the task's
     other runs (r1, r3) decide it is binary by majority, and r2 reads NaN instead of the wrong gap."""
+    from mtl_cog.bundles.bundle_reliability import confidence_gaps, reliability_rows
     from mtl_cog.evaluation.predictions import Predictions
-    from mtl_cog.reporting.bundle_reliability import confidence_gaps, reliability_rows
 
     rng = np.random.default_rng(1)
     z = rng.normal(0, 3, 500)
@@ -191,8 +191,8 @@ def test_a_task_keeps_one_bin_convention_across_runs():
 
 
 def test_the_gate_shows_the_sign_at_the_selected_checkpoint_and_says_when_bins_cannot_give_it():
+    from mtl_cog.bundles.bundle_reliability import reliability_rows
     from mtl_cog.evaluation.predictions import Predictions
-    from mtl_cog.reporting.bundle_reliability import reliability_rows
 
     gain = [(0.40, 0.06, 0.50, 0.45), (0.41, 0.05, 0.52, 0.46), (0.42, 0.07, 0.48, 0.44)]
     bundle = _campaign_bundle({"1": gain})

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from mtl_cog.bundles.bundle_rows import results_rows
 from mtl_cog.config import load_config
 from mtl_cog.data.loading import load_task
 from mtl_cog.data.task_api import SplitData
 from mtl_cog.errors import ConfigError
-from mtl_cog.reporting.bundle_rows import results_rows
 from mtl_cog.runs import rundir
 from mtl_cog.training.loop import fit
 

@@ -11,10 +11,11 @@ import yaml
 from PIL import Image
 from scipy.special import logit
 
+from mtl_cog.analysis.paired import average_ranks
+from mtl_cog.bundles.run_records import find_run_dirs, load_runs
 from mtl_cog.errors import ReportError
 from mtl_cog.evaluation.predictions import Predictions, save_predictions
-from mtl_cog.reporting.run_records import find_run_dirs, load_runs
-from mtl_cog.reporting.tables import average_ranks, score_runs, summary_table
+from mtl_cog.reporting.tables import score_runs, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,13 +21,13 @@ import pytest
 from test_bundle_answers import make_bundle
 from test_html_report import CHROMIUM, read_page, synthetic_tables, write_comparison_runs
 
+from mtl_cog.bundles import bundle as bundles
+from mtl_cog.bundles.bundle_reliability import BINS, RELIABILITY, diagram_bins, reliability_rows
 from mtl_cog.cli import compare, report
 from mtl_cog.constants import MISSING_LABEL
 from mtl_cog.errors import UserError
 from mtl_cog.evaluation.binning import reliability_bins
 from mtl_cog.evaluation.predictions import Predictions
-from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.bundle_reliability import BINS, RELIABILITY, diagram_bins, reliability_rows
 from mtl_cog.reporting.html_report import ALL_TASKS, report_html, write_html_report
 from mtl_cog.reporting.plots import calibration_inputs, method_styles, pareto_figure
 from mtl_cog.reporting.plots.common import PALETTE

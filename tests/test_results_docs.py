@@ -74,7 +74,7 @@ def write_curve_bundle(folder: Path, ratios=(0.01, 1.0)) -> None:
     """A curve bundle: cog_fc at ``ratios`` and the baseline reference (no ratio), seeds 0-2, two tasks."""
     import pandas as pd
 
-    from mtl_cog.reporting import bundle as bundles
+    from mtl_cog.bundles import bundle as bundles
 
     bundle = bundles.Bundle({"format": bundles.FORMAT, "campaign": "k", "specs": {},
                              "counterparts": {"cog_fc": "baseline"}})
@@ -136,7 +136,7 @@ def test_a_figure_is_drawn_from_its_bundle_and_a_drifted_one_is_found(tmp_path):
 
 
 def test_a_figure_whose_runs_are_gone_reads_pending_and_its_file_is_removed(tmp_path):
-    from mtl_cog.reporting.bundle import read_bundle
+    from mtl_cog.bundles.bundle import read_bundle
     from mtl_cog.reporting.bundle_report import bundle_tables
     from mtl_cog.reporting.docs_tables import PENDING_FIGURE, figures_on, pages_naming
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import campaign, preregistration, reuse
-from mtl_cog.reporting import bundle as bundles
 
 PLAN = "docs/results/c-plan.md"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.cli import sweep
 from mtl_cog.errors import UserError
-from mtl_cog.reporting import bundle as bundles
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_bundle_seal import MANIFEST, edit_csv, write_labelled_bundle
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.errors import UserError
-from mtl_cog.reporting import bundle as bundles
 
 REPO = Path(__file__).resolve().parents[1]
 EDITS = [(bundles.RESULTS, "val,mean,nll,0.5", "val,mean,nll,0.4"),  # chooses another run

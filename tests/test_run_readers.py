@@ -172,7 +172,7 @@ def test_no_prediction_file_with_nan_logits_is_written(tmp_path):
 
 def test_a_campaign_collecting_results_refuses_a_swapped_or_unfinished_run(runs):
     """The leader curve's case: a run's predictions replaced by another run's are not scored into the bundle."""
-    from mtl_cog.reporting.bundle_rows import results_rows
+    from mtl_cog.bundles.bundle_rows import results_rows
 
     a, b = runs
     assert set(results_rows(a)["split"]) == {"val", "test"}

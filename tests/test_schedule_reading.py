@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mtl_cog.reporting.bundle import read_bundle
-from mtl_cog.reporting.bundle_answers import SCHEDULE_BLIND, annealed_early, claims
-from mtl_cog.reporting.trajectories import live_epoch_count
+from mtl_cog.analysis.bundle_answers import SCHEDULE_BLIND, annealed_early, claims
+from mtl_cog.bundles.bundle import read_bundle
+from mtl_cog.bundles.trajectories import live_epoch_count
 
 RESULTS = Path(__file__).parents[1] / "results"
 
@@ -38,7 +38,7 @@ def test_the_power_simulation_agrees_with_the_noncentral_t():
     noncentral t of each draw's interval; the claims audit computes it that way)."""
     from scipy import stats
 
-    from mtl_cog.reporting.protocol_answers import supported_probability
+    from mtl_cog.analysis.protocol_answers import supported_probability
 
     for effect, spreads in [(0.01, [(0.01, 5), (0.01, 5)]), (0.03, [(0.02, 5), (0.05, 5)]), (0.005, [(0.01, 3)])]:
         exact = 1.0

@@ -1,4 +1,4 @@
-"""A sweep's settings over seeds (reporting/sweep_report.py): settings from the recorded setting digests, labelled
+"""A sweep's settings over seeds (analysis/sweep_report.py): settings from the recorded setting digests, labelled
 by what differs between them, in grid order, never pooled; each against the grid's first, paired by seed, with an
 equivalence reading."""
 
@@ -7,9 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from mtl_cog.reporting import bundle as bundles
+from mtl_cog.analysis.sweep_report import DIFFERS, INCONCLUSIVE, INSIDE
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.reporting.bundle_report import bundle_tables
-from mtl_cog.reporting.sweep_report import DIFFERS, INCONCLUSIVE, INSIDE
 
 BASES = {"accuracy": 0.9, "nll": 0.3, "brier": 0.1, "ece@15": 0.02}
 SEED_EFFECT = {0: 0.0, 1: 0.02, 2: -0.015}  # what a seed moves every metric by: the seed noise (std 0.0176)

@@ -246,8 +246,8 @@ def test_a_study_restored_from_a_bundle_written_between_two_trials(tmp_path):
     """Waiting rows (enqueued start points) carry their parameters; they are asked again, not failed."""
     import pandas as pd
 
+    from mtl_cog.bundles import bundle as bundles
     from mtl_cog.experiments import fair_tuning
-    from mtl_cog.reporting import bundle as bundles
 
     study = _study(tmp_path, budget=4)
     tuning.enqueue_start(study, KNOBS, 4)
@@ -276,8 +276,8 @@ def test_a_restored_study_prunes_against_the_same_rung_values_as_the_uninterrupt
     (without them a lone trial at a rung is always promoted)."""
     import pandas as pd
 
+    from mtl_cog.bundles import bundle as bundles
     from mtl_cog.experiments import fair_tuning
-    from mtl_cog.reporting import bundle as bundles
 
     def run_trial(study, curve):
         trial = study.ask({k.key: optuna.distributions.FloatDistribution(k.low, k.high, log=k.log) for k in KNOBS})

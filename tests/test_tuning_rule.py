@@ -10,12 +10,12 @@ import torch
 from optuna.trial import TrialState
 from test_tuning import KNOBS
 
+from mtl_cog.bundles.bundle import Bundle
 from mtl_cog.config import load_config
 from mtl_cog.config.schema import ConfigError
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import fair_tuning, protocol, study_rules, tuning
 from mtl_cog.experiments.tuning_rule import LEGACY_RULE, TuningRule, rule_of_row
-from mtl_cog.reporting.bundle import Bundle
 from mtl_cog.training.optim import build_scheduler
 
 EPOCHS = 9  # rungs at 1, 3 and 9 epochs

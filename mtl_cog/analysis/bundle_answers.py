@@ -5,7 +5,7 @@
   (``planned_finals``) and a ``note`` (incomplete; a calibrator never exercised); final runs only (role
   ``final``): a sweep's or a curve's runs differ in their settings and have their own tables;
 - ``paired``: each COG variant minus its counterpart (``campaign.json``'s ``counterparts``), paired by seed,
-  95 % t interval over seeds (``reporting/paired.py``), per draw;
+  95 % t interval over seeds (``analysis/paired.py``), per draw;
 - ``verdicts``: the planned draws' verdicts side by side: ``settled`` when every draw says the same, **depends on
   the tuning draw** when the draws disagree, ``incomplete`` while a draw lacks the pair or some of its planned
   seeds, *not tested at this budget* where the variant's calibrator stayed at the identity;
@@ -31,12 +31,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from mtl_cog.analysis.paired import COUNTERPART, INCONCLUSIVE, PAIRED_METRICS, VARIANT, paired_differences
+from mtl_cog.bundles.bundle import Bundle, wide_scores
+from mtl_cog.bundles.bundle_rows import CALIBRATOR_SPLIT
+from mtl_cog.bundles.trajectories import live_epoch_count
 from mtl_cog.constants import IDENTITY_TOLERANCE, IDENTITY_VALUES
 from mtl_cog.evaluation.posthoc import POSTHOC
-from mtl_cog.reporting.bundle import Bundle, wide_scores
-from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT
-from mtl_cog.reporting.paired import COUNTERPART, INCONCLUSIVE, PAIRED_METRICS, VARIANT, paired_differences
-from mtl_cog.reporting.trajectories import live_epoch_count
 
 SUMMARY_METRICS = ("accuracy", "nll", "brier", "ece@15")
 SETTLED, DEPENDS = "settled", "depends on the tuning draw"

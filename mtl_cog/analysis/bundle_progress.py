@@ -22,8 +22,8 @@ import re
 
 import pandas as pd
 
-from mtl_cog.reporting.bundle import Bundle
-from mtl_cog.reporting.bundle_answers import planned_labels
+from mtl_cog.analysis.bundle_answers import planned_labels
+from mtl_cog.bundles.bundle import Bundle
 
 STUDY_NAME = re.compile(r"^(?P<arm>.+?)(?:-d(?P<draw>\d+))?(?:-w(?P<widening>\d+))?$")  # <data>-<method>[-dN][-wN]
 

@@ -1,10 +1,11 @@
-"""The leader-rate curve's numbers and figure: each metric against the leader/follower ratio, with intervals.
+"""The leader-rate curve's numbers: each metric against the leader/follower ratio, with intervals (drawn by
+``reporting/curve_figures.py``).
 
 Input: one row per (arm, ratio, seed, split, task) with the metrics of that run's best checkpoint
 (``arm``: the COG method, or a reference method drawn as a horizontal band: the tuned baseline,
 post-hoc TS on it, the method's own counterpart). Per ratio, a metric's value is the mean over
 seeds of the task-averaged metric, with the same 95 % t interval over seeds as the paired
-comparisons (``mtl_cog.reporting.paired.seed_t_interval``: seeds are the unit of replication).
+comparisons (``mtl_cog.analysis.paired.seed_t_interval``: seeds are the unit of replication).
 
 Against the reference (the method's counterpart), the *paired* difference per ratio: runs of the
 same seed share initialisation and data order, so the difference removes that variance; verdict
@@ -19,15 +20,11 @@ choice made on the numbers it is judged on would flatter it.
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
+from mtl_cog.analysis.paired import seed_t_interval, verdict
+from mtl_cog.bundles.bundle import Bundle, wide_scores
 from mtl_cog.evaluation.metrics import lower_is_better
-from mtl_cog.reporting.paired import seed_t_interval, verdict
-from mtl_cog.reporting.svg_charts import Band, Chart, Series
 
 CURVE_METRICS = ("nll", "brier", "ece@15", "smece", "accuracy")
 METRIC_TITLES = {"nll": "test NLL", "brier": "test Brier", "ece@15": "test ECE (15 bins)", "smece": "test smooth ECE",
@@ -100,60 +97,25 @@ def best_ratio(scores: pd.DataFrame, method: str) -> tuple[float | None, pd.Seri
     return float(per_ratio.idxmin()), per_ratio
 
 
-def curve_charts(table: pd.DataFrame, colors: dict[str, str]) -> list[Chart]:
-    """One chart per metric of a ``curve_table``: each COG arm a line over the ratios with its interval, each
-    reference arm (no ratio) a horizontal band; ``colors`` by arm (grey for one it lacks)."""
-    charts = []
-    for metric, group in table.groupby("metric", sort=False):
-        chart = Chart(METRIC_TITLES.get(metric, f"test {metric}"), "leader / follower learning-rate ratio", metric,
-                      log_x=True)
-        for arm, points in group.groupby("arm", sort=False):
-            color = colors.get(arm, "#555")
-            points = points.sort_values("ratio")
-            if points["ratio"].isna().all():
-                first = points.iloc[0]
-                chart.bands.append(Band(str(arm), color, float(first["mean"]), float(first["ci_low"]),
-                                        float(first["ci_high"])))
-                continue
-            points = points[points["ratio"].notna()]
-            chart.series.append(Series(str(arm), color, points["ratio"].tolist(), points["mean"].tolist(),
-                                       points["ci_low"].tolist(), points["ci_high"].tolist()))
-        charts.append(chart)
-    return charts
-
-
-def curve_figure(table: pd.DataFrame, method: str, title: str, metrics: tuple[str, ...] = CURVE_METRICS) -> Figure:
-    """Metric vs ratio (log x) with 95 % intervals; each reference arm as a band (its interval) and a line."""
-    figure = Figure(figsize=(4.2 * len(metrics), 3.6))
-    axes = figure.subplots(1, len(metrics), squeeze=False)[0]
-    curve = table[(table["arm"] == method) & table["ratio"].notna()]
-    references = [a for a in dict.fromkeys(table["arm"]) if a != method]
-    colors = {arm: f"C{i + 1}" for i, arm in enumerate(references)}
-    for ax, metric in zip(axes, metrics):
-        rows = curve[curve["metric"] == metric].sort_values("ratio")
-        if rows.empty:
-            continue
-        x = rows["ratio"].to_numpy(dtype=float)
-        y = rows["mean"].to_numpy(dtype=float)
-        low, high = rows["ci_low"].to_numpy(dtype=float), rows["ci_high"].to_numpy(dtype=float)
-        has_ci = ~np.isnan(low)
-        ax.plot(x, y, "o-", color="C0", label=method)
-        if has_ci.any():
-            ax.errorbar(x[has_ci], y[has_ci], yerr=[y[has_ci] - low[has_ci], high[has_ci] - y[has_ci]], fmt="none",
-                        ecolor="C0", capsize=3)
-        for arm in references:
-            ref = table[(table["arm"] == arm) & table["ratio"].isna() & (table["metric"] == metric)]
-            if ref.empty:
-                continue
-            ref = ref.iloc[0]
-            ax.axhline(ref["mean"], color=colors[arm], lw=1.2, label=arm)
-            if not math.isnan(ref["ci_low"]):
-                ax.axhspan(ref["ci_low"], ref["ci_high"], color=colors[arm], alpha=0.15)
-        ax.set_xscale("log")
-        ax.set_xlabel("leader / follower learning rate")
-        ax.set_title(METRIC_TITLES.get(metric, metric))
-        ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=7)
-    figure.suptitle(f"{title}: mean over seeds, 95 % t interval (bands: references)")
-    figure.tight_layout()
-    return figure
+def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(curve table, paired table) over every (data set, method) with leader-ratio runs in the bundle."""
+    runs = bundle.done()
+    curve_runs = runs[runs["role"] == "curve"]
+    if curve_runs.empty:
+        return pd.DataFrame(), pd.DataFrame()
+    scores = wide_scores(bundle, curve_runs)
+    scores = scores[scores["task"] != "mean"].rename(columns={"method": "arm"})
+    tables, pairs = [], []
+    counterparts = bundle.campaign.get("counterparts", {})
+    for data, group in scores.groupby("data", sort=True):
+        methods = sorted(set(group.loc[group["ratio"].notna(), "arm"]))
+        tables.append(curve_table(group).assign(data=data))
+        for method in methods:
+            ratios = sorted(group.loc[(group["arm"] == method) & group["ratio"].notna(), "ratio"].unique())
+            ref = counterparts.get(method, "baseline")
+            pairs.append(paired_to_reference(group, method, ref, ratios).assign(data=data, method=method))
+            below = [r for r in ratios if r < 1]
+            pairs.append(paired_to_reference(group, method, method, below, reference_ratio=1.0)
+                         .assign(data=data, method=method))
+    # the reference runs alone (a curve lane records them first, reused from the protocol): no ratio to pair yet
+    return pd.concat(tables, ignore_index=True), pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame()

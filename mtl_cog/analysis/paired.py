@@ -27,7 +27,7 @@ random); the same test measures it. With fewer than ``MIN_SEEDS`` seeds there is
 verdict is "inconclusive": one seed says nothing about seed-to-seed variation, usually the larger
 part.
 
-**Rank spread.** The average rank over accuracy, NLL and Brier (``tables.average_ranks``) is
+**Rank spread.** The average rank over accuracy, NLL and Brier (``average_ranks``) is
 computed per seed, on the seeds every method of the data set has, and summarised as mean, std
 and range over seeds.
 """
@@ -39,15 +39,17 @@ import math
 import numpy as np
 import pandas as pd
 from scipy import stats
+from scipy.stats import rankdata
 
 from mtl_cog.config import counterpart_identity
+from mtl_cog.errors import ReportError
 from mtl_cog.evaluation.metrics import lower_is_better
-from mtl_cog.reporting.tables import average_ranks
 
 PAIRED_METRICS = ("nll", "brier", "ece@15", "accuracy")
 CONFIDENCE = 0.95
 MIN_SEEDS = 2  # a t interval needs a variance: at least two seeds
 VARIANT, COUNTERPART, INCONCLUSIVE = "variant", "counterpart", "inconclusive"
+RANK_METRICS = ("accuracy", "nll", "brier")
 
 
 def seed_t_interval(differences: np.ndarray, confidence: float = CONFIDENCE):
@@ -153,3 +155,20 @@ def rank_spread(scores: pd.DataFrame) -> pd.DataFrame:
                          "avg_rank_min": values.min(), "avg_rank_max": values.max(), "n_seeds": len(values)})
     return pd.DataFrame(rows, columns=["dataset", "method", "avg_rank_mean", "avg_rank_std", "avg_rank_min",
                                        "avg_rank_max", "n_seeds"])
+
+
+def average_ranks(means: pd.DataFrame, metrics: tuple[str, ...] = RANK_METRICS) -> pd.DataFrame:
+    """Rank the rows (methods) of ``means`` on each metric (1 = best, ties averaged) and average.
+
+    Returns ``rank_<metric>`` columns, ``avg_rank`` and ``top_ranked`` (True for every method
+    sharing the lowest average rank). Accuracy is ranked high-to-low, the others low-to-high.
+    """
+    out = pd.DataFrame(index=means.index)
+    for metric in metrics:
+        values = means[metric].to_numpy(dtype=float)
+        if np.isnan(values).any():
+            raise ReportError(f"cannot rank on {metric}: no value for {', '.join(means.index[np.isnan(values)])}.")
+        out[f"rank_{metric}"] = rankdata(values if lower_is_better(metric) else -values, method="average")
+    out["avg_rank"] = out[[f"rank_{m}" for m in metrics]].mean(axis=1)
+    out["top_ranked"] = np.isclose(out["avg_rank"], out["avg_rank"].min())
+    return out

@@ -36,9 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from mtl_cog.errors import UserError
-from mtl_cog.reporting.bundle import Bundle, wide_scores
-from mtl_cog.reporting.bundle_answers import (
+from mtl_cog.analysis.bundle_answers import (
     CLAIM_METRICS,
     PAPER_CLAIMS,
     SUPPORTED,
@@ -50,7 +48,9 @@ from mtl_cog.reporting.bundle_answers import (
     planned_finals,
     reversed_predictions,
 )
-from mtl_cog.reporting.paired import CONFIDENCE, VARIANT, paired_differences, seed_t_interval
+from mtl_cog.analysis.paired import CONFIDENCE, VARIANT, paired_differences, seed_t_interval
+from mtl_cog.bundles.bundle import Bundle, wide_scores
+from mtl_cog.errors import UserError
 
 PAPER, FAIR = "paper", "fair"
 POWER_METRICS = ("nll", "ece@15")  # the primary metrics of the plan

@@ -38,10 +38,10 @@ import ast
 import numpy as np
 import pandas as pd
 
+from mtl_cog.analysis.bundle_answers import PAPER_CLAIMS, SUPPORTED, claims, planned_finals
+from mtl_cog.analysis.protocol_answers import CLAIMED_GAINS, FAIR, PAPER, Bundles, claim_differences, over_draws
+from mtl_cog.bundles.bundle import FORMAT, Bundle
 from mtl_cog.errors import UserError
-from mtl_cog.reporting.bundle import FORMAT, Bundle
-from mtl_cog.reporting.bundle_answers import PAPER_CLAIMS, SUPPORTED, claims, planned_finals
-from mtl_cog.reporting.protocol_answers import CLAIMED_GAINS, FAIR, PAPER, Bundles, claim_differences, over_draws
 
 SHARED_STUDIES = ("cog_fc", "cog_ts")  # the COG variants whose studies the two protocols share but for the step
 UNTUNED = "baseline"  # the paper protocol's side: its untuned baseline and the post-hoc calibrators fitted on it

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mtl_cog.analysis.bundle_answers import PAPER_CLAIMS, planned_finals
+from mtl_cog.analysis.protocol_answers import FAIR, Bundles
+from mtl_cog.analysis.protocol_asymmetry import SIZES, by_data, combined_bundle, rows_against_fair, runs_of
+from mtl_cog.bundles.bundle import Bundle
 from mtl_cog.errors import UserError
-from mtl_cog.reporting.bundle import Bundle
-from mtl_cog.reporting.bundle_answers import PAPER_CLAIMS, planned_finals
-from mtl_cog.reporting.protocol_answers import FAIR, Bundles
-from mtl_cog.reporting.protocol_asymmetry import SIZES, by_data, combined_bundle, rows_against_fair, runs_of
 
 PINNED = "pinned"
 CONTROLS = {"cog_ls": "ls", "cog_fc": "baseline"}  # variant -> the counterpart its settings were pinned to

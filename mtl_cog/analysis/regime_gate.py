@@ -30,11 +30,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mtl_cog.reporting.bundle import Bundle
-from mtl_cog.reporting.bundle_answers import planned_finals
-from mtl_cog.reporting.bundle_reliability import confidence_gaps
-from mtl_cog.reporting.paired import seed_t_interval
-from mtl_cog.reporting.sweep_report import _planned, setting_labels
+from mtl_cog.analysis.bundle_answers import planned_finals
+from mtl_cog.analysis.paired import seed_t_interval
+from mtl_cog.analysis.sweep_report import _planned, setting_labels
+from mtl_cog.bundles.bundle import Bundle
+from mtl_cog.bundles.bundle_reliability import confidence_gaps
 
 GATE_ECE = 0.03
 GATE_TS_GAIN = 0.05

@@ -17,7 +17,7 @@ run, so a label or the reference does not change while the sweep is still runnin
   validation epochs) over the first setting's;
 - ``sweep_paired`` (only when some setting has 2 seeds or more): each setting minus the grid's first (the
   reference), paired by seed on the seeds and tasks both have, with the paired t interval and ``better``
-  of ``reporting/paired.py``. Its ``reading`` is an equivalence reading: **inside seed noise** when the
+  of ``analysis/paired.py``. Its ``reading`` is an equivalence reading: **inside seed noise** when the
   whole 95 % interval lies within ± the seed std (pooled over the two settings: how far a seed moves one
   run's task mean), so that any effect is smaller than a change of seed; **differs** when the interval
   excludes 0; **inconclusive** otherwise: the interval holds 0 but also effects larger than seed noise (with
@@ -35,8 +35,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from mtl_cog.reporting.bundle import Bundle, wide_scores
-from mtl_cog.reporting.paired import INCONCLUSIVE, paired_differences
+from mtl_cog.analysis.paired import INCONCLUSIVE, paired_differences
+from mtl_cog.bundles.bundle import Bundle, wide_scores
 
 METRICS = ("accuracy", "nll", "brier", "ece@15")
 INSIDE, DIFFERS = "inside seed noise", "differs"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from mtl_cog.analysis.bundle_progress import STUDY_NAME, finished_counted_trials, spent_studies, tuning_budget
+from mtl_cog.bundles.bundle import TRIALS, Bundle
 from mtl_cog.config import search_ranges
 from mtl_cog.errors import UserError
-from mtl_cog.reporting.bundle import TRIALS, Bundle
-from mtl_cog.reporting.bundle_progress import STUDY_NAME, finished_counted_trials, spent_studies, tuning_budget
 
 
 def chosen(bundle: Bundle) -> pd.DataFrame:

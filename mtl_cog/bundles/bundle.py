@@ -22,7 +22,7 @@ writes ``<out>/bundle/`` as its runs finish, small enough to commit (a 40-task r
 - ``trials.csv``: every tuning trial, failed and pruned ones included (``state``, ``reason``,
   parameters, value);
 - ``reliability.csv.gz``: per run and task, the test split's reliability histogram (20 bins: count,
-  summed confidence, summed outcome; ``mtl_cog.reporting.bundle_reliability``), what ``report --bundle``
+  summed confidence, summed outcome; ``mtl_cog.bundles.bundle_reliability``), what ``report --bundle``
   draws reliability diagrams from; absent in bundles written before it (their report says so).
 
 The files are written one at a time, ``runs.csv`` last: a run's rows count only once its
@@ -45,17 +45,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtl_cog.errors import UserError
-from mtl_cog.io import atomic_write_bytes, atomic_write_text
-from mtl_cog.reporting import bundle_manifest as manifest
-from mtl_cog.reporting.bundle_reliability import (
+from mtl_cog.bundles import bundle_manifest as manifest
+from mtl_cog.bundles.bundle_reliability import (
     RELIABILITY,
     RELIABILITY_COLUMNS,
     RELIABILITY_SORT,
     empty_reliability,
     reliability_problems,
 )
-from mtl_cog.reporting.bundle_schema import SCHEMAS, validate
+from mtl_cog.bundles.bundle_schema import SCHEMAS, validate
+from mtl_cog.errors import UserError
+from mtl_cog.io import atomic_write_bytes, atomic_write_text
 
 FORMAT = "mtl_cog.results_bundle.v1"
 FOLDER = "bundle"

@@ -9,7 +9,7 @@ are the bins of the pooled predictions, so the bundle's diagrams are those ``com
 prediction files (means and ECE within about 1e-5: the sums keep 6 significant digits, counts and
 outcome sums are exact).
 
-The convention is ``ece@B``'s (``mtl_cog.evaluation.binning``, ``plots.calibration_inputs``): a binary task
+The convention is ``ece@B``'s (``mtl_cog.evaluation.binning``, ``binning.calibration_inputs``): a binary task
 bins its positive-class probability and counts positive labels; a multi-class task bins its top-label
 confidence and counts correct predictions. Uniform bins on [0, 1], right-open except the last, after
 clamping by ``binning.CLAMP``; each task's labelled rows only. The split is ``test``, the selected checkpoint's
@@ -31,9 +31,8 @@ import numpy as np
 import pandas as pd
 
 from mtl_cog.constants import MISSING_LABEL
-from mtl_cog.evaluation.binning import CLAMP, bin_sums, uniform_bin_index
+from mtl_cog.evaluation.binning import CLAMP, bin_sums, calibration_inputs, uniform_bin_index
 from mtl_cog.evaluation.predictions import Predictions
-from mtl_cog.reporting.plots.reliability import calibration_inputs
 
 RELIABILITY = "reliability.csv.gz"
 RELIABILITY_COLUMNS = ["run", "split", "task", "count", "confidence_sum", "outcome_sum", "truth_sum"]

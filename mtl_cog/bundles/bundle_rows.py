@@ -1,4 +1,4 @@
-"""A finished run folder as results-bundle rows (``mtl_cog.reporting.bundle``): what a campaign keeps of it.
+"""A finished run folder as results-bundle rows (``mtl_cog.bundles.bundle``): what a campaign keeps of it.
 
 ``run_rows`` reads only what the run's digests vouch for (``finished_predictions``: ``DONE``, the
 config, task spec and prediction files checked against ``digests.json``, the predictions' tasks the
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from mtl_cog.bundles.bundle_reliability import reliability_rows
+from mtl_cog.bundles.trajectories import calibrator_trajectory, convergence_of_curves, curve_rows, read_metrics_lines
 from mtl_cog.evaluation.posthoc import calibrate
 from mtl_cog.evaluation.predictions import Predictions
 from mtl_cog.evaluation.scoring import score
 from mtl_cog.io import read_jsonl
-from mtl_cog.reporting.bundle_reliability import reliability_rows
-from mtl_cog.reporting.trajectories import calibrator_trajectory, convergence_of_curves, curve_rows, read_metrics_lines
 from mtl_cog.runs import rundir
 from mtl_cog.runs.finished import finished_predictions
 

@@ -1,6 +1,6 @@
 """One schema for every file of a results bundle: each column's type and range, each file's unique key.
 
-Every published number is recomputed from a bundle (``mtl_cog.reporting.bundle``), so a cell that
+Every published number is recomputed from a bundle (``mtl_cog.bundles.bundle``), so a cell that
 is not what its column means must be refused, not read: an ``epoch`` of ``x`` silently dropped a
 curve's rows, a ratio of ``abc`` a ratio of a paired table, a role ``banana`` became a role, a
 23-digit seed or a ``wall_s`` of ``nan`` ended in tracebacks, and two contradicting rows for one

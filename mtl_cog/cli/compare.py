@@ -15,7 +15,7 @@ with at least two distinct seeds; the seed count is of distinct seeds. REPORT_DI
   summary.tex                  summary.md's tables in LaTeX (booktabs)
   paired_differences.csv       each COG variant minus its counterpart (method.counterpart): mean
                                difference in NLL, Brier, ECE@15, accuracy, 95% t interval over
-                               seeds (task-averaged; mtl_cog/reporting/paired.py)
+                               seeds (task-averaged; mtl_cog/analysis/paired.py)
   rank_spread.csv              each method's average rank per seed: mean, std, range
   calibrator.csv               learned per-task calibrator values (first/last epoch) from metrics.jsonl,
                                and whether the calibrator never left the identity

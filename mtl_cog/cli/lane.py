@@ -53,11 +53,11 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from mtl_cog.analysis.bundle_progress import progress
+from mtl_cog.bundles.bundle import read_bundle
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
-from mtl_cog.reporting.bundle import read_bundle
-from mtl_cog.reporting.bundle_progress import progress
 from mtl_cog.reporting.docs_tables import bundles_on, figures_on, pages_naming
 
 COMMIT_TRIES = 5  # git may be busy (another commit holds index.lock): a few tries, seconds apart

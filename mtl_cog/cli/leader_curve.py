@@ -34,6 +34,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from mtl_cog.analysis.leader_curve import CURVE_METRICS, best_ratio, curve_table, paired_to_reference
+from mtl_cog.bundles.bundle import bundle_dir, read_bundle, wide_scores
 from mtl_cog.cli.config_args import combination_file
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
@@ -52,8 +54,7 @@ from mtl_cog.experiments.launcher import (
 from mtl_cog.experiments.sweep import DONE
 from mtl_cog.io import atomic_write, atomic_write_text, check_writable
 from mtl_cog.reporting import plots
-from mtl_cog.reporting.bundle import bundle_dir, read_bundle, wide_scores
-from mtl_cog.reporting.leader_curve import CURVE_METRICS, best_ratio, curve_figure, curve_table, paired_to_reference
+from mtl_cog.reporting.curve_figures import curve_figure
 from mtl_cog.reporting.tables import markdown_table
 
 BASELINE, TS = "baseline", "ts"
@@ -156,7 +157,7 @@ def write_results(scores: pd.DataFrame, method: str, counterpart: str, ratios: l
     atomic_write(out / "paired.csv", lambda tmp: pd.concat([paired, no_hierarchy]).to_csv(tmp, index=False))
     lines = [f"# Leader-rate curve: {dataset} / {method}", "",
              "Mean over seeds of the task-averaged test metric, 95% t interval over seeds "
-             "(mtl_cog/reporting/leader_curve.py). Ratio = leader / follower learning rate; 1 = no hierarchy.", ""]
+             "(mtl_cog/analysis/leader_curve.py). Ratio = leader / follower learning rate; 1 = no hierarchy.", ""]
     lines += [partial, ""] if partial else []
     if best is not None:
         lines += [f"**Best ratio on validation NLL: {best:g}** (validation NLL per ratio: "

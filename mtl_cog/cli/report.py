@@ -5,7 +5,7 @@
     mtl-cog report --bundle OUT/bundle --list                       # the tables this bundle has
     mtl-cog report --bundle results/NAME/bundle --seal              # seal a bundle written before seals
 
-A bundle (``OUT/bundle`` of a sweep, leader curve or reproduction; ``mtl_cog/reporting/bundle.py``)
+A bundle (``OUT/bundle`` of a sweep, leader curve or reproduction; ``mtl_cog/bundles/bundle.py``)
 holds every run's labels, task-level results at the selected checkpoint and per-epoch curves; no
 run folder is read. Written to ``--out``: ``<table>.csv`` and ``<table>.md`` for each table
 (``mtl_cog/reporting/bundle_report.py``: summary, paired, verdicts, chosen, convergence, curve,
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from mtl_cog.bundles.bundle import read_bundle, seal_bundle
+from mtl_cog.bundles.bundle_manifest import MANIFEST
 from mtl_cog.config.arguments import Parser
 from mtl_cog.errors import UserError, run_cli
 from mtl_cog.io import check_writable
-from mtl_cog.reporting.bundle import read_bundle, seal_bundle
-from mtl_cog.reporting.bundle_manifest import MANIFEST
 from mtl_cog.reporting.bundle_report import bundle_tables, markdown_of, write_bundle_report
 
 

@@ -44,6 +44,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from mtl_cog.analysis.paired import counterpart_pairs
+from mtl_cog.bundles.bundle import bundle_dir, read_bundle
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.cli.protocol_note import HEAD_LEADER_LRS, write_protocol_note
 from mtl_cog.config import load_config
@@ -73,10 +75,8 @@ from mtl_cog.experiments.launcher import (
 )
 from mtl_cog.experiments.tuning_rule import TuningRule
 from mtl_cog.io import check_writable
-from mtl_cog.reporting.bundle import bundle_dir, read_bundle
 from mtl_cog.reporting.bundle_report import write_bundle_report
 from mtl_cog.reporting.comparison import write_comparison
-from mtl_cog.reporting.paired import counterpart_pairs
 from mtl_cog.reporting.posthoc_run import posthoc_method_names
 from mtl_cog.runs import rundir
 
@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="only these configs (default: all in configs/<data>/)")
     add_deprecated_alias(parser, "--datasets", "--data", nargs="+")
     add_deprecated_alias(parser, "--methods", "--method", nargs="+")
-    # 5 seeds, the paper's count: the paired t interval (reporting/paired.py) of 3 seeds has t = 4.30
+    # 5 seeds, the paper's count: the paired t interval (analysis/paired.py) of 3 seeds has t = 4.30
     parser.add_argument("--seeds", type=whole_number(0, MAX_SEED, "a seed"), nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--epochs", type=whole_number(1, None, "an epoch count"), default=None,
                         help="override every run's train.epochs")

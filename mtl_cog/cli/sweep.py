@@ -35,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from mtl_cog.bundles.bundle import bundle_dir, read_bundle
 from mtl_cog.cli.config_args import combination_file
 from mtl_cog.cli.paths import CONFIGS
 from mtl_cog.config import Config, load_config
@@ -50,7 +51,6 @@ from mtl_cog.experiments.launcher import (
 )
 from mtl_cog.experiments.sweep import best_index, combinations, parse_grid
 from mtl_cog.io import atomic_write, atomic_write_json, atomic_write_text, check_writable, make_folder
-from mtl_cog.reporting.bundle import bundle_dir, read_bundle
 from mtl_cog.reporting.posthoc_run import posthoc_method_names
 from mtl_cog.reporting.tables import markdown_table
 

@@ -15,6 +15,7 @@ Arrays are (C, N): one row per event (task, class or attribute pair), N samples.
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import expit, softmax
 
 CLAMP = 1e-7
 
@@ -143,3 +144,14 @@ class SortedRows:
         return self.sums(self._starts(lambda row: np.searchsorted(values[row], values[row, ranks], side="left")))
 
 
+def calibration_inputs(logits: np.ndarray, labels: np.ndarray,
+                       true_probs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """-> (probability, outcome, p* of the same event or None) for one task: a binary task's p(positive) and label, a
+    multi-class task's top-label confidence and whether it was right (the events ``ece@B`` bins)."""
+    if np.ndim(logits) == 1:
+        return expit(logits.astype(np.float64)), labels.astype(np.float64), true_probs
+    p = softmax(logits.astype(np.float64), axis=1)
+    predicted = p.argmax(1)
+    rows = np.arange(len(p))
+    truth = None if true_probs is None or np.ndim(true_probs) != 2 else true_probs[rows, predicted]
+    return p[rows, predicted], (predicted == labels).astype(np.float64), truth

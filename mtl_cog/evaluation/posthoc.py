@@ -71,7 +71,7 @@ class PosthocCalibrator:
     needs_network: ClassVar[bool] = False
     # A positive rescaling of each sample's logits keeps every prediction (its argmax), so the calibrated accuracy
     # equals the uncalibrated one; where a report finds it changed, the fit reversed predictions (``ts_guo``'s
-    # negative temperature) and the summary says so (``reporting.bundle_answers.summary``).
+    # negative temperature) and the summary says so (``analysis.bundle_answers.summary``).
     keeps_predictions: ClassVar[bool] = False
     title: ClassVar[str] = ""  # what the short name stands for, in help and beside tables ("vs" is not "versus")
 

@@ -19,7 +19,7 @@ Hydra's sweeper, which makes the specs, and launcher, which runs them):
    (``launcher.thread_env``) and one interrupt message, **collecting** each run into the bundle as it
    finishes (``collect``), so that a lost machine loses only the runs in flight.
 
-The bundle (``mtl_cog.reporting.bundle``) lives in ``<out>/bundle`` and is what a user commits;
+The bundle (``mtl_cog.bundles.bundle``) lives in ``<out>/bundle`` and is what a user commits;
 ``mtl-cog report --bundle`` regenerates every table from it alone.
 """
 
@@ -39,6 +39,8 @@ from pathlib import Path
 import pandas as pd
 from filelock import FileLock
 
+from mtl_cog.bundles import bundle as bundles
+from mtl_cog.bundles.bundle_rows import environment, failed_row, run_facts, run_rows, versions_text
 from mtl_cog.config import Config, load_config
 from mtl_cog.errors import ConfigError, RunFolderError, UserError
 from mtl_cog.experiments import reuse
@@ -46,8 +48,6 @@ from mtl_cog.experiments.launcher import PACKAGE_PARENT, RunJob, train_command
 from mtl_cog.experiments.portable import portable_command
 from mtl_cog.experiments.sweep import DONE, LOCATION_KEYS, NEW, TRACKING_KEYS, UNFINISHED, run_state
 from mtl_cog.io import output_folder
-from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.bundle_rows import environment, failed_row, run_facts, run_rows, versions_text
 from mtl_cog.runs import rundir
 from mtl_cog.training.resume_settings import flatten_settings
 

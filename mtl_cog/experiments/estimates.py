@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.experiments import gpu_time
 from mtl_cog.experiments.campaign import Planned, print_counts
 from mtl_cog.experiments.sweep import NEW, UNFINISHED
-from mtl_cog.reporting import bundle as bundles
 
 MIN_MEASURED = 2  # finished runs before their median is a pace worth printing
 

@@ -37,6 +37,8 @@ import pandas as pd
 from filelock import FileLock
 from optuna.trial import TrialState
 
+from mtl_cog.bundles import bundle as bundles
+from mtl_cog.bundles.trajectories import read_metrics_lines
 from mtl_cog.config import Config, load_config, search_ranges
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import campaign, gpu_time, halving, protocol, trial_retries, tuning
@@ -44,8 +46,6 @@ from mtl_cog.experiments.launcher import LocalLauncher, RunJob, python_module_co
 from mtl_cog.experiments.sweep import DONE, UNFINISHED, run_state, validation_scores
 from mtl_cog.experiments.tuning_rule import TuningRule
 from mtl_cog.io import output_folder
-from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.trajectories import read_metrics_lines
 from mtl_cog.runs import rundir
 from mtl_cog.training import fit
 from mtl_cog.training.loop import EpochEnd, Hooks

@@ -7,7 +7,7 @@ bound, and a ratio of 1 means *no* hierarchy (for COG-FC: the baseline, step for
 Adam is elementwise and both groups then share one rate). The curve looks at the whole range,
 1e-3 up to and including 1, with the follower rate and every other setting held fixed, so that
 "does the hierarchy help, and at which ratio" has an answer with intervals
-(``mtl_cog/reporting/leader_curve.py``; ``scripts/leader_curve.py`` runs it).
+(``mtl_cog/analysis/leader_curve.py``; ``scripts/leader_curve.py`` runs it).
 
 This module holds the plan: the grid, and each run as a campaign spec (``mtl_cog.experiments.campaign``:
 its folder name, overrides and labels). A curve drawn from a fair protocol's settings labels its runs with the
@@ -25,6 +25,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from mtl_cog.bundles.bundle import CURVE_COLUMNS, RESULT_COLUMNS, Bundle, bundle_dir, read_bundle
+from mtl_cog.bundles.bundle_rows import CALIBRATOR_SPLIT, environment, result_splits, versions_text
 from mtl_cog.errors import UserError
 from mtl_cog.experiments.campaign import (
     BUNDLED,
@@ -37,8 +39,6 @@ from mtl_cog.experiments.campaign import (
     run_name,
     setting_digest,
 )
-from mtl_cog.reporting.bundle import CURVE_COLUMNS, RESULT_COLUMNS, Bundle, bundle_dir, read_bundle
-from mtl_cog.reporting.bundle_rows import CALIBRATOR_SPLIT, environment, result_splits, versions_text
 
 # log grid 1e-3 .. 1 (1, 3 per decade); 1 = no hierarchy, allowed here without the usual refusal
 RATIOS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import tuning
-from mtl_cog.reporting import bundle as bundles
 
 Studies = dict[tuple[str, str, str], tuning.StudySpec]
 

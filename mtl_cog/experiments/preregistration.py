@@ -28,8 +28,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+from mtl_cog.bundles.bundle import Bundle
 from mtl_cog.errors import UserError
-from mtl_cog.reporting.bundle import Bundle
 
 PLAN_KEY = "plan"
 LANE_COMMIT, LANE_REPO = "MTL_COG_CODE_COMMIT", "MTL_COG_REPO"  # set by mtl-cog lane for its frozen copy

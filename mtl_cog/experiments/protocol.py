@@ -33,7 +33,7 @@ So, per data set and method (``scripts/reproduce.py --protocol fair``):
 3. **Evaluate**: ``seeds`` runs (default 0-4, the paper's five) of the chosen setting; post-hoc calibrators are
    fitted on the baseline runs; ``scripts/compare.py`` writes the report, which pairs each COG
    variant with its counterpart (``method.counterpart``) and says which runs did not converge
-   (``mtl_cog.reporting.trajectories.convergence``).
+   (``mtl_cog.bundles.trajectories.convergence``).
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mtl_cog.bundles import bundle as bundles
+from mtl_cog.bundles.bundle_reliability import BIN_VALUES, RELIABILITY
+from mtl_cog.bundles.bundle_rows import run_rows
 from mtl_cog.errors import RunFolderError, UserError
 from mtl_cog.experiments import preregistration
-from mtl_cog.reporting import bundle as bundles
-from mtl_cog.reporting.bundle_reliability import BIN_VALUES, RELIABILITY
-from mtl_cog.reporting.bundle_rows import run_rows
 from mtl_cog.runs import rundir
 from mtl_cog.runs.digests import covered_files, verify_digests
 

@@ -15,11 +15,11 @@ import math
 
 import pandas as pd
 
+from mtl_cog.bundles import bundle as bundles
 from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import fair_tuning, protocol, tuning
 from mtl_cog.experiments.tuning_rule import TuningRule, rule_of_row
-from mtl_cog.reporting import bundle as bundles
 
 Studies = dict[tuple[str, str, str], tuning.StudySpec]  # (data, method, draw) -> study
 

@@ -5,30 +5,26 @@ No run folder is read: what a reader can recompute from a committed bundle is wh
 Markdown plus ``report.md`` and ``report.html``; ``reporting/docs_tables.py`` embeds them in ``docs/``.
 
 - the answer tables, ``summary``, ``paired``, ``verdicts``, ``calibrators``, ``claims``: what the final runs say
-  against what was planned (``reporting/bundle_answers.py``);
+  against what was planned (``analysis/bundle_answers.py``);
 - ``chosen`` / ``draw_choices``: what each study chose and how the draws' choices differ
-  (``reporting/tuning_choices.py``);
-- ``convergence``: per role, data set, draw and method: runs that settled under the convergence
-  rule (``trajectories.convergence_of_curves``), and the calibrator's move after epoch 1;
-- ``scope``: per role and data set, the runs by status, the split sizes, epochs and threads of the finished
-  ones, how many settled and the hours their epochs took: what a headline from the bundle is scoped to;
-- ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs;
+  (``analysis/tuning_choices.py``);
+- ``convergence`` / ``scope``: per role, data set, draw and method, runs that settled under the convergence rule;
+  per role and data set, what a headline from the bundle is scoped to (``analysis/bundle_scope.py``);
+- ``curve`` / ``curve_paired``: leader-rate curves where the bundle has ``curve`` runs
+  (``analysis/leader_curve.curves``);
 - ``sweep_settings`` / ``sweep_paired``: a sweep's settings over its seeds, each against the grid's first
-  (``reporting/sweep_report.py``);
-- ``regime_gate``: is there miscalibration to remove (``reporting/regime_gate.py``); ``progress``: what ran of
-  what the campaign planned, per data set and part (``reporting/bundle_progress.py``).
+  (``analysis/sweep_report.py``);
+- ``regime_gate``: is there miscalibration to remove (``analysis/regime_gate.py``); ``progress``: what ran of
+  what the campaign planned, per data set and part (``analysis/bundle_progress.py``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from mtl_cog.io import atomic_write, atomic_write_text
-from mtl_cog.reporting.bundle import Bundle, wide_scores
-from mtl_cog.reporting.bundle_answers import (
+from mtl_cog.analysis.bundle_answers import (
     SUMMARY_METRICS,
     calibrators,
     claims,
@@ -39,127 +35,17 @@ from mtl_cog.reporting.bundle_answers import (
     summary_cells,
     verdicts,
 )
-from mtl_cog.reporting.bundle_progress import progress
-from mtl_cog.reporting.bundle_reliability import diagram_bins
+from mtl_cog.analysis.bundle_progress import progress
+from mtl_cog.analysis.bundle_scope import convergence, convergence_counts, scope
+from mtl_cog.analysis.leader_curve import curves
+from mtl_cog.analysis.regime_gate import regime_gate
+from mtl_cog.analysis.sweep_report import sweep_paired, sweep_settings
+from mtl_cog.analysis.tuning_choices import chosen, draw_choices
+from mtl_cog.bundles.bundle import Bundle
+from mtl_cog.bundles.bundle_reliability import diagram_bins
+from mtl_cog.io import atomic_write, atomic_write_text
 from mtl_cog.reporting.html_report import ALL_TASKS, ReportTables, write_html_report
-from mtl_cog.reporting.leader_curve import curve_table, paired_to_reference
-from mtl_cog.reporting.regime_gate import regime_gate
-from mtl_cog.reporting.sweep_report import sweep_paired, sweep_settings
 from mtl_cog.reporting.tables import markdown_table
-from mtl_cog.reporting.trajectories import convergence_of_curves
-from mtl_cog.reporting.tuning_choices import chosen, draw_choices
-
-
-def convergence(bundle: Bundle) -> pd.DataFrame:
-    runs = bundle.done()
-    curves = bundle.curves
-    rows = []
-    for run in runs.itertuples():
-        result = convergence_of_curves(curves[curves["run"] == run.run])
-        rows.append({"role": run.role, "data": run.data, "draw": "" if pd.isna(run.draw) else str(run.draw),
-                     "method": run.method, "run": run.run,
-                     "converged": None if result is None else result.converged,
-                     "calibrator_move": np.nan if result is None or result.calibrator_move is None
-                     else float(result.calibrator_move),
-                     "why_not": "" if result is None else result.why_not()})
-    return pd.DataFrame(rows)
-
-
-def convergence_counts(table: pd.DataFrame) -> pd.DataFrame:
-    if table.empty:
-        return table
-    grouped = table.groupby(["role", "data", "draw", "method"], sort=True)
-    return grouped.agg(runs=("run", "size"), converged=("converged", lambda c: int((c == True).sum())),  # noqa: E712
-                       calibrator_move_max=("calibrator_move", "max")).reset_index()
-
-
-def _values(column: pd.Series) -> str:
-    """The distinct values of a runs.csv column as one cell: ``20``, ``2-20`` for a numeric range."""
-    values = pd.Series([v for cell in column.dropna().astype(str) for v in cell.split()])  # "1 2": a resumed run
-    if values.empty:
-        return ""
-    numbers = pd.to_numeric(values, errors="coerce")
-    if numbers.notna().all():
-        low, high = int(numbers.min()), int(numbers.max())
-        return str(low) if low == high else f"{low}-{high}"
-    return " ".join(sorted(set(values)))
-
-
-def scope(bundle: Bundle, conv: pd.DataFrame) -> pd.DataFrame:
-    """Per role and data set, what a headline drawn from the bundle is scoped to: how many runs ended how, the
-    split sizes and epochs the finished runs trained with, their torch threads, how many settled, and the hours
-    their epochs took (``epoch_hours``: runs.csv's ``wall_s``, the training and validation time of every epoch
-    from ``timing.jsonl``, without start-up, test scoring or post-hoc fits; times ``threads`` for core-hours; of
-    every run, pruned and failed ones included where they recorded it (rows collected by code older than cc43bb9
-    did not); a run recorded from another campaign's bundle, ``campaign.json``'s ``reused``, is counted in ``reused``,
-    not in the hours, which its own campaign counts). ``untimed`` counts the trained runs that recorded no time,
-    and ``untimed_hours_est`` estimates theirs: the epochs ``trials.csv`` says they trained, at the median seconds per
-    epoch of the same role's timed runs (an estimate, kept apart from the measured ``epoch_hours``)."""
-    runs = bundle.runs
-    if runs.empty:
-        return pd.DataFrame()
-    rows = []
-    reused = set(bundle.campaign.get("reused", {}))
-    trial_epochs = _trial_epochs(bundle.trials)
-    for (role, data), group in runs.groupby(["role", "data"], sort=True):
-        done = group[group["status"] == "done"]
-        trained = group[~group["run"].isin(reused)]
-        judged = conv[(conv["role"] == role) & (conv["data"] == data) & conv["converged"].notna()] \
-            if "converged" in conv else pd.DataFrame(columns=["converged"])  # no finished run: nothing to judge
-        ended = group["status"].value_counts()
-        sizes = {column: _values(done[column]) for column in ("train_size", "val_size", "test_size")}
-        rows.append({"role": role, "data": data, "runs": len(group), "done": len(done),
-                     "pruned": int(ended.get("pruned", 0)), "failed": int(ended.get("failed", 0)), **sizes,
-                     "epochs": _values(done["epochs_run"]), "threads": _values(done["threads"]),
-                     "converged": f"{int((judged['converged'] == True).sum())} of {len(judged)}",  # noqa: E712
-                     "reused": int(done["run"].isin(reused).sum()),
-                     "epoch_hours": float(pd.to_numeric(trained["wall_s"], errors="coerce").sum()) / 3600,
-                     **_untimed(trained, trial_epochs)})
-    return pd.DataFrame(rows)
-
-
-def _trial_epochs(trials: pd.DataFrame) -> pd.Series:
-    """Epochs each trial run trained, by its runs.csv name (``<study>-<run>``); a retry continues its run's folder,
-    so a run's epochs are its rows' largest."""
-    if trials.empty or not {"study", "run", "epochs_trained"} <= set(trials):
-        return pd.Series(dtype=float)
-    names = trials["study"].astype(str) + "-" + trials["run"].astype(str)
-    return pd.to_numeric(trials["epochs_trained"], errors="coerce").groupby(names).max()
-
-
-def _untimed(trained: pd.DataFrame, trial_epochs: pd.Series) -> dict:
-    seconds = pd.to_numeric(trained["wall_s"], errors="coerce")
-    timed_epochs = pd.to_numeric(trained.loc[seconds.notna(), "epochs_run"], errors="coerce")
-    untimed = trained.loc[seconds.isna(), "run"]
-    per_epoch = (seconds[timed_epochs.index] / timed_epochs).median()  # median: a paused run inflates a mean
-    epochs = trial_epochs.reindex(untimed)  # a run trials.csv does not know: no estimate (empty), not a low one
-    hours = epochs.sum(min_count=len(epochs)) * per_epoch / 3600 if len(untimed) else 0.0
-    return {"untimed": len(untimed), "untimed_hours_est": float(hours)}
-
-
-def curves(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(curve table, paired table) over every (data set, method) with leader-ratio runs in the bundle."""
-    runs = bundle.done()
-    curve_runs = runs[runs["role"] == "curve"]
-    if curve_runs.empty:
-        return pd.DataFrame(), pd.DataFrame()
-    scores = wide_scores(bundle, curve_runs)
-    scores = scores[scores["task"] != "mean"].rename(columns={"method": "arm"})
-    tables, pairs = [], []
-    counterparts = bundle.campaign.get("counterparts", {})
-    for data, group in scores.groupby("data", sort=True):
-        methods = sorted(set(group.loc[group["ratio"].notna(), "arm"]))
-        tables.append(curve_table(group).assign(data=data))
-        for method in methods:
-            ratios = sorted(group.loc[(group["arm"] == method) & group["ratio"].notna(), "ratio"].unique())
-            ref = counterparts.get(method, "baseline")
-            pairs.append(paired_to_reference(group, method, ref, ratios).assign(data=data, method=method))
-            below = [r for r in ratios if r < 1]
-            pairs.append(paired_to_reference(group, method, method, below, reference_ratio=1.0)
-                         .assign(data=data, method=method))
-    # the reference runs alone (a curve lane records them first, reused from the protocol): no ratio to pair yet
-    return pd.concat(tables, ignore_index=True), pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame()
-
 
 TABLE_NAMES = ("summary", "summary_values", "paired", "verdicts", "claims", "chosen", "draw_choices", "convergence",
                "convergence_runs", "scope", "calibrators", "curve", "curve_paired", "sweep_settings", "sweep_paired",

@@ -11,6 +11,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from mtl_cog.analysis.paired import counterpart_pairs, paired_differences, rank_spread
+from mtl_cog.bundles.run_records import load_runs, pooled_predictions
+from mtl_cog.bundles.trajectories import (
+    calibrator_table,
+    calibrator_trajectory,
+    convergence_table,
+    epoch_curve_table,
+    task_weight_table,
+)
 from mtl_cog.evaluation.truth import FLOOR_METRICS, MODEL_METRICS
 from mtl_cog.io import atomic_write, atomic_write_text, output_folder
 from mtl_cog.progress import Progress
@@ -18,21 +27,12 @@ from mtl_cog.reporting import plots, shift_report
 from mtl_cog.reporting.html_inputs import report_tables
 from mtl_cog.reporting.html_report import write_html_report
 from mtl_cog.reporting.latex import summary_latex
-from mtl_cog.reporting.paired import counterpart_pairs, paired_differences, rank_spread
-from mtl_cog.reporting.run_records import load_runs, pooled_predictions
 from mtl_cog.reporting.tables import (
     calibration_error_table,
     per_task_table,
     score_runs,
     summary_markdown,
     summary_table,
-)
-from mtl_cog.reporting.trajectories import (
-    calibrator_table,
-    calibrator_trajectory,
-    convergence_table,
-    epoch_curve_table,
-    task_weight_table,
 )
 
 WORST_K = 10  # tasks shown in worst_tasks_<ds>.png
@@ -103,7 +103,7 @@ def extra_sections(notes: list[str], paired: pd.DataFrame, spread: pd.DataFrame,
     if not paired.empty:
         lines += ["## COG variants against their counterparts (paired)", "",
                   "Mean difference variant − counterpart over seeds × tasks, 95% t interval over seeds of the "
-                  "task-averaged differences (mtl_cog/reporting/paired.py); *better*: the side the interval "
+                  "task-averaged differences (mtl_cog/analysis/paired.py); *better*: the side the interval "
                   "excludes zero for, *inconclusive* when it contains zero or a single seed gives no interval.", "",
                   "| data set | variant | counterpart | metric | difference [95% interval] | seeds × tasks | better |",
                   "|---|---|---|---|---|---|---|"]

@@ -45,18 +45,18 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.colors import to_hex
 
+from mtl_cog.analysis.bundle_progress import protocol_progress
+from mtl_cog.analysis.protocol_answers import protocol_claims, protocol_power, protocol_secondary
+from mtl_cog.analysis.protocol_asymmetry import protocol_asymmetry
+from mtl_cog.analysis.protocol_controls import protocol_controls
+from mtl_cog.bundles.bundle import read_bundle
 from mtl_cog.errors import UserError
 from mtl_cog.io import atomic_write_text
-from mtl_cog.reporting.bundle import read_bundle
-from mtl_cog.reporting.bundle_progress import protocol_progress
 from mtl_cog.reporting.bundle_report import TABLE_NAMES, bundle_tables, markdown_of
+from mtl_cog.reporting.curve_figures import curve_charts
 from mtl_cog.reporting.docs_markers import Block, read_blocks, read_page
-from mtl_cog.reporting.leader_curve import curve_charts
 from mtl_cog.reporting.marker_filter import apply_where
 from mtl_cog.reporting.plots import method_colors
-from mtl_cog.reporting.protocol_answers import protocol_claims, protocol_power, protocol_secondary
-from mtl_cog.reporting.protocol_asymmetry import protocol_asymmetry
-from mtl_cog.reporting.protocol_controls import protocol_controls
 from mtl_cog.reporting.svg_charts import line_chart_svg
 
 # A block may name a table its bundle does not have *yet* (one of TABLE_NAMES whose runs have not finished: the

@@ -26,6 +26,7 @@ import pandas as pd
 from mtl_cog.constants import SUMMARY_BINS
 from mtl_cog.evaluation.metrics import lower_is_better
 from mtl_cog.io import atomic_write_text
+from mtl_cog.reporting.curve_figures import curve_charts
 from mtl_cog.reporting.html_assets import SCRIPT, STYLE, SVG_DEFS
 from mtl_cog.reporting.html_tasks import (
     ALL_TASKS,
@@ -39,7 +40,6 @@ from mtl_cog.reporting.html_tasks import (
     task_scores,
     worst_tasks_html,
 )
-from mtl_cog.reporting.leader_curve import curve_charts
 from mtl_cog.reporting.method_titles import method_title
 from mtl_cog.reporting.plots import MethodStyle, method_styles
 from mtl_cog.reporting.svg_charts import Chart, Series, dot_strip_svg, legend_key_svg, line_chart_svg
@@ -59,7 +59,7 @@ class ReportTables:
       [top_ranked] (``mtl_cog.reporting.tables.summary_table``).
     - ``paired``: one row per (dataset, variant, metric): dataset, variant, counterpart, metric,
       mean_difference, ci_low, ci_high, n_seeds, n_tasks, better (``variant`` / ``counterpart`` /
-      ``inconclusive``; ``mtl_cog.reporting.paired.paired_differences``).
+      ``inconclusive``; ``mtl_cog.analysis.paired.paired_differences``).
     - ``per_task``: one row per (dataset, method, task): metric columns (``tables.per_task_table``).
     - ``reliability``: one row per (dataset, method, task, bin): dataset, method, task, bin (0..B-1 of
       B uniform bins on [0, 1]), n_bins, count, mean_confidence, frequency, [mean_truth]; seeds pooled;

@@ -18,26 +18,21 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import rankdata
 
+from mtl_cog.analysis.paired import average_ranks
+from mtl_cog.bundles.run_records import RunRecord, Variant
 from mtl_cog.constants import SUMMARY_BINS
-from mtl_cog.errors import ReportError
 from mtl_cog.evaluation.groups import score_with_groups
 from mtl_cog.evaluation.metrics import (
     BASE_METRICS,
     BINNED_FAMILIES,
     NORMS,
-    lower_is_better,
     metrics_frame,
 )
 from mtl_cog.evaluation.multitask_metrics import DEFAULT_PAIRS
 from mtl_cog.evaluation.predictions import load_predictions
 from mtl_cog.evaluation.truth import labelled_truth_metrics
 from mtl_cog.progress import track
-from mtl_cog.reporting.run_records import RunRecord, Variant
-
-RANK_METRICS = ("accuracy", "nll", "brier")
-
 
 ID_COLUMNS = ["dataset", "method", "seed", "run", "task"]
 
@@ -82,23 +77,6 @@ def score_runs(records: list[RunRecord], bins: list[int]) -> pd.DataFrame:
 
 def metric_columns(scores: pd.DataFrame) -> list[str]:
     return [c for c in scores.columns if c not in ID_COLUMNS]
-
-
-def average_ranks(means: pd.DataFrame, metrics: tuple[str, ...] = RANK_METRICS) -> pd.DataFrame:
-    """Rank the rows (methods) of ``means`` on each metric (1 = best, ties averaged) and average.
-
-    Returns ``rank_<metric>`` columns, ``avg_rank`` and ``top_ranked`` (True for every method
-    sharing the lowest average rank). Accuracy is ranked high-to-low, the others low-to-high.
-    """
-    out = pd.DataFrame(index=means.index)
-    for metric in metrics:
-        values = means[metric].to_numpy(dtype=float)
-        if np.isnan(values).any():
-            raise ReportError(f"cannot rank on {metric}: no value for {', '.join(means.index[np.isnan(values)])}.")
-        out[f"rank_{metric}"] = rankdata(values if lower_is_better(metric) else -values, method="average")
-    out["avg_rank"] = out[[f"rank_{m}" for m in metrics]].mean(axis=1)
-    out["top_ranked"] = np.isclose(out["avg_rank"], out["avg_rank"].min())
-    return out
 
 
 def _mean_std(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:

@@ -7,7 +7,7 @@ tasks of every validation metric), ``val_nll``, ``best`` (this epoch is the best
 ``summary`` and per-task ``tasks`` values), ``val_tasks``, ``val_multitask``, ``val_pairs``. The
 last line of ``metrics.jsonl`` is the run's final line (``final_record``: ``"final": true``, the
 selected network's test means). Every line goes through ``append_line`` (crash-safe append);
-readers (``mtl_cog.reporting.trajectories``, ``mtl_cog.io.read_jsonl``) also read the files of
+readers (``mtl_cog.bundles.trajectories``, ``mtl_cog.io.read_jsonl``) also read the files of
 older runs, whose stage-two lines had only epoch, train_loss, val_nll, best, lr and val.
 
 ``wandb_row`` turns a stage-one line into its W&B history row, the same live and when a resumed run

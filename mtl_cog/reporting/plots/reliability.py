@@ -15,24 +15,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import relplot
 from matplotlib.figure import Figure
-from scipy.special import expit, softmax
+from scipy.special import expit
 
 from mtl_cog.constants import SUMMARY_BINS
-from mtl_cog.evaluation.binning import CLAMP, reliability_bins
+from mtl_cog.evaluation.binning import CLAMP, calibration_inputs, reliability_bins
 from mtl_cog.evaluation.multitask_metrics import count_calibration
 from mtl_cog.evaluation.predictions import Predictions, labelled_only
-
-
-def calibration_inputs(logits: np.ndarray, labels: np.ndarray,
-                       true_probs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """-> (probability, outcome, p* of the same event or None) for one task."""
-    if np.ndim(logits) == 1:
-        return expit(logits.astype(np.float64)), labels.astype(np.float64), true_probs
-    p = softmax(logits.astype(np.float64), axis=1)
-    predicted = p.argmax(1)
-    rows = np.arange(len(p))
-    truth = None if true_probs is None or np.ndim(true_probs) != 2 else true_probs[rows, predicted]
-    return p[rows, predicted], (predicted == labels).astype(np.float64), truth
 
 
 def pool_task(predictions: list[Predictions],

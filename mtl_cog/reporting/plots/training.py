@@ -2,7 +2,7 @@
 
 ``drift_figure`` draws ``scripts/calibration_drift.py``'s lines (ECE next to sharpness and margins
 over epochs); ``calibrator_figure`` the per-task calibrator parameters read back from
-``metrics.jsonl`` (``mtl_cog.reporting.trajectories``).
+``metrics.jsonl`` (``mtl_cog.bundles.trajectories``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def calibrator_figure(trajectories: pd.DataFrame, dataset: str,
                       identity_flags: dict[str, bool] | None = None) -> Figure:
     """Per calibrator parameter (a row): the last epoch's value per task, and the values over epochs.
 
-    ``trajectories``: columns method, seed, epoch, parameter, task, value (mtl_cog.reporting.trajectories).
+    ``trajectories``: columns method, seed, epoch, parameter, task, value (mtl_cog.bundles.trajectories).
     Left: tasks sorted by the value, mean over seeds with their range. Right: median over tasks per
     epoch, the band spanning all tasks. The dashed line is the identity; a method whose calibrator
     never left it is marked "(at identity)" in the legend.
