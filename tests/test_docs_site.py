@@ -24,7 +24,7 @@ SECTIONS = ("tutorials", "guides", "reference", "explanation", "results")  # the
 API_OBJECTS = ("mtl_cog.runs.trained.load_run", "mtl_cog.runs.trained.TrainedRun.predict_proba",
                "mtl_cog.evaluation.posthoc.POSTHOC", "mtl_cog.evaluation.posthoc.PosthocCalibrator",
                "mtl_cog.data.shift.corrupt", "mtl_cog.data.task_api.TaskSpec", "mtl_cog.data.task_api.Task",
-               "mtl_cog.bundles.bundle.read_bundle")
+               "mtl_cog.bundles.bundle.read_bundle", "mtl_cog.cog.Calibrated", "mtl_cog.cog.parameter_groups")
 
 
 def mkdocs_build(config: Path, out: Path) -> subprocess.CompletedProcess:
