@@ -13,11 +13,11 @@
   move after epoch 1;
   ``exercised`` is false where it stayed within 1 % of the identity (then the method was not tested at this
   budget, and the summary, verdicts and claims say so instead of ranking it);
-- ``claims``: the COG paper's qualitative claims (``PAPER_CLAIMS``), each a paired comparison of final runs,
-  marked per metric *supported* / *contradicted* / *inconclusive at this scale* when every draw agrees, **depends
-  on the tuning draw** when they do not, *not tested at this budget* where a learned calibrator stayed at the
-  identity, *incomplete* while a side lacks planned draws or seeds; a draw with one shared seed reads *no interval
-  (one seed)* (``interval_reading``), in the verdicts too;
+- ``claims``: the COG paper's qualitative claims (``paper_claims``: ``configs/hypotheses/cog_paper.yaml``), each a
+  paired comparison of final runs, marked per metric *supported* / *contradicted* / *inconclusive at this scale*
+  when every draw agrees, **depends on the tuning draw** when they do not, *not tested at this budget* where a
+  learned calibrator stayed at the identity, *incomplete* while a side lacks planned draws or seeds; a draw with one
+  shared seed reads *no interval (one seed)* (``interval_reading``), in the verdicts too;
 - both: **does not test COG (schedule)** where the variant's rate schedule annealed before it could learn: every
   final run of the draw held its follower rate at >= 1/10 of the first epoch's for fewer than ``MIN_LIVE_SHARE``
   of its epochs (``curves.csv.gz``'s ``lr``). The paper's own schedule keeps that live phase for about 3,100
@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mtl_cog.analysis.paired import COUNTERPART, INCONCLUSIVE, PAIRED_METRICS, VARIANT, paired_differences
+from mtl_cog.analysis.hypotheses import load_hypotheses
+from mtl_cog.analysis.paired import INCONCLUSIVE, PAIRED_METRICS, paired_differences
 from mtl_cog.bundles.bundle import Bundle, wide_scores
 from mtl_cog.bundles.bundle_rows import CALIBRATOR_SPLIT
 from mtl_cog.bundles.trajectories import live_epoch_count
@@ -269,17 +270,19 @@ def calibrators(bundle: Bundle) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-# The COG paper's qualitative claims that a campaign can check: (claim, variant, counterpart, the side the
-# paper says wins). Its Tab. 22 (multi-task CelebA): "COG-FC and COG+LS consistently improve upon their
-# counterparts, while COG-TS performs worse than Temperature Scaling"; Sec. 5: "Matrix Scaling [...]
-# substantially worsens the performance of the Baseline" (calibrators overfit the calibration set).
-PAPER_CLAIMS = (
-    ("COG-FC improves on the baseline", "cog_fc", "baseline", VARIANT),
-    ("COG+LS improves on label smoothing", "cog_ls", "ls", VARIANT),
-    ("COG-TS is worse than post-hoc TS", "cog_ts", "baseline+ts", COUNTERPART),
-    ("unregularised post-hoc MS worsens the baseline", "baseline+ms", "baseline", COUNTERPART),
-)
-CLAIM_METRICS = ("nll", "ece@15", "accuracy")
+
+
+def paper_claims() -> tuple[tuple[str, str, str, str], ...]:
+    """The claims a campaign's final runs are read against, (claim, variant, counterpart, the side the paper says
+    wins), from the hypotheses file (``analysis/hypotheses.py``, ``configs/hypotheses/cog_paper.yaml``)."""
+    return tuple(c.as_tuple for c in load_hypotheses().claims)
+
+
+def claim_metrics() -> tuple[str, ...]:
+    """The metrics every claim is read on (the hypotheses file's ``metrics``)."""
+    return load_hypotheses().metrics
+
+
 SUPPORTED, CONTRADICTED, NOT_DECIDED = "supported", "contradicted", "inconclusive at this scale"
 NOT_TESTED = "not tested at this budget"
 SCHEDULE_BLIND = "does not test COG (schedule)"
@@ -334,7 +337,7 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
         return pd.DataFrame()
     table = calibrators(bundle) if calibrator_table is None else calibrator_table
     planned = planned_finals(bundle) if planned is None else planned
-    pairs = {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}  # one counterpart per variant
+    pairs = {variant: counterpart for _, variant, counterpart, _ in paper_claims()}  # one counterpart each
     annealed = annealed_early(bundle)
     rows = []
     for data in sorted(scores["data"].unique()):
@@ -342,10 +345,10 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
         readings = {}  # draw -> (variant, metric) -> its paired row: every claim's pair in one pass per draw
         for draw in draws:
             group = scores[(scores["data"] == data) & (scores["draw"] == draw)]
-            pair = paired_differences(group.rename(columns={"data": "dataset"}), pairs, CLAIM_METRICS)
+            pair = paired_differences(group.rename(columns={"data": "dataset"}), pairs, claim_metrics())
             readings[draw] = {(r.variant, r.metric): r for r in pair.itertuples()}
-        for claim, variant, counterpart, expected in PAPER_CLAIMS:
-            for metric in CLAIM_METRICS:
+        for claim, variant, counterpart, expected in paper_claims():
+            for metric in claim_metrics():
                 row = {"data": data, "claim": claim, "pair": f"{variant} − {counterpart}", "metric": metric}
                 sides, gaps = [], []
                 for draw in draws:

@@ -10,7 +10,7 @@ at 0.1 (``reproduce --protocol paper``); the fair protocol tunes every method wi
 - ``<protocol> difference``: the paired difference (variant − counterpart, task mean, mean over seeds) averaged
   over the draws, and ``<protocol> ± (95 %)``: the widest draw's interval half-width, what the protocol could
   have resolved;
-- ``surviving share``: where the paper protocol supports a claimed gain (H1, H2: ``CLAIMED_GAINS``) and the fair
+- ``surviving share``: where the paper protocol supports a claimed gain (H1, H2: ``claimed_gains``) and the fair
   answer is complete (a partial one would mix draws), the fair protocol's difference over the paper protocol's
   (1: all of the gain survives, 0: none, below 0: reversed). A ratio of two noisy means, shown without an
   interval: read it with the two half-widths beside it.
@@ -37,17 +37,18 @@ import pandas as pd
 from scipy import stats
 
 from mtl_cog.analysis.bundle_answers import (
-    CLAIM_METRICS,
-    PAPER_CLAIMS,
     SUPPORTED,
+    claim_metrics,
     claims,
     draw_gap,
     final_scores,
     interval_reading,
+    paper_claims,
     planned_draws,
     planned_finals,
     reversed_predictions,
 )
+from mtl_cog.analysis.hypotheses import load_hypotheses
 from mtl_cog.analysis.paired import CONFIDENCE, VARIANT, paired_differences, seed_t_interval
 from mtl_cog.bundles.bundle import Bundle, wide_scores
 from mtl_cog.errors import UserError
@@ -56,8 +57,11 @@ PAPER, FAIR = "paper", "fair"
 POWER_METRICS = ("nll", "ece@15")  # the primary metrics of the plan
 TS_PAIR = {"baseline+ts": "baseline"}  # the gain a calibration method could at most be expected to show
 LAST = "test@last"  # the last epoch's test split (``eval.score_last_epoch``)
-# the claims of a gain (H1, H2: the variant better), the only ones a surviving share is a share of
-CLAIMED_GAINS = frozenset(claim for claim, _, _, expected in PAPER_CLAIMS if expected == VARIANT)
+
+
+def claimed_gains() -> frozenset[str]:
+    """The claims of a gain (the variant better: H1, H2), the only ones a surviving share is a share of."""
+    return frozenset(claim for claim, _, _, expected in paper_claims() if expected == VARIANT)
 
 
 def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None,
@@ -67,10 +71,10 @@ def claim_differences(bundle: Bundle, pairs: dict[str, str] | None = None,
     scores = final_scores(bundle) if scores is None else scores
     if scores.empty:
         return pd.DataFrame()
-    pairs = pairs or {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}
+    pairs = pairs or claim_pairs()
     frames = []
     for (data, draw), group in scores.groupby(["data", "draw"], sort=True):
-        table = paired_differences(group.rename(columns={"data": "dataset"}), pairs, CLAIM_METRICS)
+        table = paired_differences(group.rename(columns={"data": "dataset"}), pairs, claim_metrics())
         frames.append(table.assign(data=data, draw=draw))
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if table.empty:
@@ -153,7 +157,8 @@ def protocol_claims(bundles: Bundles) -> pd.DataFrame:
     if not answers:
         return pd.DataFrame()
     keys = sorted(set().union(*(a.index for a in answers.values())))
-    variant_of = {claim: variant for claim, variant, _, _ in PAPER_CLAIMS}
+    variant_of = {claim: variant for claim, variant, _, _ in paper_claims()}
+    gains = claimed_gains()
     rows = []
     for data, claim, metric in keys:
         row = {"data": data, "claim": claim, "metric": metric}
@@ -166,18 +171,21 @@ def protocol_claims(bundles: Bundles) -> pd.DataFrame:
             row[f"{protocol} ± (95 %)"] = np.nan if cell is None else float(cell["half_width"])
         if PAPER in bundles and FAIR in bundles:
             paper, fair = row[f"{PAPER} difference"], row[f"{FAIR} difference"]
-            supported = claim in CLAIMED_GAINS and row[PAPER] == SUPPORTED and np.isfinite(paper) and paper != 0
+            supported = claim in gains and row[PAPER] == SUPPORTED and np.isfinite(paper) and paper != 0
             complete = not str(row[FAIR]).startswith("incomplete")
             row["surviving share"] = fair / paper if supported and complete and np.isfinite(fair) else np.nan
         rows.append(row)
-    order = {claim: i for i, (claim, *_) in enumerate(PAPER_CLAIMS)}
+    order = {claim: i for i, (claim, *_) in enumerate(paper_claims())}
     table = pd.DataFrame(rows)
     return table.sort_values(["data", "claim", "metric"], key=lambda c: c.map(order) if c.name == "claim" else c,
                              kind="stable").reset_index(drop=True)
 
 
-GAIN_CLAIMS = tuple((f"H{i}", claim, variant) for i, (claim, variant, _, _) in enumerate(PAPER_CLAIMS, 1)
-                    if variant != "baseline+ms")  # H4 is about MS's harm, not a calibration gain
+def power_claims() -> tuple[tuple[str, str, str], ...]:
+    """(id, claim, variant) of the claims given a power figure (the hypotheses file's ``readings.power``: H1-H3;
+    H4 is about MS's harm, not a calibration gain)."""
+    hypotheses = load_hypotheses()
+    return tuple((c.id, c.claim, c.variant) for c in hypotheses.claims if c.id in hypotheses.power)
 
 
 POWER_SIMULATIONS, POWER_SEED = 20_000, 0  # Monte Carlo error of a probability: at most 0.0035 (one s.e.)
@@ -221,11 +229,11 @@ def protocol_power(bundles: Bundles) -> pd.DataFrame:
             ts_gain = -float(group["mean_difference"].mean())  # > 0: TS lowers the metric
             row = {"protocol": protocol, "data": data, "metric": metric, "ts gain": ts_gain}
             measured = []
-            for label, claim, variant in GAIN_CLAIMS:
+            for label, claim, variant in power_claims():
                 draws = width[(width["data"] == data) & (width["metric"] == metric) & (width["variant"] == variant)]
                 if not draws.empty:  # else not run by this campaign
                     measured.append(claim)
-                sign = -1 if claim in CLAIMED_GAINS else 1  # H1, H2: the variant lower; H3: the variant higher
+                sign = -1 if claim in claimed_gains() else 1  # H1, H2: the variant lower; H3: the variant higher
                 spreads = [(_spread(r), int(r["n_seeds"])) for _, r in draws.iterrows()]
                 row[f"{label} P(supported)"] = supported_probability(ts_gain, spreads, sign)
             pending = answer[(answer["data"] == data) & (answer["metric"] == metric)
@@ -238,13 +246,14 @@ def protocol_power(bundles: Bundles) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _claim_pairs() -> dict[str, str]:
-    return {variant: counterpart for _, variant, counterpart, _ in PAPER_CLAIMS}
+def claim_pairs() -> dict[str, str]:
+    """variant -> counterpart of every claim."""
+    return {variant: counterpart for _, variant, counterpart, _ in paper_claims()}
 
 
 # The plan's secondary readings, reported beside the claims and never decided on: (name, pairs, scores of a bundle)
 SECONDARY = (
-    ("last epoch", _claim_pairs, last_epoch_scores),
+    ("last epoch", claim_pairs, last_epoch_scores),
     ("Guo's TS recipe", lambda: {"cog_ts": "baseline+ts_guo"}, final_scores),
 )
 

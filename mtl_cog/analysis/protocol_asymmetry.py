@@ -38,15 +38,27 @@ import ast
 import numpy as np
 import pandas as pd
 
-from mtl_cog.analysis.bundle_answers import PAPER_CLAIMS, SUPPORTED, claims, planned_finals
-from mtl_cog.analysis.protocol_answers import CLAIMED_GAINS, FAIR, PAPER, Bundles, claim_differences, over_draws
+from mtl_cog.analysis.bundle_answers import SUPPORTED, claims, planned_finals
+from mtl_cog.analysis.hypotheses import load_hypotheses
+from mtl_cog.analysis.protocol_answers import FAIR, PAPER, Bundles, claim_differences, claimed_gains, over_draws
 from mtl_cog.bundles.bundle import FORMAT, Bundle
 from mtl_cog.errors import UserError
 
-SHARED_STUDIES = ("cog_fc", "cog_ts")  # the COG variants whose studies the two protocols share but for the step
 UNTUNED = "baseline"  # the paper protocol's side: its untuned baseline and the post-hoc calibrators fitted on it
-CLAIMS_READ = tuple(c for c in PAPER_CLAIMS if c[1] in SHARED_STUDIES)
 SIZES = ["train_size", "val_size", "test_size"]
+
+
+def asymmetry_claims() -> tuple[tuple[str, str, str, str], ...]:
+    """The claims this reading reads (the hypotheses file's ``readings.asymmetry``: H1, H3)."""
+    hypotheses = load_hypotheses()
+    return hypotheses.by_id(hypotheses.asymmetry)
+
+
+def shared_studies() -> tuple[str, ...]:
+    """The COG variants whose studies the two protocols share but for the step schedule: those claims' variants."""
+    return tuple(variant for _, variant, _, _ in asymmetry_claims())
+
+
 FIRST_STARTS = (0, 1)  # trials every study starts from a space-filling point (``tuning.start_count``: at least 2)
 START_COLUMNS = ["optim.follower_lr", "leader_ratio", "ranges"]
 # reproduce's arguments that do not shape the runs: which protocol, where, which plan, how many at once
@@ -81,11 +93,12 @@ def _design(command) -> list[str] | None:
 def _check_same_study(paper: Bundle, fair: Bundle, data: str) -> None:
     """Refuse the pairing where the bundles show different designs, regimes, seeds or COG studies (see above)."""
     where = f"the asymmetry reading of {data} ({paper.name} against {fair.name})"
+    studies = shared_studies()
     designs = [_design(b.campaign.get("command")) for b in (paper, fair)]
     if None not in designs and designs[0] != designs[1]:
         raise UserError(f"{where}: the two campaigns' commands differ beyond the protocol ({' '.join(designs[0])} "
                         f"against {' '.join(designs[1])}); they are not the same study.")
-    sizes = pd.concat([runs_of(paper, data, "final", (UNTUNED,)), runs_of(fair, data, "final", SHARED_STUDIES)])
+    sizes = pd.concat([runs_of(paper, data, "final", (UNTUNED,)), runs_of(fair, data, "final", studies)])
     sizes = sizes[SIZES].drop_duplicates()
     if len(sizes) > 1:
         raise UserError(f"{where}: the paper's baseline and the fair COG runs have different split sizes "
@@ -93,12 +106,12 @@ def _check_same_study(paper: Bundle, fair: Bundle, data: str) -> None:
     planned = [p[p["data"] == data] for p in (planned_finals(paper), planned_finals(fair))]
     for draw in sorted(set(planned[0]["draw"]) | set(planned[1]["draw"])):
         seeds = [set(p.loc[(p["method"] == m) & (p["draw"] == draw), "seed"])
-                 for p, m in ((planned[0], UNTUNED), *((planned[1], m) for m in SHARED_STUDIES))]
+                 for p, m in ((planned[0], UNTUNED), *((planned[1], m) for m in studies))]
         some = [s for s in seeds if s]
         if any(s != some[0] for s in some):
             raise UserError(f"{where}: draw {draw} plans different final seeds on the two sides "
                             f"({[sorted(s) for s in seeds]}); the runs cannot be paired by seed.")
-    trial_seeds = [runs_of(b, data, "trial", SHARED_STUDIES).groupby(["method", "draw"])["seed"].agg(set)
+    trial_seeds = [runs_of(b, data, "trial", studies).groupby(["method", "draw"])["seed"].agg(set)
                    for b in (paper, fair)]
     for key in trial_seeds[0].index.intersection(trial_seeds[1].index):
         if trial_seeds[0][key] != trial_seeds[1][key]:
@@ -107,7 +120,7 @@ def _check_same_study(paper: Bundle, fair: Bundle, data: str) -> None:
     if paper.trials.empty or fair.trials.empty:
         return
     for study in sorted(set(paper.trials["study"]) & set(fair.trials["study"])):
-        if not any(study == f"{data}-{m}" or study.startswith(f"{data}-{m}-d") for m in SHARED_STUDIES):
+        if not any(study == f"{data}-{m}" or study.startswith(f"{data}-{m}-d") for m in studies):
             continue
         starts = []
         for b in (paper, fair):
@@ -131,8 +144,8 @@ def mixed_bundle(paper: Bundle, fair: Bundle, data: str) -> Bundle:
     """The paper bundle's untuned baseline final runs of ``data`` (with their post-hoc splits) and the fair bundle's
     COG-FC and COG-TS final runs, as one bundle the answer tables read; refused where they are not comparable."""
     _check_same_study(paper, fair, data)
-    return combined_bundle([(paper, (UNTUNED,)), (fair, SHARED_STUDIES)], data,
-                           {variant: counterpart for _, variant, counterpart, _ in CLAIMS_READ},
+    return combined_bundle([(paper, (UNTUNED,)), (fair, shared_studies())], data,
+                           {variant: counterpart for _, variant, counterpart, _ in asymmetry_claims()},
                            f"{paper.name} + {fair.name}")
 
 
@@ -177,9 +190,9 @@ def pair_difference(summed: pd.DataFrame, data: str, variant: str, metric: str) 
 
 
 def rows_against_fair(mixed: Bundle, fair: Bundle, data: str, claims_read) -> list[dict]:
-    """Per claim of ``claims_read`` (as ``PAPER_CLAIMS``) and metric that ``mixed`` (one campaign's variant against
-    another's counterpart, ``combined_bundle``) answers: its answer, difference (mean over draws) and widest
-    half-width, with the fair bundle's own answer and difference beside it."""
+    """Per claim of ``claims_read`` (rows as ``bundle_answers.paper_claims``) and metric that ``mixed`` (one
+    campaign's variant against another's counterpart, ``combined_bundle``) answers: its answer, difference (mean
+    over draws) and widest half-width, with the fair bundle's own answer and difference beside it."""
     answers = claims(mixed)
     if answers.empty:
         return []
@@ -208,8 +221,8 @@ def protocol_asymmetry(bundles: Bundles) -> pd.DataFrame:
     rows = []
     for data in sorted(set(papers) & set(fairs)):
         mixed = mixed_bundle(papers[data], fairs[data], data)
-        for row in rows_against_fair(mixed, fairs[data], data, CLAIMS_READ):
-            shared = (row["claim"] in CLAIMED_GAINS and row["answer"] == SUPPORTED and row["difference"] != 0
+        for row in rows_against_fair(mixed, fairs[data], data, asymmetry_claims()):
+            shared = (row["claim"] in claimed_gains() and row["answer"] == SUPPORTED and row["difference"] != 0
                       and not row["fair"].startswith("incomplete") and np.isfinite(row["fair difference"]))
             rows.append(row | {"surviving share": row["fair difference"] / row["difference"] if shared else np.nan})
     return pd.DataFrame(rows)

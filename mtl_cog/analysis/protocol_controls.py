@@ -17,26 +17,32 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtl_cog.analysis.bundle_answers import PAPER_CLAIMS, planned_finals
+from mtl_cog.analysis.bundle_answers import planned_finals
+from mtl_cog.analysis.hypotheses import load_hypotheses
 from mtl_cog.analysis.protocol_answers import FAIR, Bundles
 from mtl_cog.analysis.protocol_asymmetry import SIZES, by_data, combined_bundle, rows_against_fair, runs_of
 from mtl_cog.bundles.bundle import Bundle
 from mtl_cog.errors import UserError
 
 PINNED = "pinned"
-CONTROLS = {"cog_ls": "ls", "cog_fc": "baseline"}  # variant -> the counterpart its settings were pinned to
-CLAIMS_READ = tuple(c for c in PAPER_CLAIMS if c[1] in CONTROLS)
-PINNED_KEYS = ("optim.follower_lr", "method.label_smoothing")  # the settings a pinned run shares with its counterpart
 
 
-def _settings(bundle: Bundle, data: str, method: str) -> dict[str, set[tuple[str, str]]]:
-    """draw -> the pinned keys' values the (data, method) final runs were given (their specs' overrides)."""
+def controls() -> dict[str, tuple[tuple[str, str, str, str], tuple[str, ...]]]:
+    """variant -> (its claim, the settings it shares with its counterpart's chosen run), from the hypotheses file's
+    ``readings.controls`` (COG+LS: LS's follower rate and smoothing; COG-FC: the baseline's follower rate)."""
+    hypotheses = load_hypotheses()
+    return {c.variant: (c.as_tuple, hypotheses.controls[c.id]) for c in hypotheses.claims
+            if c.id in hypotheses.controls}
+
+
+def _settings(bundle: Bundle, data: str, method: str, keys: tuple[str, ...]) -> dict[str, set[tuple[str, str]]]:
+    """draw -> the pinned ``keys``' values the (data, method) final runs were given (their specs' overrides)."""
     out: dict[str, set[tuple[str, str]]] = {}
     for spec in bundle.campaign.get("specs", {}).values():
         labels = spec.get("labels", {}) if isinstance(spec, dict) else {}
         if labels.get("role") != "final" or labels.get("data") != data or labels.get("method") != method:
             continue
-        values = dict(o.split("=", 1) for o in spec.get("overrides", []) if o.split("=", 1)[0] in PINNED_KEYS)
+        values = dict(o.split("=", 1) for o in spec.get("overrides", []) if o.split("=", 1)[0] in keys)
         out.setdefault(str(labels.get("draw", "")), set()).add(tuple(sorted(values.items())))
     return out
 
@@ -44,19 +50,21 @@ def _settings(bundle: Bundle, data: str, method: str) -> dict[str, set[tuple[str
 def check_pinned(pinned: Bundle, fair: Bundle, data: str) -> None:
     """Refuse a pinning that is not "only the leader differs" (see above)."""
     where = f"the controls of {data} ({pinned.name} against {fair.name})"
-    sizes = pd.concat([runs_of(pinned, data, "final", tuple(CONTROLS)), runs_of(fair, data, "final",
-                                                                                 tuple(CONTROLS.values()))])
+    pairs = controls()
+    counterparts = {variant: claim[2] for variant, (claim, _) in pairs.items()}
+    sizes = pd.concat([runs_of(pinned, data, "final", tuple(counterparts)),
+                       runs_of(fair, data, "final", tuple(counterparts.values()))])
     if len(sizes[SIZES].drop_duplicates()) > 1:
         raise UserError(f"{where}: the runs have different split sizes; they are not the same regime.")
     planned = [p[p["data"] == data] for p in (planned_finals(pinned), planned_finals(fair))]
-    for variant, counterpart in CONTROLS.items():
+    for variant, ((_, _, counterpart, _), keys) in pairs.items():
         for draw in sorted(set(planned[0].loc[planned[0]["method"] == variant, "draw"])):
             seeds = [set(p.loc[(p["method"] == m) & (p["draw"] == draw), "seed"])
                      for p, m in ((planned[0], variant), (planned[1], counterpart))]
             if seeds[1] and seeds[0] != seeds[1]:
                 raise UserError(f"{where}: draw {draw} of {variant} plans seeds {sorted(seeds[0])}, its counterpart "
                                 f"{counterpart} {sorted(seeds[1])}; the runs cannot be paired by seed.")
-        mine, theirs = _settings(pinned, data, variant), _settings(fair, data, counterpart)
+        mine, theirs = _settings(pinned, data, variant, keys), _settings(fair, data, counterpart, keys)
         for draw, values in mine.items():
             if not theirs.get(draw):
                 continue  # the counterpart's draw not planned there: claims() reads it incomplete
@@ -72,12 +80,15 @@ def protocol_controls(bundles: Bundles) -> pd.DataFrame:
     if PINNED not in bundles or FAIR not in bundles:
         raise UserError(f"the controls table pairs two campaigns: name both {PINNED}= and {FAIR}= bundles.")
     pinneds, fairs = by_data(bundles[PINNED]), by_data(bundles[FAIR])
+    pairs = controls()
+    counterparts = {variant: claim[2] for variant, (claim, _) in pairs.items()}
     rows = []
     for data in sorted(set(pinneds) & set(fairs)):
         check_pinned(pinneds[data], fairs[data], data)
-        mixed = combined_bundle([(fairs[data], tuple(CONTROLS.values())), (pinneds[data], tuple(CONTROLS))], data,
-                                CONTROLS, f"{pinneds[data].name} + {fairs[data].name}")
+        mixed = combined_bundle([(fairs[data], tuple(counterparts.values())), (pinneds[data], tuple(counterparts))],
+                                data, counterparts, f"{pinneds[data].name} + {fairs[data].name}")
         planned = set(planned_finals(pinneds[data])["method"])  # the variants it pinned
-        rows += rows_against_fair(mixed, fairs[data], data, [c for c in CLAIMS_READ if c[1] in planned])
+        rows += rows_against_fair(mixed, fairs[data], data,
+                                  [claim for variant, (claim, _) in pairs.items() if variant in planned])
     return pd.DataFrame(rows, columns=["data", "claim", "metric", "answer", "difference", "± (95 %)", "fair",
                                        "fair difference"])
