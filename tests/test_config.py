@@ -74,8 +74,9 @@ def test_missing_config_file():
 def _experiment_configs():
     from pathlib import Path
 
+    # hypotheses/: the claims the answer tables read (analysis/hypotheses.py), not a run's config
     return sorted(p for p in Path(CONFIGS).glob("*/*.yaml")
-                  if p.parent.name not in ("datasets", "methods", "accelerate"))
+                  if p.parent.name not in ("datasets", "methods", "accelerate", "hypotheses"))
 
 
 @pytest.mark.parametrize("path", _experiment_configs(), ids=str)
