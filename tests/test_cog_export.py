@@ -25,7 +25,7 @@ PLAIN_TORCH = """
 import sys, torch
 program = torch.export.load(sys.argv[1]).module()
 with torch.no_grad():
-    out = [program(batch) for batch in torch.load(sys.argv[2])]
+    out = [program(batch) for batch in torch.load(sys.argv[2], weights_only=True)]
 torch.save(out, sys.argv[3])
 assert not [m for m in sys.modules if m.split(".")[0] in ("mtl_cog", "timm")], "the file needed mtl_cog or timm"
 """
@@ -37,7 +37,7 @@ def plain_torch(path, batches, tmp_path):
     done = subprocess.run([sys.executable, "-c", PLAIN_TORCH, str(path), str(tmp_path / "inputs.pt"),
                            str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(tmp_path / "out.pt")
+    return torch.load(tmp_path / "out.pt", weights_only=True)
 
 
 def test_an_exported_run_gives_predict_proba_on_the_test_split(tmp_path):

@@ -85,12 +85,18 @@ def _sweep_scores(bundle: Bundle, planned: pd.DataFrame, labels: dict[str, str])
     return scores.assign(setting=scores["run"].map(setting_of).map(labels))
 
 
-def sweep_settings(bundle: Bundle) -> pd.DataFrame:
+def _planned_scores(bundle: Bundle) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+    """(the planned sweep runs, their setting labels, the finished runs' test scores by setting); empty frames
+    where the bundle plans no sweep."""
     planned = _planned(bundle)
     if planned.empty:
-        return pd.DataFrame()
+        return planned, {}, pd.DataFrame()
     labels = setting_labels(planned)
-    scores = _sweep_scores(bundle, planned, labels)
+    return planned, labels, _sweep_scores(bundle, planned, labels)
+
+
+def sweep_settings(bundle: Bundle) -> pd.DataFrame:
+    planned, labels, scores = _planned_scores(bundle)
     if scores.empty:
         return pd.DataFrame()
     means = scores[scores["task"] == "mean"]
@@ -114,11 +120,9 @@ def sweep_settings(bundle: Bundle) -> pd.DataFrame:
 
 def sweep_paired(bundle: Bundle) -> pd.DataFrame:
     """Each setting minus the grid's first, per metric, paired by seed, with an equivalence reading."""
-    planned = _planned(bundle)
-    if planned.empty:
+    planned, labels, scores = _planned_scores(bundle)
+    if scores.empty:
         return pd.DataFrame()
-    labels = setting_labels(planned)
-    scores = _sweep_scores(bundle, planned, labels)
     order = list(dict.fromkeys(planned["setting"].map(labels)))
     if scores.empty or scores.groupby("setting")["seed"].nunique().max() < 2 or len(order) < 2:
         return pd.DataFrame()
