@@ -350,6 +350,25 @@ def export(model: nn.Module, path: str | Path, example_inputs: torch.Tensor | tu
             program = torch.export.export(model, inputs, dynamic_shapes=dims)
     finally:
         model.train(was_training)
+    _check_any_batch_size(program)
     path = Path(path)
     torch.export.save(program, path)
     return path
+
+
+def _check_any_batch_size(program: torch.export.ExportedProgram) -> None:
+    """Refuse a program whose inputs kept the example's batch size: it would fail on any other batch, where the user
+    runs it, with only ``Guard failed: args_0.size()[0] == 2`` to go on (seen once under pytest-xdist)."""
+    values = {node.name: node.meta.get("val") for node in program.graph.nodes if node.op == "placeholder"}
+    for name in program.graph_signature.user_inputs:
+        value = values.get(name)
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        batch = value.shape[0]
+        if isinstance(batch, torch.SymInt):
+            bounds = program.range_constraints.get(batch.node.expr)
+            if bounds is None or bounds.lower != bounds.upper:
+                continue  # a free batch size
+            batch = bounds.lower
+        raise CogError(f"torch.export fixed the batch size of input {name!r} to {batch}: the file would run on "
+                       f"batches of that size only; export in a fresh process, or file an issue")

@@ -6,6 +6,32 @@ import pytest
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+# Under pytest-xdist (CI: ``-n 2`` on 2 cores) each worker and every process a test starts gets one torch thread:
+# two workers of two threads each would share 2 cores four ways.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
+# Modules whose tests launch several processes that meet on one port (``accelerate launch``'s default 29500, a
+# torch.distributed store): under ``--dist loadgroup`` they all run on one worker, one launch at a time.
+ONE_PORT = {"test_runs_per_device", "test_robustness", "test_multi_machine", "test_launch_arguments",
+            "test_aggregators", "test_launcher", "test_resume", "test_launch_failures", "test_failure_paths"}
+
+# The longest tests start first, so that no worker is left with one of them at the end (the README's tour alone
+# takes ~4 minutes on 2 cores): the order of everything else is pytest's.
+LONGEST_FIRST = ("test_readme_tour.py::test_the_readme_tour_runs_as_written",
+                 "test_gpu_check_cpu.py::test_gpu_check_tiny_runs_every_case_on_the_cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in ONE_PORT:
+            item.add_marker(pytest.mark.xdist_group("one_port"))
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("/", 1)[-1], len(rank)))  # stable: the rest keep order
+
 
 @pytest.fixture
 def tiny_overrides(tmp_path):

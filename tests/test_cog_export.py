@@ -17,6 +17,7 @@ import torch
 from mtl_cog import cog, load_run
 from mtl_cog.cli import train
 from mtl_cog.data.loading import load_task
+from mtl_cog.errors import CogError
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -71,3 +72,11 @@ def test_a_wrapped_user_model_exports_with_its_calibrator(tmp_path):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     uncalibrated = model.model(images).detach()
     assert not torch.allclose(got, uncalibrated, atol=1e-3)  # the temperature is in the file
+
+
+def test_a_program_fixed_to_the_examples_batch_size_is_refused_before_it_is_written():
+    model = cog.Calibrated(timm.create_model("test_resnet", num_classes=3), "ts", tasks=3).eval()
+    with torch.no_grad():
+        fixed = torch.export.export(model, (torch.randn(2, 3, 32, 32),))  # no dynamic batch: the failure mode
+    with pytest.raises(CogError, match="fixed the batch size of input 'args_0' to 2"):
+        cog._check_any_batch_size(fixed)
