@@ -116,7 +116,6 @@ def in_process(capsys):
     script's path under ``scripts/`` whose ``main`` returns its exit code. Each command keeps one real launch in its
     tests (start-up, imports, the entry point); its other cases run here, saving ~3 s of start-up each."""
     import importlib.util
-    import sys
     from pathlib import Path
 
     from mtl_cog.errors import run_cli
