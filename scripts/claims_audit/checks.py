@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from claims_audit.bundle import Bundle, claim, gate, ts_gain
+from claims_audit.bundle import Bundle, claim, gate, planned_draws, ts_gain
 from claims_audit.curve import audit_curve, audit_curve_paired
 from claims_audit.page import CELL, SECONDARY_SEGMENT, Audit, kept, keys, protocol_bundles, split_top, tables
 from claims_audit.rule import (
@@ -111,7 +111,8 @@ def _against_fair(audit: Audit, label: str, row: dict, mixed: tuple, fair: Bundl
 
 def audit_per_draw(audit: Audit, where: str, bundle: Bundle, rows: list[dict], header: list[str], head: str) -> None:
     """A bundle's claims per draw (``CELL``) and their answer."""
-    known = {"data", "claim", "pair", "metric", "answer", *(f"draw {d}" for d in DRAWS)}
+    # one column per draw the bundle planned final runs in (a campaign of one draw, ``--only-draw``, has one)
+    known = {"data", "claim", "pair", "metric", "answer", *(f"draw {d}" for d in planned_draws(bundle))}
     audit.columns(where, header, known, known)
     audit.coverage(where, keys(rows, CLAIM_KEY), kept(head, CLAIM_KEY, [
         (d, c, m) for d in bundle.data if len(bundle.finals) for c in CLAIMS for m in ALL_METRICS]))
