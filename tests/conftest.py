@@ -110,31 +110,21 @@ def launch_two_processes():
 
 @pytest.fixture
 def in_process(capsys):
-    """Run a command's ``main(argv)`` in this process as its launch runs it -> ``CompletedProcess`` (exit code, stdout,
-    stderr). ``main`` is an ``mtl_cog.cli`` module's (through ``errors.run_cli``, as its console script: a
-    ``UserError`` is one ``error:`` line and exit 2, anything else escapes as the traceback a launch would print) or a
-    script's path under ``scripts/`` whose ``main`` returns its exit code. Each command keeps one real launch in its
+    """Run an ``mtl_cog.cli`` module's ``main(argv)`` in this process as its console script runs it (through
+    ``errors.run_cli``: a ``UserError`` is one ``error:`` line and exit 2, anything else escapes as the traceback a
+    launch would print) -> ``CompletedProcess`` (exit code, stdout, stderr). Each command keeps one real launch in its
     tests (start-up, imports, the entry point); its other cases run here, saving ~3 s of start-up each."""
-    import importlib.util
-    from pathlib import Path
-
     from mtl_cog.errors import run_cli
 
     def run(command, *argv) -> subprocess.CompletedProcess:
         argv = [str(a) for a in argv]
         capsys.readouterr()
         try:
-            if isinstance(command, Path):  # a script: loaded from its file, as ``python scripts/x.py`` runs it
-                spec = importlib.util.spec_from_file_location(f"script_{command.stem}", command)
-                script = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(script)
-                code = script.main(argv)
-            else:
-                run_cli(lambda: command.main(argv))
-                code = 0
+            run_cli(lambda: command.main(argv))
+            code = 0
         except SystemExit as stop:  # run_cli's exit 2, argparse's usage errors
             code = stop.code if isinstance(stop.code, int) else 1
         out, err = capsys.readouterr()
-        return subprocess.CompletedProcess([str(command), *argv], code, out, err)
+        return subprocess.CompletedProcess([command.__name__, *argv], code, out, err)
 
     return run
