@@ -46,3 +46,23 @@ def test_what_cannot_be_pinned_is_refused(tmp_path, where, counterparts, scale, 
     folder = Path(__file__).parents[1] / where if not where.startswith("/") else Path(where)
     with pytest.raises(UserError, match=message):
         pinning.pinned_studies({("fashion_mnist", "cog_ls", "1"): _spec("cog_ls")}, folder, counterparts, scale)
+
+
+def test_a_pinned_campaign_resumes_from_its_bundle(tmp_path, in_process, monkeypatch):
+    """A pinned study's trials start from its leader's start points alone: the start-point check must see the pinned
+    study (it once saw the unpinned one, read the pinned follower rate as NaN and refused every resume)."""
+    import shutil
+
+    from mtl_cog.cli import reproduce
+
+    root = Path(__file__).parents[1]
+    monkeypatch.chdir(root)  # a plan is named relative to the repository root
+    shutil.copytree(root / "results" / "overconfident_pinned_fashion_mosaic" / "bundle", tmp_path / "bundle")
+    done = in_process(reproduce, "--protocol", "fair", "--scale", "overconfident", "--data", "fashion_mosaic",
+                      "--method", "cog_ls", "cog_fc", "--budget", "8", "--epoch-budget", "160", "--prune",
+                      "--draws", "2", "--pin-to", root / "results" / "overconfident_fair_fashion_mosaic",
+                      "--seeds", "0", "1", "2", "3", "4", "--jobs", "1", "--tune-workers", "1", "--threads", "1",
+                      "--plan", "docs/results/overconfident-plan-amendment-1.md",
+                      "--out", tmp_path, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "optim.follower_lr pinned at 0.0082" in done.stdout and "error" not in done.stderr

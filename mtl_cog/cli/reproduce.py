@@ -330,10 +330,10 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
     if args.legacy_tuning and (recorded is None or recorded.trials.empty):
         raise UserError(f"--legacy-tuning only resumes a campaign tuned under the retired rules, whose bundle is in "
                         f"--out; {bundle_dir(args.out)} records no tuning. Leave --legacy-tuning out for a new one.")
+    if args.pin_to is not None:  # before the start-point check: a pinned study starts from its leader's points
+        studies = pinning.pinned_studies(studies, args.pin_to, counterparts(args), args.scale)
     study_rules.check_start_rule(studies, recorded, args.budget)  # dry runs too
     studies = study_rules.recorded_rules(studies, recorded, command_rule(args), args.epoch_budget is not None)
-    if args.pin_to is not None:
-        studies = pinning.pinned_studies(studies, args.pin_to, counterparts(args), args.scale)
     plan = preregistration.campaign_plan(args.plan, recorded, campaign.code_commit())
     if plan is not None:
         preregistration.check_plan(recorded, plan)
