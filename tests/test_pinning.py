@@ -48,21 +48,45 @@ def test_what_cannot_be_pinned_is_refused(tmp_path, where, counterparts, scale, 
         pinning.pinned_studies({("fashion_mnist", "cog_ls", "1"): _spec("cog_ls")}, folder, counterparts, scale)
 
 
-def test_a_pinned_campaign_resumes_from_its_bundle(tmp_path, in_process, monkeypatch):
-    """A pinned study's trials start from its leader's start points alone: the start-point check must see the pinned
-    study (it once saw the unpinned one, read the pinned follower rate as NaN and refused every resume)."""
+ROOT = Path(__file__).parents[1]
+MOSAIC_FAIR = ROOT / "results" / "overconfident_fair_fashion_mosaic"
+
+
+def _dry_run(in_process, out, bundle, pin_to, *plan):
+    """The mosaic's arm C command (the page's), dry, against a copy of ``bundle`` in ``out``."""
     import shutil
 
     from mtl_cog.cli import reproduce
 
-    root = Path(__file__).parents[1]
-    monkeypatch.chdir(root)  # a plan is named relative to the repository root
-    shutil.copytree(root / "results" / "overconfident_pinned_fashion_mosaic" / "bundle", tmp_path / "bundle")
-    done = in_process(reproduce, "--protocol", "fair", "--scale", "overconfident", "--data", "fashion_mosaic",
-                      "--method", "cog_ls", "cog_fc", "--budget", "8", "--epoch-budget", "160", "--prune",
-                      "--draws", "2", "--pin-to", root / "results" / "overconfident_fair_fashion_mosaic",
-                      "--seeds", "0", "1", "2", "3", "4", "--jobs", "1", "--tune-workers", "1", "--threads", "1",
-                      "--plan", "docs/results/overconfident-plan-amendment-1.md",
-                      "--out", tmp_path, "--dry-run")
+    shutil.copytree(bundle, out / "bundle")
+    return in_process(reproduce, "--protocol", "fair", "--scale", "overconfident", "--data", "fashion_mosaic",
+                      "--method", "cog_ls", "cog_fc", "--budget", "8", "--prune", "--draws", "2",
+                      *(["--pin-to", pin_to] if pin_to else []), "--seeds", "0", "1", "2", "3", "4", "--jobs", "1",
+                      "--tune-workers", "1", "--threads", "1", *plan, "--out", out, "--dry-run")
+
+
+AMENDMENT = ("--epoch-budget", "160", "--plan", "docs/results/overconfident-plan-amendment-1.md")
+
+
+def test_a_pinned_campaign_resumes_from_its_bundle(tmp_path, in_process, monkeypatch):
+    """A pinned study's trials start from its leader's start points alone: the start-point check must see the pinned
+    study (it once saw the unpinned one, read the pinned follower rate as NaN and refused every resume)."""
+    monkeypatch.chdir(ROOT)  # a plan is named relative to the repository root
+    done = _dry_run(in_process, tmp_path, ROOT / "results" / "overconfident_pinned_fashion_mosaic" / "bundle",
+                    MOSAIC_FAIR, *AMENDMENT)
     assert done.returncode == 0, done.stderr
     assert "optim.follower_lr pinned at 0.0082" in done.stdout and "error" not in done.stderr
+
+
+@pytest.mark.parametrize("bundle, pin_to, plan, started", [
+    ("overconfident_pinned_fashion_mosaic", None, AMENDMENT, "--pin-to results/overconfident_fair_fashion_mosaic"),
+    ("overconfident_fair_fashion_mosaic", MOSAIC_FAIR, ("--plan", "docs/results/overconfident-plan.md"), "no --pin-to"),
+])
+def test_a_campaign_resumed_with_another_pinning_is_refused(tmp_path, in_process, monkeypatch, bundle, pin_to, plan,
+                                                             started):
+    """A pinned campaign resumed without --pin-to (or a tuned one with it) would rank trials of two searches in one
+    study: refused before anything runs, naming both searches and the pinning the campaign was started with."""
+    monkeypatch.chdir(ROOT)
+    done = _dry_run(in_process, tmp_path, ROOT / "results" / bundle / "bundle", pin_to, *plan)
+    assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr
+    assert "study fashion_mosaic-cog_fc searched" in done.stderr and f"started with {started}" in done.stderr

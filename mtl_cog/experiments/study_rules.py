@@ -1,7 +1,8 @@
 """The rules a campaign's tuning studies keep across draws and re-tunings (``reproduce``, fair and paper protocols).
 
-- ``check_start_rule``: a bundle's recorded studies must start from the points this command's rule draws (shifted
-  per draw, or unshifted under ``--legacy-tuning``), refused before anything runs, dry runs included;
+- ``check_start_rule``: a bundle's recorded studies must search the knobs this command's studies search (pinned or
+  not) and start from the points its rule draws (shifted per draw, or unshifted under ``--legacy-tuning``), refused
+  before anything runs, dry runs included;
 - ``recorded_rules``: a study resumes under the tuning rule its bundle records (``tuning_rule``); methods compared
   in one data set and draw are tuned under one rule;
 - ``widen``: after a choice sat at a range edge, new studies over the widened range (``--widen``: every method of
@@ -16,6 +17,7 @@ import math
 import pandas as pd
 
 from mtl_cog.bundles import bundle as bundles
+from mtl_cog.config import search_ranges
 from mtl_cog.config.schema import MAX_SEED, check_seed
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import fair_tuning, protocol, tuning
@@ -32,6 +34,7 @@ def check_start_rule(studies: Studies, recorded: bundles.Bundle | None, budget: 
         return
     for spec in studies.values():
         rows = recorded.trials[recorded.trials["study"] == spec.name].sort_values("trial")
+        check_same_knobs(spec, rows, recorded)
         starts = protocol.start_points(list(spec.knobs), tuning.start_count(budget), spec.sampler_seed, spec.rotation)
         for row, point in zip(rows.to_dict("records"), starts):
             held = {key: pd.to_numeric(row.get(key), errors="coerce") for key in point}
@@ -41,6 +44,24 @@ def check_start_rule(studies: Studies, recorded: bundles.Bundle | None, budget: 
                                 f"{ {k: float(v) for k, v in held.items()} }, not at {point}, where this command's "
                                 f"rule ({rule}) starts: it was tuned under another rule. A campaign tuned before "
                                 "2026-12-04 resumes with --legacy-tuning; otherwise use a new --out.")
+
+
+def check_same_knobs(spec: tuning.StudySpec, rows: pd.DataFrame, recorded: bundles.Bundle) -> None:
+    """Refuse a recorded study that searched other knobs than this command's study of that name (a pinned study,
+    ``--pin-to``, resumed without it, or the other way round): its start points could not be compared, and its
+    trials would be ranked with a search over other settings."""
+    held = rows["ranges"].dropna() if "ranges" in rows else pd.Series(dtype=object)
+    if held.empty:  # bundles written before the search space was recorded
+        return
+    mine = search_ranges.ranges_text(list(spec.knobs))
+    if str(held.iloc[0]) != mine:
+        pinned = ", ".join(f"{k}={v:g}" for k, v in spec.pinned) or "none"
+        command = list(recorded.campaign.get("command") or [])
+        started = (f"--pin-to {command[command.index('--pin-to') + 1]}" if "--pin-to" in command[:-1]
+                   else "no --pin-to")
+        raise UserError(f"the results bundle's study {spec.name} searched {held.iloc[0]}; this command's study of "
+                        f"that name searches {mine} (pinned: {pinned}). The campaign was started with {started} "
+                        "(`command` in the bundle's campaign.json): resume it with that command, or use a new --out.")
 
 
 def recorded_rules(studies: Studies, recorded: bundles.Bundle | None, rule: TuningRule,
