@@ -85,8 +85,8 @@ def test_a_pinned_campaign_resumes_from_its_bundle(tmp_path, in_process, monkeyp
 def test_a_campaign_resumed_with_another_pinning_is_refused(tmp_path, in_process, monkeypatch, bundle, pin_to, plan,
                                                              started):
     """A pinned campaign resumed without --pin-to (or a tuned one with it) would rank trials of two searches in one
-    study: refused before anything runs, naming both searches and the pinning the campaign was started with."""
+    study: refused before anything runs, naming both searches and the pinning of the campaign's last command."""
     monkeypatch.chdir(ROOT)
     done = _dry_run(in_process, tmp_path, ROOT / "results" / bundle / "bundle", pin_to, *plan)
     assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr
-    assert "study fashion_mosaic-cog_fc searched" in done.stderr and f"started with {started}" in done.stderr
+    assert "study fashion_mosaic-cog_fc searched" in done.stderr and f"last command, with {started}" in done.stderr

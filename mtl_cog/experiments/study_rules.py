@@ -60,8 +60,8 @@ def check_same_knobs(spec: tuning.StudySpec, rows: pd.DataFrame, recorded: bundl
         started = (f"--pin-to {command[command.index('--pin-to') + 1]}" if "--pin-to" in command[:-1]
                    else "no --pin-to")
         raise UserError(f"the results bundle's study {spec.name} searched {held.iloc[0]}; this command's study of "
-                        f"that name searches {mine} (pinned: {pinned}). The campaign was started with {started} "
-                        "(`command` in the bundle's campaign.json): resume it with that command, or use a new --out.")
+                        f"that name searches {mine} (pinned: {pinned}). The bundle's campaign.json records its last "
+                        f"command, with {started}: resume it with that pinning, or use a new --out.")
 
 
 def recorded_rules(studies: Studies, recorded: bundles.Bundle | None, rule: TuningRule,
