@@ -198,7 +198,7 @@ def test_a_campaign_resumes_from_its_bundle_alone_and_refuses_another_spec(tmp_p
     shutil.copytree(out / "bundle", fresh / "bundle")
     again = run_sweep(sweep_argv(fresh))
     assert again.returncode == 0, again.stderr
-    assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in again.stdout
+    assert "2 planned (2 in the bundle, 0 finished outside it, 0 to resume, 0 to train)" in again.stdout
     assert not (fresh / "run_00").exists() and (fresh / "sweep.csv").read_text() == table
     changed = run_sweep(sweep_argv(fresh, "train.epochs=3"))
     assert changed.returncode == 2 and changed.stderr.count("\n") == 1
@@ -256,7 +256,7 @@ def test_a_fair_protocol_resumes_its_tuning_from_the_bundle_on_a_fresh_clone(tmp
     reproduce.main([*argv, "--out", "fresh"])
     out = capsys.readouterr().out
     assert "1 already complete, 0 worker(s) to run" in out
-    assert "final runs: 1 planned (1 in the bundle, 0 finished, 0 to resume, 0 to train)" in out
+    assert "final runs: 1 planned (1 in the bundle, 0 finished outside it, 0 to resume, 0 to train)" in out
     again = pd.read_csv(tmp_path / "fresh" / "report" / "chosen_settings.csv")
     assert again["settings"].tolist() == chosen["settings"].tolist()
     assert not list((tmp_path / "fresh").glob("tuning/*/trial_*"))  # nothing trained

@@ -97,7 +97,7 @@ def test_a_failed_run_means_no_best_setting_and_exit_2(tmp_path, capsys):
     table = pd.read_csv(out / "sweep.csv")
     assert table["status"][0] == "ok" and table["status"][1].startswith("failed (exit 2")
     assert table["chosen"].isna().all()
-    assert "2 planned (0 in the bundle, 1 finished, 0 to resume, 1 to train)" in capsys.readouterr().out
+    assert "2 planned (0 in the bundle, 1 finished outside it, 0 to resume, 1 to train)" in capsys.readouterr().out
     assert "no_such_backbone" in (out / "run_01.log").read_text()
 
 
@@ -135,7 +135,8 @@ def test_sweep_dry_run_lists_runs_and_time_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "sweep"
     sweep.main([*sweep_args(out, "optim.follower_lr=1e-3,2e-3,4e-3"), "--dry-run"])
     text = capsys.readouterr().out
-    assert text.count(" new ") == 3 and "3 planned (0 in the bundle, 0 finished, 0 to resume, 3 to train)" in text
+    assert text.count(" new ") == 3
+    assert "3 planned (0 in the bundle, 0 finished outside it, 0 to resume, 3 to train)" in text
     assert "estimated: " in text and "core-hours" in text
     assert not out.exists()
 
@@ -174,7 +175,7 @@ def test_submitit_sweep_from_the_users_folder_then_interrupted_and_resumed(tiny_
     finished = subprocess.run([sys.executable, "-m", "mtl_cog.cli.sweep", "--resume", "sweeps/b"], env=env,
                               cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    assert "(0 in the bundle, 0 finished, 1 to resume, 0 to train)" in finished.stdout
+    assert "(0 in the bundle, 0 finished outside it, 1 to resume, 0 to train)" in finished.stdout
     assert "resumed at epoch" in (tmp_path / "sweeps" / "b" / "run_00.log").read_text()
     assert (tmp_path / "sweeps" / "b" / "best_config.yaml").is_file()
 

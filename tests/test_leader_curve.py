@@ -149,7 +149,8 @@ def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys):
     leader_curve.main(["--config", str(REPO / "configs" / "digits" / "cog_ls.yaml"), "--ratios", "0.01", "1",
                        "--seeds", "0", "1", "--dry-run", "--out", str(out)])
     text = capsys.readouterr().out
-    assert "plus baseline, ls" in text and "8 planned (0 in the bundle, 0 finished, 0 to resume, 8 to train)" in text
+    assert "plus baseline, ls" in text
+    assert "8 planned (0 in the bundle, 0 finished outside it, 0 to resume, 8 to train)" in text
     assert not out.exists()
 
 
@@ -175,7 +176,7 @@ def test_cog_fc_at_ratio_one_is_the_baseline_exactly(tmp_path, monkeypatch, caps
     assert (tmp_path / "curve" / "curve.png").is_file()
     capsys.readouterr()
     leader_curve.main(argv)  # again: every run reused
-    assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out
+    assert "2 planned (2 in the bundle, 0 finished outside it, 0 to resume, 0 to train)" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -190,12 +191,12 @@ def test_the_curve_through_the_slurm_launcher(tmp_path, monkeypatch, capsys, sub
             "data.synthetic.train_size=100", "data.synthetic.val_size=50", "data.synthetic.test_size=50",
             "model.backbone=cog_cnn_tiny", "data.image_size=16"]
     leader_curve.main(argv, executor=submitit_local)
-    assert "2 planned (0 in the bundle, 0 finished, 0 to resume, 2 to train)" in capsys.readouterr().out
+    assert "2 planned (0 in the bundle, 0 finished outside it, 0 to resume, 2 to train)" in capsys.readouterr().out
     curve_csv = pd.read_csv(tmp_path / "curve" / "curve.csv")
     assert set(curve_csv["arm"]) >= {"cog_ts", "baseline", "baseline+ts"}
     assert np.isfinite(curve_csv["mean"]).all()
     leader_curve.main(argv, executor=submitit_local)
-    assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out
+    assert "2 planned (2 in the bundle, 0 finished outside it, 0 to resume, 0 to train)" in capsys.readouterr().out
 
 
 def test_without_the_reference_there_is_no_paired_row():
@@ -223,11 +224,11 @@ def test_a_curve_after_the_protocol_records_its_reference_runs_instead_of_traini
     leader_curve.main([*argv, "--dry-run"])
     dry = capsys.readouterr().out
     assert "1 reference run(s) are the protocol's final runs" in dry and "would be recorded" in dry
-    assert "2 planned (1 in the bundle, 0 finished, 0 to resume, 1 to train)" in dry  # one left to train
+    assert "2 planned (1 in the bundle, 0 finished outside it, 0 to resume, 1 to train)" in dry  # one left to train
     leader_curve.main(argv)
     out = capsys.readouterr().out
     assert "are recorded from its bundle, not trained again (digits-baseline-seed0)" in out
-    assert "2 planned (1 in the bundle, 0 finished, 0 to resume, 1 to train)" in out
+    assert "2 planned (1 in the bundle, 0 finished outside it, 0 to resume, 1 to train)" in out
     assert not (tmp_path / "curve" / "runs" / "baseline-seed0").exists()
     curve_bundle = bundles.read_bundle(tmp_path / "curve" / "bundle")
     proto_bundle = bundles.read_bundle(tmp_path / "proto" / "bundle")
@@ -248,7 +249,7 @@ def test_a_curve_after_the_protocol_records_its_reference_runs_instead_of_traini
     scope = bundle_tables(curve_bundle)["scope"].iloc[0]
     assert (scope["done"], scope["reused"]) == (2, 1)
     leader_curve.main(argv)  # again: nothing to train, nothing recorded twice
-    assert "2 planned (2 in the bundle, 0 finished, 0 to resume, 0 to train)" in capsys.readouterr().out
+    assert "2 planned (2 in the bundle, 0 finished outside it, 0 to resume, 0 to train)" in capsys.readouterr().out
     assert len(bundles.read_bundle(tmp_path / "curve" / "bundle").runs) == 2
 
 

@@ -332,7 +332,8 @@ def test_a_fair_dry_run_counts_a_started_final_run_it_cannot_compare_yet(capsys,
     (tmp_path / "out/runs/digits-baseline-seed0/config.yaml").write_text("optim: {follower_lr: 0.000825938}\n")
     reproduce.main(["--protocol", "fair", "--dry-run", "--budget", "3", "--method", "baseline", "--data", "digits",
                     "--seeds", "0", "1", "--out", "out"])
-    assert "final runs: 2 planned (0 in the bundle, 0 finished, 1 to resume, 1 to train)" in capsys.readouterr().out
+    assert ("final runs: 2 planned (0 in the bundle, 0 finished outside it, 1 to resume, 1 to train)"
+            in capsys.readouterr().out)
 
 
 def test_the_old_option_spellings_work_with_one_deprecation_line(capsys, tmp_path, monkeypatch):
@@ -437,7 +438,7 @@ def test_fair_protocol_end_to_end_tunes_chooses_pairs_and_reuses(tmp_path, monke
     reproduce.main(argv)  # nothing left to train: every run is reused
     out = capsys.readouterr().out
     assert "2 already complete, 0 worker(s) to run" in out
-    assert "final runs: 4 planned (4 in the bundle, 0 finished, 0 to resume, 0 to train)" in out
+    assert "final runs: 4 planned (4 in the bundle, 0 finished outside it, 0 to resume, 0 to train)" in out
 
 
 def test_only_list_is_marked_as_fitting_on_validation():

@@ -247,7 +247,7 @@ def folder_state(run_dir: Path) -> str:
 
 def print_counts(planned: list[Planned], what: str) -> None:
     counts = {s: sum(p.state == s for p in planned) for s in (BUNDLED, DONE, UNFINISHED, NEW)}
-    print(f"{what}: {len(planned)} planned ({counts[BUNDLED]} in the bundle, {counts[DONE]} finished, "
+    print(f"{what}: {len(planned)} planned ({counts[BUNDLED]} in the bundle, {counts[DONE]} finished outside it, "
           f"{counts[UNFINISHED]} to resume, {counts[NEW]} to train)", flush=True)
 
 
