@@ -1,11 +1,14 @@
 """The pinned controls (mtl_cog/experiments/pinning.py): a COG variant's shared knobs fixed at its counterpart's
 choice in the same draw of a committed fair campaign, only the leader tuned."""
 
+import dataclasses
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from test_tuning import KNOBS
 
+from mtl_cog.config import search_ranges
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import pinning, protocol, tuning
 
@@ -78,15 +81,54 @@ def test_a_pinned_campaign_resumes_from_its_bundle(tmp_path, in_process, monkeyp
     assert "optim.follower_lr pinned at 0.0082" in done.stdout and "error" not in done.stderr
 
 
-@pytest.mark.parametrize("bundle, pin_to, plan, started", [
-    ("overconfident_pinned_fashion_mosaic", None, AMENDMENT, "--pin-to results/overconfident_fair_fashion_mosaic"),
-    ("overconfident_fair_fashion_mosaic", MOSAIC_FAIR, ("--plan", "docs/results/overconfident-plan.md"), "no --pin-to"),
+@pytest.mark.parametrize("bundle, pin_to, plan, why", [
+    ("overconfident_pinned_fashion_mosaic", None, AMENDMENT,
+     "the recorded study held optim.follower_lr fixed (pinned), which this command searches"),
+    ("overconfident_fair_fashion_mosaic", MOSAIC_FAIR, ("--plan", "docs/results/overconfident-plan.md"),
+     "this command pins optim.follower_lr, which the recorded study searched"),
 ])
 def test_a_campaign_resumed_with_another_pinning_is_refused(tmp_path, in_process, monkeypatch, bundle, pin_to, plan,
-                                                             started):
+                                                             why):
     """A pinned campaign resumed without --pin-to (or a tuned one with it) would rank trials of two searches in one
-    study: refused before anything runs, naming both searches and the pinning of the campaign's last command."""
+    study: refused before anything runs (a dry run too), naming both searches and what differs."""
     monkeypatch.chdir(ROOT)
     done = _dry_run(in_process, tmp_path, ROOT / "results" / bundle / "bundle", pin_to, *plan)
     assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr
-    assert "study fashion_mosaic-cog_fc searched" in done.stderr and f"last command, with {started}" in done.stderr
+    assert "study fashion_mosaic-cog_fc searched" in done.stderr and why in done.stderr
+
+
+def _rows(ranges, overrides):
+    return pd.DataFrame({"trial": range(len(overrides)), "ranges": ranges, "overrides": overrides})
+
+
+PINNED_FC = dataclasses.replace(_spec("cog_fc", knobs=KNOBS[1:]), pinned=(("optim.follower_lr", 0.0082),))
+LEADER = "leader_ratio=log[0.001,1]"
+
+
+@pytest.mark.parametrize("rows, message", [
+    (_rows([LEADER] * 2, ["optim.follower_lr=0.0082 optim.leader_lr=0.00019", None]), None),  # a waiting row
+    (_rows([None, None], [None, None]), None),  # ranges not recorded (older bundles): nothing to compare
+    (pd.DataFrame({"trial": [0]}), None),
+    (_rows([LEADER], ["optim.follower_lr=0.0026 optim.leader_lr=6e-05"]), "ran with optim.follower_lr at 0.0026"),
+    (_rows(["leader_ratio=log[0.01,1]"], [None]), "the same knobs over other ranges"),
+])
+def test_a_recorded_study_must_search_and_pin_what_this_command_does(rows, message):
+    """``check_same_knobs`` on the bundle's rows alone: a pinned value that changed (the --pin-to bundle's choice
+    moved) or other ranges are refused; rows without ranges (bundles from before they were recorded) or waiting
+    rows without overrides are not read as a difference."""
+    from mtl_cog.experiments import study_rules
+
+    assert search_ranges.ranges_text(list(PINNED_FC.knobs)) == LEADER
+    if message is None:
+        study_rules.check_same_knobs(PINNED_FC, rows)
+    else:
+        with pytest.raises(UserError, match=message):
+            study_rules.check_same_knobs(PINNED_FC, rows)
+
+
+def test_the_pin_is_the_counterparts_last_widening():
+    """A counterpart re-tuned with --widen ran its finals at the last widening's choice: that study is pinned to."""
+    trials = pd.DataFrame({"study": ["fm-ls", "fm-ls-w1", "fm-ls-w2", "fm-ls-d2", "fm-ls-d2-w1", "fm-ls-wx", None]})
+    assert pinning.last_widening(trials, "fm-ls") == "fm-ls-w2"
+    assert pinning.last_widening(trials, "fm-ls-d2") == "fm-ls-d2-w1"
+    assert pinning.last_widening(trials, "fm-baseline") == "fm-baseline"

@@ -367,3 +367,18 @@ def test_after_a_stopped_trial_the_next_proposal_is_the_uninterrupted_ones(tmp_p
         return proposals
 
     assert tune(tmp_path / "a", interrupt=False) == tune(tmp_path / "b", interrupt=True)
+
+
+def test_a_study_reopened_with_other_pinned_values_is_refused_naming_both(tmp_path):
+    """The search record holds the pinned values (``--pin-to``): a study reopened with another pinning is refused,
+    and the message shows both pinnings (it once left them out, so its two halves read the same)."""
+    url = tuning.storage_url(tmp_path)
+    knobs = KNOBS[1:]
+    tuning.open_study(url, "ds-cog_fc", epochs=9, prune=False, budget=4, knobs=knobs, trial_seeds=[1000],
+                      pinned={"optim.follower_lr": 0.0082})
+    tuning.open_study(url, "ds-cog_fc", epochs=9, prune=False, budget=4, knobs=knobs, trial_seeds=[1000],
+                      pinned={"optim.follower_lr": 0.0082})  # the same pinning resumes
+    with pytest.raises(UserError, match=r"pinned optim.follower_lr=0.0082, and this run asks .*"
+                                        r"pinned optim.follower_lr=0.0026"):
+        tuning.open_study(url, "ds-cog_fc", epochs=9, prune=False, budget=4, knobs=knobs, trial_seeds=[1000],
+                          pinned={"optim.follower_lr": 0.0026})

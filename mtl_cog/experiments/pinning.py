@@ -4,7 +4,8 @@ A tuned-against-tuned comparison (COG+LS against LS, each tuned over its own fol
 differences: the leader, and whatever else the two studies chose. On Fashion-MNIST COG+LS chose smoothing 0.020 /
 0.036 against LS's 0.065 / 0.067, where LS is underconfident: its gain could be the smaller smoothing's. A pinned
 study removes that: every knob the variant shares with its counterpart (the follower rate; LS's smoothing) is fixed
-at the value the counterpart's study chose *in the same draw* of a finished fair campaign, and only what the
+at the value the counterpart's study chose *in the same draw* of a finished fair campaign (its last ``--widen``
+re-tuning where it had one: what its final runs used), and only what the
 counterpart lacks (the leader/follower ratio) is tuned, with the same budget and rule. Its final runs then differ
 from the counterpart's only in the leader, and pair seed by seed with the counterpart's finals in that campaign's
 bundle (the same draws' seeds).
@@ -49,8 +50,8 @@ def pinned_studies(studies: Studies, pin_dir: Path, counterparts: dict[str, str]
         if not counterpart:
             raise UserError(f"--pin-to: {spec.method} has no counterpart to be pinned to (method.counterpart); run "
                             "only COG variants with --pin-to (e.g. --method cog_ls cog_fc).")
-        choice = _chosen(recorded.trials, f"{spec.dataset}-{counterpart}" + ("" if spec.draw == "1" else
-                                                                               f"-d{spec.draw}"), pin_dir)
+        base = f"{spec.dataset}-{counterpart}" + ("" if spec.draw == "1" else f"-d{spec.draw}")
+        choice = _chosen(recorded.trials, last_widening(recorded.trials, base), pin_dir)
         pinned = {k.key: choice[k.key] for k in spec.knobs if k.key in choice}
         if "optim.follower_lr" not in pinned:
             raise UserError(f"--pin-to {pin_dir}: the counterpart study of {spec.name} holds no chosen follower rate; "
@@ -58,6 +59,14 @@ def pinned_studies(studies: Studies, pin_dir: Path, counterparts: dict[str, str]
         knobs = tuple(k for k in spec.knobs if k.key not in pinned)
         out[key] = dataclasses.replace(spec, knobs=knobs, pinned=tuple(sorted(pinned.items())))
     return out
+
+
+def last_widening(trials: pd.DataFrame, base: str) -> str:
+    """The study whose choice the counterpart's final runs used: ``base``, or its last ``--widen`` re-tuning
+    (``base-wN``, the highest N the bundle records)."""
+    names = set(trials["study"].dropna().astype(str))
+    widenings = [int(n[len(base) + 2:]) for n in names if n.startswith(f"{base}-w") and n[len(base) + 2:].isdigit()]
+    return f"{base}-w{max(widenings)}" if widenings else base
 
 
 def _chosen(trials: pd.DataFrame, study: str, pin_dir: Path) -> dict[str, float]:

@@ -34,7 +34,7 @@ def check_start_rule(studies: Studies, recorded: bundles.Bundle | None, budget: 
         return
     for spec in studies.values():
         rows = recorded.trials[recorded.trials["study"] == spec.name].sort_values("trial")
-        check_same_knobs(spec, rows, recorded)
+        check_same_knobs(spec, rows)
         starts = protocol.start_points(list(spec.knobs), tuning.start_count(budget), spec.sampler_seed, spec.rotation)
         for row, point in zip(rows.to_dict("records"), starts):
             held = {key: pd.to_numeric(row.get(key), errors="coerce") for key in point}
@@ -46,22 +46,34 @@ def check_start_rule(studies: Studies, recorded: bundles.Bundle | None, budget: 
                                 "2026-12-04 resumes with --legacy-tuning; otherwise use a new --out.")
 
 
-def check_same_knobs(spec: tuning.StudySpec, rows: pd.DataFrame, recorded: bundles.Bundle) -> None:
-    """Refuse a recorded study that searched other knobs than this command's study of that name (a pinned study,
-    ``--pin-to``, resumed without it, or the other way round): its start points could not be compared, and its
-    trials would be ranked with a search over other settings."""
+def check_same_knobs(spec: tuning.StudySpec, rows: pd.DataFrame) -> None:
+    """Refuse a recorded study that searched other knobs or ranges than this command's study of that name, or held
+    a pinned knob (``--pin-to``) at another value: its start points could not be compared, and its trials would be
+    ranked with trials of another search. Read from the bundle's rows alone (``ranges``: the searched knobs;
+    ``overrides``: the values each trial ran with), so a dry run refuses it too."""
+    tail = ("Resume it with the command that made it (the bundle's campaign.json records it, `command`), or use a "
+            "new --out.")
     held = rows["ranges"].dropna() if "ranges" in rows else pd.Series(dtype=object)
-    if held.empty:  # bundles written before the search space was recorded
-        return
     mine = search_ranges.ranges_text(list(spec.knobs))
-    if str(held.iloc[0]) != mine:
-        pinned = ", ".join(f"{k}={v:g}" for k, v in spec.pinned) or "none"
-        command = list(recorded.campaign.get("command") or [])
-        started = (f"--pin-to {command[command.index('--pin-to') + 1]}" if "--pin-to" in command[:-1]
-                   else "no --pin-to")
+    if not held.empty and str(held.iloc[0]) != mine:  # no ranges: a bundle from before they were recorded
+        theirs = {token.split("=", 1)[0] for token in str(held.iloc[0]).split()}
+        ours = {knob.key for knob in spec.knobs}
+        why = (f"this command pins {', '.join(sorted(theirs - ours))}, which the recorded study searched"
+               if ours < theirs else
+               f"the recorded study held {', '.join(sorted(ours - theirs))} fixed (pinned), which this command "
+               "searches" if theirs < ours else
+               "the same knobs over other ranges, or other knobs: another --scale, protocol or data set config")
         raise UserError(f"the results bundle's study {spec.name} searched {held.iloc[0]}; this command's study of "
-                        f"that name searches {mine} (pinned: {pinned}). The bundle's campaign.json records its last "
-                        f"command, with {started}: resume it with that pinning, or use a new --out.")
+                        f"that name searches {mine} ({why}). {tail}")
+    ran = [dict(token.split("=", 1) for token in str(text).split())
+           for text in (rows["overrides"].dropna() if "overrides" in rows else [])]
+    for key, value in spec.pinned:
+        other = sorted({float(o[key]) for o in ran if key in o and not math.isclose(float(o[key]), value,
+                                                                                    rel_tol=1e-6)})
+        if other:
+            raise UserError(f"the results bundle's study {spec.name} ran with {key} at {other[0]:g}; this command "
+                            f"pins it at {value:g} (the --pin-to bundle's choice changed, or another --pin-to): its "
+                            f"trials would be ranked with trials of another pinning. {tail}")
 
 
 def recorded_rules(studies: Studies, recorded: bundles.Bundle | None, rule: TuningRule,

@@ -177,7 +177,9 @@ def check_same_search(study: optuna.Study, url: str, record: dict) -> None:
             ranges = ", ".join(f"{key} [{low:g}, {high:g}]" for key, low, high, _ in r["knobs"])
             pruning = {False: "off", True: "on each epoch's own validation NLL"}.get(r["prune"], f"on {r['prune']}")
             seeds = " ".join(map(str, r["trial_seeds"]))
-            return f"{ranges}; {r['epochs']} epochs; pruning {pruning}; trials trained with seed(s) {seeds}"
+            pinned = ", ".join(f"{k}={v:g}" for k, v in r.get("pinned", {}).items())
+            return (f"{ranges}; {r['epochs']} epochs; pruning {pruning}; trials trained with seed(s) {seeds}"
+                    + (f"; {r['rule']}" if "rule" in r else "") + (f"; pinned {pinned}" if pinned else ""))
         raise UserError(f"{url}: study {study.study_name!r} was tuned over {describe(stored)}, and this run asks "
                         f"for {describe(record)}: its trials are not comparable. Use a new --out (or "
                         "--study-storage), or the settings the study was started with.")
