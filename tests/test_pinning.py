@@ -132,3 +132,10 @@ def test_the_pin_is_the_counterparts_last_widening():
     assert pinning.last_widening(trials, "fm-ls") == "fm-ls-w2"
     assert pinning.last_widening(trials, "fm-ls-d2") == "fm-ls-d2-w1"
     assert pinning.last_widening(trials, "fm-baseline") == "fm-baseline"
+
+
+def test_knob_values_reads_the_numbers_a_trial_ran_with():
+    """trials.csv's ``overrides`` as the pinning, the resume check and the draw table read it: finite numbers only."""
+    text = "optim.follower_lr=0.0082 optim.leader_lr=1.9e-04 optim.allow_leader_lr_geq_follower=true x=nan junk"
+    assert search_ranges.knob_values(text) == {"optim.follower_lr": 0.0082, "optim.leader_lr": 0.00019}
+    assert search_ranges.knob_values("") == {} and search_ranges.knob_values(float("nan")) == {}

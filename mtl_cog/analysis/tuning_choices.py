@@ -84,18 +84,6 @@ def _edges(trial: pd.Series) -> tuple[str, str]:
 CHANGED_FOLD = 2.0
 
 
-def _knobs(overrides: str) -> dict[str, float]:
-    """``key=value key=value`` (trials.csv's ``overrides``) -> {key: value} of the numeric ones (a flag such as
-    ``optim.allow_leader_lr_geq_follower=true``, which a leader ratio near 1 brings, is no knob)."""
-    knobs = {}
-    for key, _, value in (item.partition("=") for item in str(overrides).split() if "=" in item):
-        try:
-            knobs[key] = float(value)
-        except ValueError:
-            continue
-    return knobs
-
-
 def draw_choices(chosen_table: pd.DataFrame) -> pd.DataFrame:
     """Per data set and method (``<data>-<method>``): each draw's final choice and how far the draws differ."""
     if chosen_table.empty:
@@ -111,7 +99,7 @@ def draw_choices(chosen_table: pd.DataFrame) -> pd.DataFrame:
     for arm, draws in sorted(finals.items()):
         row = {"study": arm, **{f"draw {d}": draws[d][1] for d in sorted(draws)}}
         if len(draws) > 1:
-            choices = [_knobs(draws[d][1]) for d in sorted(draws)]
+            choices = [search_ranges.knob_values(draws[d][1]) for d in sorted(draws)]
             folds = [max(c[k] for c in choices) / min(c[k] for c in choices) for k in choices[0]
                      if all(k in c and c[k] > 0 for c in choices)]
             row["largest_fold"] = max(folds) if folds else np.nan

@@ -68,3 +68,18 @@ def range_edges(knobs: list[Knob], values: dict[str, float], share: float = EDGE
         elif position >= 1 - share:
             edges.append(f"{knob.key}=highest")
     return edges
+
+
+def knob_values(overrides: str) -> dict[str, float]:
+    """``key=value key=value`` (trials.csv's ``overrides``: what a trial ran with, to the digit) -> {key: value} of
+    the finite numeric ones (a flag such as ``optim.allow_leader_lr_geq_follower=true``, which a leader ratio near 1
+    brings, is no knob)."""
+    values = {}
+    for key, _, value in (item.partition("=") for item in str(overrides).split() if "=" in item):
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if math.isfinite(number):
+            values[key] = number
+    return values

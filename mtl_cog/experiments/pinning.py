@@ -14,12 +14,12 @@ bundle (the same draws' seeds).
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import pandas as pd
 
 from mtl_cog.bundles import bundle as bundles
+from mtl_cog.config import search_ranges
 from mtl_cog.errors import UserError
 from mtl_cog.experiments import tuning
 
@@ -76,10 +76,4 @@ def _chosen(trials: pd.DataFrame, study: str, pin_dir: Path) -> dict[str, float]
     if len(rows) != 1:
         raise UserError(f"--pin-to {pin_dir}: its bundle's study {study} has {len(rows)} chosen trials, not one: the "
                         "counterpart's tuning is not finished there (or the study is missing).")
-    values = {}
-    for token in str(rows.iloc[0].get("overrides", "")).split():  # what its final runs were given, to the digit
-        key, _, value = token.partition("=")
-        number = pd.to_numeric(value, errors="coerce")
-        if "." in key and pd.notna(number) and math.isfinite(float(number)):
-            values[key] = float(number)
-    return values
+    return search_ranges.knob_values(rows.iloc[0].get("overrides", ""))  # what its final runs were given

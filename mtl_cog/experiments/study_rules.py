@@ -65,11 +65,9 @@ def check_same_knobs(spec: tuning.StudySpec, rows: pd.DataFrame) -> None:
                "the same knobs over other ranges, or other knobs: another --scale, protocol or data set config")
         raise UserError(f"the results bundle's study {spec.name} searched {held.iloc[0]}; this command's study of "
                         f"that name searches {mine} ({why}). {tail}")
-    ran = [dict(token.split("=", 1) for token in str(text).split())
-           for text in (rows["overrides"].dropna() if "overrides" in rows else [])]
+    ran = [search_ranges.knob_values(text) for text in (rows["overrides"].dropna() if "overrides" in rows else [])]
     for key, value in spec.pinned:
-        other = sorted({float(o[key]) for o in ran if key in o and not math.isclose(float(o[key]), value,
-                                                                                    rel_tol=1e-6)})
+        other = sorted({o[key] for o in ran if key in o and not math.isclose(o[key], value, rel_tol=1e-6)})
         if other:
             raise UserError(f"the results bundle's study {spec.name} ran with {key} at {other[0]:g}; this command "
                             f"pins it at {value:g} (the --pin-to bundle's choice changed, or another --pin-to): its "
