@@ -334,9 +334,7 @@ def main(argv: list[str] | None = None, executor=None) -> Path:
         studies = pinning.pinned_studies(studies, args.pin_to, counterparts(args), args.scale)
     study_rules.check_start_rule(studies, recorded, args.budget)  # dry runs too
     studies = study_rules.recorded_rules(studies, recorded, command_rule(args), args.epoch_budget is not None)
-    plan = preregistration.campaign_plan(args.plan, recorded, campaign.code_commit())
-    if plan is not None:
-        preregistration.check_plan(recorded, plan)
+    plan = preregistration.campaign_plan(args.plan, recorded, campaign.code_commit())  # checked against the bundle's
     if studies:
         tuning.check_processes(processes_per_run(args))
     parallel = args.parallel or 2 if args.launcher == "local" else 1
