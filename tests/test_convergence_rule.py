@@ -42,6 +42,8 @@ def test_a_decayed_rate_does_not_pass_the_convergence_rule_by_itself(tmp_path):
     assert convergence(overfit).converged and convergence(overfit).live_epochs == 10
     slow = with_rates(write_metrics(tmp_path / "e", [1.0 - 0.05 * e for e in range(10)], None), [1e-4] * 10)
     assert not convergence(slow).converged
+    # at a constant rate the live window is the whole run: its reason is given once, not twice in other words
+    assert convergence(slow).why_not().count("validation NLL still fell") == 1
     # a rate that rose (a warm-up, a resume at a higher rate) sets the scale: the decayed tail is not live
     rising = with_rates(write_metrics(tmp_path / "f", nlls, None), [1e-5, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3] + [1e-5] * 6)
     assert convergence(rising).live_epochs == 6 and not convergence(rising).converged

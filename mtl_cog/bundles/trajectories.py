@@ -175,7 +175,8 @@ class Convergence:
             reasons.append(f"validation NLL still fell {100 * self.nll_gain_last:.1f}% in {part}")
         if self.live_epochs is not None and self.live_epochs < 2:
             reasons.append(f"only {self.live_epochs} epoch ran at >= {LIVE_RATE_SHARE:g} of the first epoch's rate")
-        elif self.live_epochs is not None and self.nll_gain_live > NLL_PLATEAU:
+        elif self.live_epochs is not None and self.live_epochs < self.epochs and self.nll_gain_live > NLL_PLATEAU:
+            # at a constant rate every epoch is live: that window is the whole run, already said above
             reasons.append(f"validation NLL still fell {100 * self.nll_gain_live:.1f}% in the last "
                            f"{100 * LAST_FRACTION:.0f}% of the {self.live_epochs} epochs at >= {LIVE_RATE_SHARE:g} "
                            "of the first epoch's rate")
