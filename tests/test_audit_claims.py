@@ -260,3 +260,16 @@ def test_figures_and_bundles_not_written_yet_are_named_not_failed(tmp_path):
     (tmp_path / "page.md").write_text(pending.replace("*Not written", "| arm |\n|---|\n| baseline |\n*Not written"))
     done = audit(tmp_path / "page.md", "--root", tmp_path)
     assert done.returncode == 1 and "rows of a bundle not written yet: page 'present'" in done.stdout, done.stdout
+
+
+def test_an_answer_read_from_one_draw_of_two_is_caught(tmp_path):
+    """A campaign that ran one draw of two (``--only-draw``) has no answer: its draw's reading written as one is a
+    mismatch, found from the command the bundle records."""
+    marker = "<!-- bundle-table: results/overconfident_paper_constant_fashion_mosaic_d1/bundle claims "
+    text, new = with_claims_cell_changed("answer", lambda c: "supported" if c.startswith("no answer") else None,
+                                         marker)
+    (tmp_path / "page.md").write_text(text)
+    with_appendix(tmp_path)
+    done = audit(tmp_path / "page.md", "--root", REPO)
+    assert done.returncode == 1 and "1 mismatch(es)" in done.stdout, done.stdout + done.stderr
+    assert "answer: page 'supported', bundles 'no answer (draw 1 of 2 alone)'" in done.stdout

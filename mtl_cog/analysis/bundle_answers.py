@@ -24,6 +24,9 @@
   (CIFAR-10) to 3,800 (CelebA) steps, longer than its networks need to reach their best validation NLL; scaled by
   its epoch share to 30 epochs it keeps 2 of them (40-80 steps), and a claim read there measures the schedule.
   The draw's reading stays beside it, with its numbers.
+- both: **no answer (draw K of N alone)** for a campaign that ran one draw of a design with several
+  (``reproduce --draws N --only-draw K``, ``one_draw_of``): the decision rule needs every draw, so one draw gives a
+  per-draw reading (beside it), not an answer, even where that reading would read as one.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from mtl_cog.evaluation.posthoc import POSTHOC
 
 SUMMARY_METRICS = ("accuracy", "nll", "brier", "ece@15")
 SETTLED, DEPENDS = "settled", "depends on the tuning draw"
+ONE_DRAW = "no answer"
 # A positive temperature keeps every argmax, so both accuracies are the same count of the same predictions, stored
 # at 8 significant digits from one computation: equal unless a prediction changed (at least 1/N apart).
 ACCURACY_KEPT_TOLERANCE = 1e-9
@@ -93,6 +97,23 @@ def planned_finals(bundle: Bundle) -> pd.DataFrame:
 def _planned_seeds(planned: pd.DataFrame, data: str, method: str, draw: str) -> int:
     rows = planned[(planned["data"] == data) & (planned["method"] == _trained(method)) & (planned["draw"] == draw)]
     return int(rows["seed"].nunique())
+
+
+def one_draw_of(campaign: dict) -> tuple[int, int] | None:
+    """(K, N) where the campaign ran draw K alone of a design of N > 1 draws, from ``campaign.json``'s command
+    (``--only-draw K`` with ``--draws N``) or, for a campaign combined from others, their recorded ``one_draw_of``;
+    None for a whole design."""
+    if campaign.get("one_draw_of"):
+        k, n = campaign["one_draw_of"]
+        return int(k), int(n)
+    command = [part for c in campaign.get("command") or [] for part in str(c).split("=", 1)]  # --draws=2 too
+
+    def value(flag: str) -> int | None:
+        found = [command[i + 1] for i, c in enumerate(command[:-1]) if c == flag]
+        return int(found[-1]) if found and found[-1].isdigit() else None  # argparse: the last one given counts
+
+    k, n = value("--only-draw"), value("--draws")
+    return (k, n) if k is not None and n is not None and n > 1 else None
 
 
 def planned_draws(planned: pd.DataFrame, data: str) -> list[str]:
@@ -202,6 +223,7 @@ def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
     planned = pd.DataFrame(columns=["data", "method", "draw", "seed"]) if planned is None else planned
     calibrator_table = pd.DataFrame() if calibrator_table is None else calibrator_table
     annealed = {} if bundle is None else annealed_early(bundle)
+    part = None if bundle is None else one_draw_of(bundle.campaign)
     rows = []
     keys = ["dataset", "variant", "counterpart", "metric"]
     for key, group in paired_table.groupby(keys, sort=True):
@@ -225,17 +247,20 @@ def verdicts(paired_table: pd.DataFrame, planned: pd.DataFrame | None = None,
             cells.append(cell)
             if gap:
                 gaps.append(gap)
-        row["answer"], row["status"] = _answer(cells, gaps)
+        row["answer"], row["status"] = _answer(cells, gaps, part)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _answer(readings: list[str], gaps: list[str]) -> tuple[str, str]:
+def _answer(readings: list[str], gaps: list[str], part: tuple[int, int] | None = None) -> tuple[str, str]:
     """(answer, status) of one comparison from its draws' readings: incomplete while a draw lacks planned runs,
-    not tested where a draw's calibrator stayed at the identity, the reading when every draw agrees, else it
-    depends on the tuning draw. The one rule of verdicts and claims."""
+    no answer where the campaign ran one draw of several (``part``: ``one_draw_of``), not tested where a draw's
+    calibrator stayed at the identity, the reading when every draw agrees, else it depends on the tuning draw. The
+    one rule of verdicts and claims."""
     if gaps:
         return f"incomplete ({', '.join(gaps)})", "incomplete"
+    if part is not None:
+        return f"{ONE_DRAW} (draw {part[0]} of {part[1]} alone)", ONE_DRAW
     if any(r.startswith(SCHEDULE_BLIND) for r in readings):  # a calibrator idle under it: the schedule's doing
         return SCHEDULE_BLIND, SCHEDULE_BLIND
     if any(r.startswith(NOT_TESTED) for r in readings):
@@ -339,6 +364,7 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
     planned = planned_finals(bundle) if planned is None else planned
     pairs = {variant: counterpart for _, variant, counterpart, _ in paper_claims()}  # one counterpart each
     annealed = annealed_early(bundle)
+    part = one_draw_of(bundle.campaign)
     rows = []
     for data in sorted(scores["data"].unique()):
         draws = sorted(set(planned_draws(planned, data)) | set(scores.loc[scores["data"] == data, "draw"]))
@@ -370,6 +396,6 @@ def claims(bundle: Bundle, calibrator_table: pd.DataFrame | None = None,
                         text = f"{text} ({gap})" if text else ""
                     row[f"draw {draw}" if draw else "reading"] = text
                     sides.append(side)
-                row["answer"] = _answer(sides, gaps)[0]
+                row["answer"] = _answer(sides, gaps, part)[0]
                 rows.append(row)
     return pd.DataFrame(rows)

@@ -38,7 +38,7 @@ import ast
 import numpy as np
 import pandas as pd
 
-from mtl_cog.analysis.bundle_answers import SUPPORTED, claims, planned_finals
+from mtl_cog.analysis.bundle_answers import SUPPORTED, claims, one_draw_of, planned_finals
 from mtl_cog.analysis.hypotheses import load_hypotheses
 from mtl_cog.analysis.protocol_answers import FAIR, PAPER, Bundles, claim_differences, claimed_gains, over_draws
 from mtl_cog.bundles.bundle import FORMAT, Bundle
@@ -165,6 +165,9 @@ def combined_bundle(parts: list[tuple[Bundle, tuple[str, ...]]], data: str, coun
              for run, spec in b.campaign.get("specs", {}).items()
              if run in set(runs["run"]) or _planned_final(spec, data, methods)}
     campaign = {"format": FORMAT, "campaign": name, "specs": specs, "counterparts": counterparts}
+    parts_of_draws = [one_draw_of(b.campaign) for b, _ in parts if one_draw_of(b.campaign)]
+    if parts_of_draws:  # a part that ran one draw of several: the combination answers no more than it does
+        campaign["one_draw_of"] = parts_of_draws[0]
 
     def rows(attribute: str) -> pd.DataFrame:
         frames = [getattr(b, attribute)[getattr(b, attribute)["run"].isin(set(runs["run"]))] for b, runs in sides]

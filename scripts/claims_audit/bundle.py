@@ -1,6 +1,7 @@
 """One results bundle's raw files (runs.csv, results.csv.gz, campaign.json, reliability.csv.gz), read with pandas
 alone, and the quantities the page prints recomputed from them: paired differences, TS's gain, the regime gate."""
 
+import argparse
 import hashlib
 import json
 from pathlib import Path
@@ -83,6 +84,19 @@ def labelled_specs(specs: dict, runs: pd.DataFrame) -> dict:
     return out
 
 
+def draw_alone(command: list) -> tuple[int, int] | None:
+    """(K, N) where the recorded command ran ``--only-draw K`` of ``--draws N`` (N > 1): one draw of a design of
+    several, which the rule gives a per-draw reading, not an answer; None otherwise. Read as argparse reads it."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--draws", type=int)
+    parser.add_argument("--only-draw", type=int)
+    try:
+        known, _ = parser.parse_known_args([str(c) for c in command])
+    except SystemExit:  # a value that is not a whole number: the project's reproduce would have refused it
+        return None
+    return (known.only_draw, known.draws) if known.only_draw and known.draws and known.draws > 1 else None
+
+
 class Bundle:
     """One results bundle's raw files, read once."""
 
@@ -98,6 +112,7 @@ class Bundle:
             raise AuditError(f"{path / 'campaign.json'}: not a campaign record (a mapping with a 'specs' mapping)")
         self.specs = labelled_specs(campaign.get("specs", {}), runs)
         self.counterparts = campaign.get("counterparts", {})
+        self.one_draw = draw_alone(campaign.get("command") or [])
         curves = read_bundle_file(path / "curves.csv.gz", pd.read_csv) if (path / "curves.csv.gz").is_file() else \
             pd.DataFrame(columns=["run", "epoch", "split", "metric", "value"])  # no rates recorded: none judged
         rates = curves[(curves["split"] == "train") & (curves["metric"] == "lr")].sort_values(["run", "epoch"])
@@ -191,7 +206,8 @@ def claim(bundle: Bundle, text: str, metric: str, against: Bundle | None = None,
     side = -side if metric == "accuracy" else side  # a higher accuracy is the better one
     draws = {d: bundle.pair(variant, counterpart, metric, d, side, against=against)
              for d in planned_draws(bundle, against)}
-    return draws, *summarise(draws), answer(draws, bool(len(bundle.finals)) if scored is None else scored)
+    alone = bundle.one_draw or (against.one_draw if against is not None else None)
+    return draws, *summarise(draws), answer(draws, bool(len(bundle.finals)) if scored is None else scored, alone)
 
 
 def ts_gain(bundle: Bundle, metric: str) -> float:

@@ -82,15 +82,18 @@ def summarise(draws: dict[int, Draw]) -> tuple[float, float]:
     return float(np.mean([r.mean for r in ran])) if ran else np.nan, max(halves) if halves else np.nan
 
 
-def answer(draws: dict[int, Draw], scored: bool = True) -> str:
+def answer(draws: dict[int, Draw], scored: bool = True, alone: tuple[int, int] | None = None) -> str:
     """A claim's answer over the draws; blank where the table's bundle has no finished final run at all (``scored``
-    false: the generator writes no row), else *incomplete* naming each draw short of its planned seeds."""
+    false: the generator writes no row), else *incomplete* naming each draw short of its planned seeds, then *no
+    answer* where the campaign ran one draw of several (``alone``)."""
     if not scored:
         return ""
     gaps = [f"draw {d} missing" if r.n == 0 else f"draw {d}: {r.n} of {r.planned} seeds"
             for d, r in draws.items() if r.n == 0 or r.n < r.planned]
     if gaps:
         return f"incomplete ({', '.join(gaps)})"
+    if alone:  # one draw of several ran: the rule needs them all
+        return f"no answer (draw {alone[0]} of {alone[1]} alone)"
     if any(r.annealed for r in draws.values()):
         return SCHEDULE
     if any(r.untested for r in draws.values()):
