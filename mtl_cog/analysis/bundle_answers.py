@@ -31,6 +31,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pandas as pd
 
@@ -106,14 +108,14 @@ def one_draw_of(campaign: dict) -> tuple[int, int] | None:
     if campaign.get("one_draw_of"):
         k, n = campaign["one_draw_of"]
         return int(k), int(n)
-    command = [part for c in campaign.get("command") or [] for part in str(c).split("=", 1)]  # --draws=2 too
-
-    def value(flag: str) -> int | None:
-        found = [command[i + 1] for i, c in enumerate(command[:-1]) if c == flag]
-        return int(found[-1]) if found and found[-1].isdigit() else None  # argparse: the last one given counts
-
-    k, n = value("--only-draw"), value("--draws")
-    return (k, n) if k is not None and n is not None and n > 1 else None
+    flags = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    flags.add_argument("--draws", type=int)
+    flags.add_argument("--only-draw", type=int)
+    try:  # read as reproduce read it: --draws=2 too, the last of a repeated flag
+        known, _ = flags.parse_known_args([str(c) for c in campaign.get("command") or []])
+    except argparse.ArgumentError:  # not a whole number: reproduce refused such a command
+        return None
+    return (known.only_draw, known.draws) if known.only_draw and known.draws and known.draws > 1 else None
 
 
 def planned_draws(planned: pd.DataFrame, data: str) -> list[str]:

@@ -165,9 +165,9 @@ def combined_bundle(parts: list[tuple[Bundle, tuple[str, ...]]], data: str, coun
              for run, spec in b.campaign.get("specs", {}).items()
              if run in set(runs["run"]) or _planned_final(spec, data, methods)}
     campaign = {"format": FORMAT, "campaign": name, "specs": specs, "counterparts": counterparts}
-    parts_of_draws = [one_draw_of(b.campaign) for b, _ in parts if one_draw_of(b.campaign)]
-    if parts_of_draws:  # a part that ran one draw of several: the combination answers no more than it does
-        campaign["one_draw_of"] = parts_of_draws[0]
+    alone = next(filter(None, (one_draw_of(b.campaign) for b, _ in parts)), None)
+    if alone:  # a part that ran one draw of several: the combination answers no more than it does
+        campaign["one_draw_of"] = alone
 
     def rows(attribute: str) -> pd.DataFrame:
         frames = [getattr(b, attribute)[getattr(b, attribute)["run"].isin(set(runs["run"]))] for b, runs in sides]
